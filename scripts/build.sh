@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Configures and builds Specula (Release) into build/. Extra arguments go to CMake's configure step,
+# e.g. scripts/build.sh -DSPECULA_WITH_GRPC=OFF.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS="${JOBS:-$(nproc)}"
+GENERATOR=()
+command -v ninja >/dev/null && GENERATOR=(-G Ninja)
+if [ -f build/CMakeCache.txt ] && ! grep -q "CMAKE_GENERATOR:INTERNAL=${GENERATOR[1]:-Unix Makefiles}" build/CMakeCache.txt; then
+  rm -rf build
+fi
+cmake -S . -B build "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release "$@"
+cmake --build build -j "$JOBS"
