@@ -1,0 +1,66 @@
+// Paged KV cache storage: per layer one key and one value tensor of [num_blocks * block_size,
+// num_kv_heads, head_dim] rows, addressed by the slot ids of a BlockAllocator.
+//
+// State changes: Append (through allocator()) reserves positions that a forward then fills;
+// KeepOnly commits an accepted tree path (compacts the kept entries, drops the rest); Truncate and
+// FreeSequence release blocks. Thread-compatible.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/kv/block_allocator.h"
+#include "common/util/status.h"
+
+namespace specula {
+
+struct KvCacheOptions {
+  int64_t block_size = 16;
+  // Either a block count or a memory budget; num_blocks wins when > 0.
+  int64_t num_blocks = 0;
+  double memory_mb = 256.0;
+};
+
+struct KvCacheStats {
+  int64_t num_blocks = 0;
+  int64_t free_blocks = 0;
+  int64_t block_size = 0;
+  int64_t num_sequences = 0;
+  double usage() const { return num_blocks ? 1.0 - double(free_blocks) / double(num_blocks) : 0.0; }
+};
+
+class PagedKvCache {
+ public:
+  // INVALID_ARGUMENT if the budget holds no block. `dtype`/`device` are the model's.
+  static StatusOr<std::unique_ptr<PagedKvCache>> Create(int64_t num_layers, int64_t num_kv_heads,
+                                                        int64_t head_dim, at::ScalarType dtype,
+                                                        at::Device device,
+                                                        const KvCacheOptions& options);
+
+  BlockAllocator& allocator() { return allocator_; }
+  const BlockAllocator& allocator() const { return allocator_; }
+  int64_t num_layers() const { return static_cast<int64_t>(keys_.size()); }
+  at::Tensor& keys(int64_t layer) { return keys_[layer]; }      // [num_slots, n_kv, head_dim]
+  at::Tensor& values(int64_t layer) { return values_[layer]; }  // [num_slots, n_kv, head_dim]
+
+  // Keeps only positions start + offsets[i] (offsets strictly increasing, all inside the sequence),
+  // moving them to start + i, and truncates the sequence to start + offsets.size(). This is how an
+  // accepted tree path is committed: the result equals a cache built by decoding the path alone.
+  Status KeepOnly(SeqId seq, int64_t start, const std::vector<int64_t>& offsets);
+
+  KvCacheStats stats() const;
+  // Bytes one block takes across all layers (keys and values).
+  int64_t bytes_per_block() const { return bytes_per_block_; }
+
+ private:
+  PagedKvCache(int64_t num_blocks, int64_t block_size) : allocator_(num_blocks, block_size) {}
+  BlockAllocator allocator_;
+  std::vector<at::Tensor> keys_;
+  std::vector<at::Tensor> values_;
+  int64_t bytes_per_block_ = 0;
+};
+
+}  // namespace specula
