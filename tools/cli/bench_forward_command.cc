@@ -1,0 +1,130 @@
+// specula bench-forward: time of one forward vs the number of tokens in it, for batches of
+// sequences with a cached context. This cost curve is what the router's draft budget is sized from:
+// the marginal cost of verifying k more tokens per sequence at batch size B.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "common/util/mapped_file.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/model_flags.h"
+
+#include <ATen/ATen.h>
+
+namespace specula::cli {
+namespace {
+
+constexpr char kCommand[] = "bench-forward";
+
+struct BenchFlags {
+  ModelFlags model;
+  std::vector<int64_t> batch_sizes = {1, 4, 16, 64};
+  std::vector<int64_t> tokens_per_seq = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
+  int64_t max_tokens = 1024;
+  int64_t context = 128;
+  int64_t repeats = 5;
+  int64_t seed = 0;
+  std::string json_out = "bench-forward.json";
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+Status Run(const BenchFlags& f) {
+  if (f.repeats <= 0) return InvalidArgumentError("--repeats must be positive");
+  if (f.context <= 0) return InvalidArgumentError("--context must be positive");
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, f.model.Load());
+  const ModelConfig& config = runner->config();
+  std::mt19937 rng(static_cast<uint32_t>(f.seed));
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size - 1));
+  auto random_tokens = [&](int64_t n) {
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = token(rng);
+    return t;
+  };
+
+  nlohmann::json rows = nlohmann::json::array();
+  std::printf("%6s %8s %7s %10s %10s %12s\n", "batch", "tok/seq", "tokens", "min_ms", "median_ms",
+              "tokens/s");
+  SeqId next_id = 1;
+  for (int64_t B : f.batch_sizes) {
+    if (B <= 0) return InvalidArgumentError("--batch-sizes must be positive");
+    std::vector<SeqId> seqs;
+    ForwardBatch prefill;
+    for (int64_t b = 0; b < B; ++b) {
+      seqs.push_back(next_id++);
+      RETURN_IF_ERROR(runner->AddSequence(seqs.back()));
+      prefill.seqs.push_back({.seq = seqs.back(), .tokens = random_tokens(f.context)});
+    }
+    RETURN_IF_ERROR(runner->Forward(prefill).status());
+    for (int64_t n : f.tokens_per_seq) {
+      if (B * n > f.max_tokens) continue;
+      if (f.context + n > config.max_position_embeddings) continue;
+      ForwardBatch step;
+      for (SeqId s : seqs)
+        step.seqs.push_back({.seq = s, .tokens = random_tokens(n), .logits = LogitsRows::kAll});
+      std::vector<double> ms;
+      for (int64_t r = 0; r <= f.repeats; ++r) {  // r == 0 warms up
+        auto t0 = std::chrono::steady_clock::now();
+        ASSIGN_OR_RETURN(ForwardOutput out, runner->Forward(step));
+        at::Tensor host = out.logits.to(at::kCPU);  // includes the device sync a verifier pays
+        const double elapsed =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
+        for (SeqId s : seqs) RETURN_IF_ERROR(runner->Truncate(s, f.context));
+        if (r > 0) ms.push_back(elapsed);
+      }
+      const double min_ms = *std::min_element(ms.begin(), ms.end()), med_ms = Median(ms);
+      const double tps = B * n / (med_ms / 1000.0);
+      std::printf("%6ld %8ld %7ld %10.3f %10.3f %12.1f\n", B, n, B * n, min_ms, med_ms, tps);
+      std::fflush(stdout);
+      rows.push_back({{"batch", B},
+                      {"tokens_per_seq", n},
+                      {"tokens", B * n},
+                      {"context", f.context},
+                      {"min_ms", min_ms},
+                      {"median_ms", med_ms},
+                      {"tokens_per_s", tps}});
+    }
+    for (SeqId s : seqs) RETURN_IF_ERROR(runner->ReleaseSequence(s));
+  }
+  nlohmann::json report = {{"model", f.model.model}, {"device", runner->device_name()},
+                           {"dtype", f.model.dtype}, {"context", f.context},
+                           {"repeats", f.repeats},   {"num_parameters", config.num_parameters()},
+                           {"results", rows}};
+  RETURN_IF_ERROR(WriteStringToFile(f.json_out, report.dump(2) + "\n"));
+  std::fprintf(stderr, "wrote %s\n", f.json_out.c_str());
+  return OkStatus();
+}
+
+}  // namespace
+
+int RunBenchForward(const std::vector<std::string>& args) {
+  BenchFlags f;
+  FlagSet flags(kCommand);
+  f.model.Register(flags);
+  flags.AddIntList("batch-sizes", &f.batch_sizes, "sequences per forward");
+  flags.AddIntList("tokens-per-seq", &f.tokens_per_seq, "new tokens per sequence in the forward");
+  flags.AddInt("max-tokens", &f.max_tokens,
+               "skip settings with more tokens than this in one forward");
+  flags.AddInt("context", &f.context, "cached positions per sequence before the timed forward");
+  flags.AddInt("repeats", &f.repeats, "timed repeats per setting (after one warm-up)");
+  flags.AddInt("seed", &f.seed, "seed for the random token ids");
+  flags.AddString("json", &f.json_out, "where to write the JSON report");
+  Status parsed = flags.Parse(args);
+  if (!parsed.ok()) return ReportError(kCommand, parsed);
+  if (flags.help_requested()) {
+    std::cout << flags.Usage();
+    return 0;
+  }
+  Status s = Run(f);
+  return s.ok() ? 0 : ReportError(kCommand, s);
+}
+
+}  // namespace specula::cli

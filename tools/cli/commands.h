@@ -1,0 +1,15 @@
+// Subcommands of the `specula` CLI. Each takes the arguments after its name and returns the process
+// exit code; errors are printed to stderr as "specula <command>: <message>".
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace specula::cli {
+
+int RunGenerate(const std::vector<std::string>& args);
+int RunBenchForward(const std::vector<std::string>& args);
+int RunPrepareCorpus(const std::vector<std::string>& args);
+int RunTrainLm(const std::vector<std::string>& args);
+
+}  // namespace specula::cli

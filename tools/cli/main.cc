@@ -1,0 +1,39 @@
+// specula: the command-line entry point. Dispatches to one subcommand per file.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tools/cli/commands.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: specula <command> [flags]\n"
+    "\n"
+    "commands:\n"
+    "  generate        continue a prompt with a model directory (config.json, safetensors, "
+    "tokenizer.json)\n"
+    "  bench-forward   time one forward vs the number of tokens in it (the draft-budget cost "
+    "curve)\n"
+    "  prepare-corpus  build the Python-sources corpus, train its tokenizer, write token files\n"
+    "  train-lm        train a Llama-style LM (bundled target or draft LM) on a prepared corpus\n"
+    "\n"
+    "Run 'specula <command> --help' for the flags of a command.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "generate") return specula::cli::RunGenerate(args);
+  if (command == "bench-forward") return specula::cli::RunBenchForward(args);
+  if (command == "prepare-corpus") return specula::cli::RunPrepareCorpus(args);
+  if (command == "train-lm") return specula::cli::RunTrainLm(args);
+  std::fprintf(stderr, "specula: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+  return 2;
+}

@@ -1,0 +1,36 @@
+#include "tools/cli/model_flags.h"
+
+#include <torch/torch.h>
+
+#include <cstdio>
+
+namespace specula::cli {
+
+void ModelFlags::Register(FlagSet& flags) {
+  flags.AddString("model", &model, "model directory: config.json, *.safetensors, tokenizer.json");
+  flags.AddString("device", &device, "cpu, cuda or cuda:N");
+  flags.AddString("dtype", &dtype, "float32, bfloat16 or float16");
+  flags.AddDouble("kv-memory-mb", &kv_memory_mb, "KV cache budget in MB");
+  flags.AddInt("kv-block-size", &kv_block_size, "positions per KV block");
+  flags.AddInt("threads", &threads, "intra-op CPU threads (0 = LibTorch default)");
+}
+
+StatusOr<std::unique_ptr<ModelRunner>> ModelFlags::Load() const {
+  if (model.empty()) return InvalidArgumentError("--model is required");
+  if (threads > 0) SetThreads(threads);
+  ModelRunnerOptions options;
+  options.device = device;
+  options.dtype = dtype;
+  options.kv.memory_mb = kv_memory_mb;
+  options.kv.block_size = kv_block_size;
+  return ModelRunner::Load(model, options);
+}
+
+void SetThreads(int64_t threads) { torch::set_num_threads(static_cast<int>(threads)); }
+
+int ReportError(const std::string& command, const Status& status) {
+  std::fprintf(stderr, "specula %s: %s\n", command.c_str(), status.ToString().c_str());
+  return 1;
+}
+
+}  // namespace specula::cli

@@ -1,0 +1,32 @@
+// Flags every model-loading command shares (--model, --device, --dtype, --kv-memory-mb, --threads)
+// and the code that turns them into a loaded ModelRunner.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/model/model_runner.h"
+#include "common/util/flags.h"
+
+namespace specula::cli {
+
+struct ModelFlags {
+  std::string model;
+  std::string device = "cpu";
+  std::string dtype = "float32";
+  double kv_memory_mb = 512;
+  int64_t kv_block_size = 16;
+  int64_t threads = 0;
+
+  void Register(FlagSet& flags);
+  // NOT_FOUND etc. from loading; INVALID_ARGUMENT if --model is missing.
+  StatusOr<std::unique_ptr<ModelRunner>> Load() const;
+};
+
+// Sets LibTorch's intra-op thread count.
+void SetThreads(int64_t threads);
+
+// Prints "specula <command>: <status message>" to stderr and returns exit code 1.
+int ReportError(const std::string& command, const Status& status);
+
+}  // namespace specula::cli

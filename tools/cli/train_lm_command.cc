@@ -1,0 +1,153 @@
+// specula train-lm: train a Llama-style causal LM on a prepared corpus (the bundled target and the
+// standalone draft LM), then write an HF-layout model directory with the corpus tokenizer.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "common/train/lm_trainer.h"
+#include "common/util/mapped_file.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/model_flags.h"
+
+namespace specula::cli {
+namespace {
+
+constexpr char kCommand[] = "train-lm";
+
+struct Flags {
+  std::string data = "data/corpus";
+  std::string out;
+  std::string preset = "target";
+  int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, intermediate = 0, max_position = 0;
+  LmTrainOptions train;
+  double peak_lr = 0, min_lr = 0;
+  int64_t steps = 0, warmup = 0, threads = 0, seed = 0;
+};
+
+// Model shapes: "target" is the bundled model; "draft" is the several-times-smaller draft LM.
+ModelConfig Preset(const std::string& name) {
+  ModelConfig c;
+  c.arch = Architecture::kLlama;
+  c.model_type = "llama";
+  c.tie_word_embeddings = true;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000;
+  c.max_position_embeddings = 1024;
+  if (name == "draft") {
+    c.hidden_size = 128;
+    c.intermediate_size = 384;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+  } else {
+    c.hidden_size = 256;
+    c.intermediate_size = 768;
+    c.num_hidden_layers = 6;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 4;
+  }
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  return c;
+}
+
+Status Run(Flags f) {
+  namespace fs = std::filesystem;
+  if (f.out.empty()) return InvalidArgumentError("--out is required");
+  if (f.preset != "target" && f.preset != "draft") {
+    return InvalidArgumentError(StrCat("--preset must be target or draft, got '", f.preset, "'"));
+  }
+  ASSIGN_OR_RETURN(std::string manifest_text,
+                   ReadFileToString((fs::path(f.data) / "manifest.json").string()));
+  auto manifest = nlohmann::json::parse(manifest_text, nullptr, false);
+  if (manifest.is_discarded() || !manifest.contains("vocab_size")) {
+    return InvalidArgumentError(
+        StrCat(f.data, "/manifest.json: malformed (run specula prepare-corpus)"));
+  }
+  ModelConfig c = Preset(f.preset);
+  c.vocab_size = manifest["vocab_size"].get<int64_t>();
+  c.eos_token_ids = {manifest["end_of_text_id"].get<int32_t>()};
+  if (f.layers) c.num_hidden_layers = f.layers;
+  if (f.hidden) c.hidden_size = f.hidden;
+  if (f.heads) c.num_attention_heads = f.heads;
+  if (f.kv_heads) c.num_key_value_heads = f.kv_heads;
+  if (f.intermediate) c.intermediate_size = f.intermediate;
+  if (f.max_position) c.max_position_embeddings = f.max_position;
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  RETURN_IF_ERROR(c.Validate("model shape"));
+
+  if (f.threads > 0) SetThreads(f.threads);
+  f.train.train_tokens = (fs::path(f.data) / "train.tok").string();
+  f.train.val_tokens = (fs::path(f.data) / "val.tok").string();
+  f.train.out_dir = f.out;
+  f.train.seed = static_cast<uint64_t>(f.seed);
+  std::fprintf(stderr, "training %s: %ld layers, hidden %ld, %ld params, %ld steps of %ld tokens\n",
+               f.preset.c_str(), c.num_hidden_layers, c.hidden_size, c.num_parameters(),
+               f.train.lr.total_steps, f.train.batch_size * f.train.seq_len * f.train.grad_accum);
+  ASSIGN_OR_RETURN(LmTrainResult result, TrainLanguageModel(c, f.train));
+  if (!result.finished) {
+    std::fprintf(stderr, "stopped at step %ld of %ld; run the same command again to resume\n",
+                 result.steps_done, f.train.lr.total_steps);
+    return OkStatus();
+  }
+  // The model directory is self-contained: tokenizer and training facts next to the weights.
+  ASSIGN_OR_RETURN(std::string tok,
+                   ReadFileToString((fs::path(f.data) / "tokenizer.json").string()));
+  RETURN_IF_ERROR(WriteStringToFile((fs::path(f.out) / "tokenizer.json").string(), tok));
+  nlohmann::json info = {{"preset", f.preset},
+                         {"num_parameters", c.num_parameters()},
+                         {"steps", result.steps_done},
+                         {"tokens_seen", result.tokens_seen},
+                         {"final_train_loss", result.last_train_loss},
+                         {"final_val_loss", result.last_val_loss},
+                         {"final_val_perplexity", std::exp(result.last_val_loss)},
+                         {"seed", f.seed}};
+  RETURN_IF_ERROR(
+      WriteStringToFile((fs::path(f.out) / "training.json").string(), info.dump(2) + "\n"));
+  std::fprintf(stderr, "done: %s (val ppl %.2f)\n", f.out.c_str(), std::exp(result.last_val_loss));
+  return OkStatus();
+}
+
+}  // namespace
+
+int RunTrainLm(const std::vector<std::string>& args) {
+  Flags f;
+  f.train.lr = {.peak_lr = 1e-3, .min_lr = 1e-4, .warmup_steps = 100, .total_steps = 2000};
+  FlagSet flags(kCommand);
+  flags.AddString("data", &f.data, "prepared corpus directory (specula prepare-corpus)");
+  flags.AddString("out", &f.out, "output model directory (checkpoints in OUT/checkpoint)");
+  flags.AddString("preset", &f.preset, "model shape: target or draft");
+  flags.AddInt("layers", &f.layers, "override the preset's num_hidden_layers");
+  flags.AddInt("hidden", &f.hidden, "override hidden_size");
+  flags.AddInt("heads", &f.heads, "override num_attention_heads");
+  flags.AddInt("kv-heads", &f.kv_heads, "override num_key_value_heads");
+  flags.AddInt("intermediate", &f.intermediate, "override intermediate_size");
+  flags.AddInt("max-position", &f.max_position, "override max_position_embeddings");
+  flags.AddInt("batch-size", &f.train.batch_size, "sequences per micro-batch");
+  flags.AddInt("seq-len", &f.train.seq_len, "tokens per training window");
+  flags.AddInt("grad-accum", &f.train.grad_accum, "micro-batches per optimizer step");
+  flags.AddInt("steps", &f.train.lr.total_steps, "optimizer steps");
+  flags.AddInt("warmup", &f.train.lr.warmup_steps, "linear warmup steps");
+  flags.AddDouble("lr", &f.train.lr.peak_lr, "peak learning rate");
+  flags.AddDouble("min-lr", &f.train.lr.min_lr, "final learning rate of the cosine decay");
+  flags.AddDouble("weight-decay", &f.train.weight_decay, "AdamW weight decay");
+  flags.AddDouble("grad-clip", &f.train.grad_clip, "max global gradient norm (0 = off)");
+  flags.AddInt("eval-every", &f.train.eval_every, "validation every N steps");
+  flags.AddInt("checkpoint-every", &f.train.checkpoint_every, "checkpoint every N steps");
+  flags.AddInt("log-every", &f.train.log_every, "progress line every N steps");
+  flags.AddInt("max-steps-this-run", &f.train.max_steps_this_run,
+               "stop after N steps (resume later)");
+  flags.AddInt("seed", &f.seed, "seed for init and data order");
+  flags.AddInt("threads", &f.threads, "intra-op CPU threads (0 = LibTorch default)");
+  Status parsed = flags.Parse(args);
+  if (!parsed.ok()) return ReportError(kCommand, parsed);
+  if (flags.help_requested()) {
+    std::cout << flags.Usage();
+    return 0;
+  }
+  Status s = Run(f);
+  return s.ok() ? 0 : ReportError(kCommand, s);
+}
+
+}  // namespace specula::cli
