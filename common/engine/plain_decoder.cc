@@ -36,6 +36,12 @@ Status ValidateRequest(const ModelConfig& config, const GenerationRequest& r) {
   if (r.max_new_tokens <= 0) {
     return InvalidArgumentError(StrCat("max_new_tokens must be positive, got ", r.max_new_tokens));
   }
+  const int64_t context = config.max_position_embeddings;
+  if (static_cast<int64_t>(r.prompt.size()) >= context) {
+    return OutOfRangeError(StrCat("prompt of ", r.prompt.size(),
+                                  " tokens is longer than the context length of ", context,
+                                  " (leave room for at least one new token)"));
+  }
   const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
   if (total > config.max_position_embeddings) {
     return OutOfRangeError(StrCat("prompt of ", r.prompt.size(), " tokens plus max_new_tokens ",

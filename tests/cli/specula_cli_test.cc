@@ -1,0 +1,213 @@
+// Black-box tests of the `specula` binary: generate (text and --json), bench-forward, and the CLI
+// messages for bad model directories and prompts.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/engine/plain_decoder.h"
+#include "common/model/checkpoint.h"
+#include "common/model/transformer.h"
+#include "common/tokenizer/bpe_trainer.h"
+#include "common/tokenizer/tokenizer.h"
+#include "common/util/mapped_file.h"
+
+namespace specula {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+class SpeculaCliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(fs::temp_directory_path() /
+                        ("specula_cli_test_" + std::to_string(::getpid())));
+    fs::remove_all(*dir_);
+    fs::create_directories(*dir_ / "model");
+    // A tokenizer trained on a little Python, and a random 2-layer model of its vocabulary.
+    BpeTrainerOptions to;
+    to.vocab_size = 300;
+    to.show_progress = false;
+    auto tok_json =
+        TrainByteLevelBpe({"def f(x):\n    return x + 1\n", "import os\nprint(os.getcwd())\n"}, to);
+    ASSERT_TRUE(tok_json.ok()) << tok_json.status();
+    ASSERT_TRUE(WriteStringToFile((*dir_ / "model" / "tokenizer.json").string(), *tok_json).ok());
+    auto tok = Tokenizer::FromJson(*tok_json, "test");
+    ASSERT_TRUE(tok.ok());
+    ModelConfig c;
+    c.vocab_size = (*tok)->vocab_size();
+    c.hidden_size = 32;
+    c.intermediate_size = 64;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 8;
+    c.max_position_embeddings = 64;
+    c.tie_word_embeddings = true;
+    CausalLM model(c);
+    model->InitWeights(5);
+    {
+      torch::NoGradGuard g;
+      for (auto& p : model->named_parameters())
+        p.value().mul_(4.0);  // sharper, less tie-prone logits
+    }
+    std::map<std::string, at::Tensor> weights;
+    for (const auto& p : model->named_parameters()) weights[p.key()] = p.value();
+    ASSERT_TRUE(
+        SaveSafetensorsFile((*dir_ / "model" / "model.safetensors").string(), weights).ok());
+    ASSERT_TRUE(WriteStringToFile((*dir_ / "model" / "config.json").string(), c.ToJson()).ok());
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+  }
+
+  static RunResult Run(const std::string& args) {
+    const fs::path out = *dir_ / "stdout.txt", err = *dir_ / "stderr.txt";
+    const std::string cmd = std::string(SPECULA_BINARY_DIR) + "/bin/specula " + args + " > " +
+                            out.string() + " 2> " + err.string();
+    RunResult r;
+    const int status = std::system(cmd.c_str());
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = ReadFileToString(out.string()).value();
+    r.err = ReadFileToString(err.string()).value();
+    return r;
+  }
+
+  // A copy of the model dir whose file `name` is replaced by `contents`.
+  static std::string BrokenModel(const std::string& tag, const std::string& name,
+                                 const std::string& contents) {
+    const fs::path broken = *dir_ / tag;
+    fs::remove_all(broken);
+    fs::copy(*dir_ / "model", broken);
+    EXPECT_TRUE(WriteStringToFile((broken / name).string(), contents).ok());
+    return broken.string();
+  }
+
+  static std::string model() { return (*dir_ / "model").string(); }
+  static fs::path* dir_;
+};
+
+fs::path* SpeculaCliTest::dir_ = nullptr;
+
+TEST_F(SpeculaCliTest, GenerateJsonMatchesInProcessGreedyDecoding) {
+  RunResult r = Run("generate --model " + model() +
+                    " --prompt 'def f(x):' --max-new-tokens 12 --ignore-eos --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  for (const char* key : {"text", "token_ids", "prompt_tokens", "tokens_per_s"}) {
+    EXPECT_TRUE(j.contains(key)) << key << " missing from " << r.out;
+  }
+  EXPECT_EQ(j["token_ids"].size(), 12u);
+  EXPECT_EQ(j["finish_reason"], "length");
+
+  auto tok = Tokenizer::FromFile(model() + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok());
+  auto runner = ModelRunner::Load(model(), {});
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  GenerationRequest req;
+  req.prompt = (*tok)->Encode("def f(x):");
+  req.max_new_tokens = 12;
+  auto expected = DecodeBatch(**runner, {req});
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_EQ(j["prompt_tokens"].get<size_t>(), req.prompt.size());
+  EXPECT_EQ(j["token_ids"].get<std::vector<int32_t>>(), (*expected)[0].tokens);
+  EXPECT_EQ(j["text"].get<std::string>(), (*tok)->Decode((*expected)[0].tokens, true).value());
+}
+
+TEST_F(SpeculaCliTest, GenerateStreamsTextAndSamplingIsSeeded) {
+  RunResult greedy =
+      Run("generate --model " + model() + " --prompt 'import os' --max-new-tokens 8 --ignore-eos");
+  ASSERT_EQ(greedy.exit_code, 0) << greedy.err;
+  EXPECT_NE(greedy.err.find("8 generated"), std::string::npos) << greedy.err;
+  const std::string args =
+      "generate --model " + model() +
+      " --prompt-ids 5,6,7 --max-new-tokens 10 --ignore-eos --json --temperature 1.0 --top-p 0.9";
+  RunResult a = Run(args + " --seed 1"), b = Run(args + " --seed 1"), c = Run(args + " --seed 2");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  auto ids = [](const RunResult& r) { return nlohmann::json::parse(r.out)["token_ids"]; };
+  EXPECT_EQ(ids(a), ids(b));
+  EXPECT_NE(ids(a), ids(c));
+}
+
+TEST_F(SpeculaCliTest, BenchForwardWritesJson) {
+  const std::string json_path = (*dir_ / "bench.json").string();
+  RunResult r =
+      Run("bench-forward --model " + model() +
+          " --batch-sizes 1,4 --tokens-per-seq 1,8 --context 8 --repeats 2 --json " + json_path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(ReadFileToString(json_path).value());
+  ASSERT_EQ(j["results"].size(), 4u);
+  EXPECT_EQ(j["results"][3]["tokens"], 32);
+  EXPECT_GT(j["results"][0]["median_ms"].get<double>(), 0.0);
+  EXPECT_NE(r.out.find("tokens/s"), std::string::npos);
+}
+
+TEST_F(SpeculaCliTest, MissingModelDirectory) {
+  RunResult r =
+      Run("generate --model " + (*dir_ / "nope").string() + " --prompt-ids 1 --max-new-tokens 2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("specula generate: NOT_FOUND"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("nope"), std::string::npos) << r.err;
+}
+
+TEST_F(SpeculaCliTest, TruncatedSafetensorsNamesTheFile) {
+  const std::string full = ReadFileToString(model() + "/model.safetensors").value();
+  const std::string dir =
+      BrokenModel("truncated", "model.safetensors", full.substr(0, full.size() / 2));
+  RunResult r = Run("generate --model " + dir + " --prompt 'x' --max-new-tokens 2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("DATA_LOSS"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("model.safetensors"), std::string::npos) << r.err;
+}
+
+TEST_F(SpeculaCliTest, UnsupportedArchitectureNamesTheField) {
+  std::string config = ReadFileToString(model() + "/config.json").value();
+  config.replace(config.find("\"llama\""), 7, "\"gpt2\"");
+  const std::string dir = BrokenModel("gpt2", "config.json", config);
+  RunResult r = Run("generate --model " + dir + " --prompt 'x' --max-new-tokens 2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("model_type 'gpt2' is not supported"), std::string::npos) << r.err;
+}
+
+TEST_F(SpeculaCliTest, PromptLongerThanContext) {
+  std::string ids = "1";
+  for (int i = 0; i < 70; ++i) ids += ",1";
+  RunResult r = Run("generate --model " + model() + " --prompt-ids " + ids + " --max-new-tokens 2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("prompt of 71 tokens is longer than the context length of 64"),
+            std::string::npos)
+      << r.err;
+  r = Run("generate --model " + model() + " --prompt-ids 1,2,3 --max-new-tokens 62");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("plus max_new_tokens 62 exceeds the context length of 64"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST_F(SpeculaCliTest, BadFlags) {
+  RunResult r = Run("generate --model " + model() + " --prompt x --max-new-tokens lots");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--max-new-tokens expects an integer"), std::string::npos) << r.err;
+  r = Run("generate --model " + model() + " --prompt x --frobnicate");
+  EXPECT_NE(r.err.find("unknown flag --frobnicate"), std::string::npos) << r.err;
+  r = Run("generate --model " + model() + " --prompt x --max-new-tokens 0");
+  EXPECT_NE(r.err.find("max_new_tokens must be positive"), std::string::npos) << r.err;
+  r = Run("generate --model " + model() + " --prompt x --max-new-tokens 4 --temperature -1");
+  EXPECT_NE(r.err.find("temperature"), std::string::npos) << r.err;
+  r = Run("frobnicate");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("unknown command 'frobnicate'"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace specula
