@@ -11,5 +11,7 @@ int RunGenerate(const std::vector<std::string>& args);
 int RunBenchForward(const std::vector<std::string>& args);
 int RunPrepareCorpus(const std::vector<std::string>& args);
 int RunTrainLm(const std::vector<std::string>& args);
+int RunDistill(const std::vector<std::string>& args);
+int RunEvalLm(const std::vector<std::string>& args);
 
 }  // namespace specula::cli

@@ -18,6 +18,8 @@ constexpr char kUsage[] =
     "curve)\n"
     "  prepare-corpus  build the Python-sources corpus, train its tokenizer, write token files\n"
     "  train-lm        train a Llama-style LM (bundled target or draft LM) on a prepared corpus\n"
+    "  eval-lm         perplexity of a model on a token file (e.g. the held-out split)\n"
+    "  distill         self-distillation dataset: target continuations of training-split prompts\n"
     "\n"
     "Run 'specula <command> --help' for the flags of a command.\n";
 
@@ -34,6 +36,8 @@ int main(int argc, char** argv) {
   if (command == "bench-forward") return specula::cli::RunBenchForward(args);
   if (command == "prepare-corpus") return specula::cli::RunPrepareCorpus(args);
   if (command == "train-lm") return specula::cli::RunTrainLm(args);
+  if (command == "eval-lm") return specula::cli::RunEvalLm(args);
+  if (command == "distill") return specula::cli::RunDistill(args);
   std::fprintf(stderr, "specula: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }
