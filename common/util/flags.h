@@ -29,6 +29,7 @@ class FlagSet {
   bool help_requested() const { return help_; }
   bool WasSet(const std::string& name) const { return set_.count(name) > 0; }
   std::string Usage() const;
+  const std::string& command() const { return command_; }
 
  private:
   enum class Kind { kString, kInt, kDouble, kBool, kIntList };

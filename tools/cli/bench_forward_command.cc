@@ -117,14 +117,7 @@ int RunBenchForward(const std::vector<std::string>& args) {
   flags.AddInt("repeats", &f.repeats, "timed repeats per setting (after one warm-up)");
   flags.AddInt("seed", &f.seed, "seed for the random token ids");
   flags.AddString("json", &f.json_out, "where to write the JSON report");
-  Status parsed = flags.Parse(args);
-  if (!parsed.ok()) return ReportError(kCommand, parsed);
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  Status s = Run(f);
-  return s.ok() ? 0 : ReportError(kCommand, s);
+  return RunCommand(flags, args, [&] { return Run(f); });
 }
 
 }  // namespace specula::cli

@@ -66,15 +66,10 @@ int RunDistill(const std::vector<std::string>& args) {
   flags.AddInt("batch-size", &f.distill.batch_size, "prompts generated together");
   int64_t seed = 0;
   flags.AddInt("seed", &seed, "prompt sampling seed");
-  Status parsed = flags.Parse(args);
-  if (!parsed.ok()) return ReportError(kCommand, parsed);
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  f.distill.seed = static_cast<uint64_t>(seed);
-  Status s = Run(f);
-  return s.ok() ? 0 : ReportError(kCommand, s);
+  return RunCommand(flags, args, [&] {
+    f.distill.seed = static_cast<uint64_t>(seed);
+    return Run(f);
+  });
 }
 
 }  // namespace specula::cli

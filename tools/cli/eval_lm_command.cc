@@ -27,23 +27,18 @@ int RunEvalLm(const std::vector<std::string>& args) {
   flags.AddInt("max-windows", &max_windows,
                "score at most this many windows, evenly spread (0 = all)");
   flags.AddInt("threads", &threads, "intra-op CPU threads (0 = LibTorch default)");
-  Status s = flags.Parse(args);
-  if (!s.ok()) return ReportError(kCommand, s);
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  if (model.empty()) return ReportError(kCommand, InvalidArgumentError("--model is required"));
-  if (threads > 0) SetThreads(threads);
-  auto loss = EvaluateModelLoss(model, tokens, seq_len, batch, max_windows);
-  if (!loss.ok()) return ReportError(kCommand, loss.status());
-  nlohmann::json j = {{"model", model},
-                      {"tokens", tokens},
-                      {"seq_len", seq_len},
-                      {"loss", *loss},
-                      {"perplexity", std::exp(*loss)}};
-  std::cout << j.dump() << "\n";
-  return 0;
+  return RunCommand(flags, args, [&]() -> Status {
+    if (model.empty()) return InvalidArgumentError("--model is required");
+    if (threads > 0) SetThreads(threads);
+    ASSIGN_OR_RETURN(double loss, EvaluateModelLoss(model, tokens, seq_len, batch, max_windows));
+    nlohmann::json j = {{"model", model},
+                        {"tokens", tokens},
+                        {"seq_len", seq_len},
+                        {"loss", loss},
+                        {"perplexity", std::exp(loss)}};
+    std::cout << j.dump() << "\n";
+    return OkStatus();
+  });
 }
 
 }  // namespace specula::cli

@@ -131,14 +131,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   flags.AddBool("json", &f.json,
                 "print {text, token_ids, prompt_tokens, tokens_per_s, ...} as JSON");
   flags.AddBool("ignore-eos", &f.ignore_eos, "do not stop at the model's end-of-sequence tokens");
-  Status parsed = flags.Parse(args);
-  if (!parsed.ok()) return ReportError(kCommand, parsed);
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  Status s = Run(f);
-  return s.ok() ? 0 : ReportError(kCommand, s);
+  return RunCommand(flags, args, [&] { return Run(f); });
 }
 
 }  // namespace specula::cli

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <iostream>
 
 namespace specula::cli {
 
@@ -31,6 +32,18 @@ void SetThreads(int64_t threads) { torch::set_num_threads(static_cast<int>(threa
 int ReportError(const std::string& command, const Status& status) {
   std::fprintf(stderr, "specula %s: %s\n", command.c_str(), status.ToString().c_str());
   return 1;
+}
+
+int RunCommand(FlagSet& flags, const std::vector<std::string>& args,
+               const std::function<Status()>& run) {
+  Status parsed = flags.Parse(args);
+  if (!parsed.ok()) return ReportError(flags.command(), parsed);
+  if (flags.help_requested()) {
+    std::cout << flags.Usage();
+    return 0;
+  }
+  Status s = run();
+  return s.ok() ? 0 : ReportError(flags.command(), s);
 }
 
 }  // namespace specula::cli

@@ -2,8 +2,10 @@
 // and the code that turns them into a loaded ModelRunner.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/model/model_runner.h"
 #include "common/util/flags.h"
@@ -28,5 +30,10 @@ void SetThreads(int64_t threads);
 
 // Prints "specula <command>: <status message>" to stderr and returns exit code 1.
 int ReportError(const std::string& command, const Status& status);
+
+// The shared shape of every subcommand: parse `args` into `flags` (usage on --help), call `run`,
+// report its error. Returns the process exit code.
+int RunCommand(FlagSet& flags, const std::vector<std::string>& args,
+               const std::function<Status()>& run);
 
 }  // namespace specula::cli

@@ -105,14 +105,7 @@ int RunPrepareCorpus(const std::vector<std::string>& args) {
   flags.AddInt("vocab-size", &f.vocab_size, "BPE vocabulary size to train");
   flags.AddInt("validation-percent", &f.validation_percent, "share of files for validation");
   flags.AddString("tokenizer", &f.tokenizer, "use this tokenizer.json instead of training one");
-  Status parsed = flags.Parse(args);
-  if (!parsed.ok()) return ReportError(kCommand, parsed);
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  Status s = Run(f);
-  return s.ok() ? 0 : ReportError(kCommand, s);
+  return RunCommand(flags, args, [&] { return Run(f); });
 }
 
 }  // namespace specula::cli

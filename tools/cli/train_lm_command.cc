@@ -140,14 +140,7 @@ int RunTrainLm(const std::vector<std::string>& args) {
                "stop after N steps (resume later)");
   flags.AddInt("seed", &f.seed, "seed for init and data order");
   flags.AddInt("threads", &f.threads, "intra-op CPU threads (0 = LibTorch default)");
-  Status parsed = flags.Parse(args);
-  if (!parsed.ok()) return ReportError(kCommand, parsed);
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  Status s = Run(f);
-  return s.ok() ? 0 : ReportError(kCommand, s);
+  return RunCommand(flags, args, [&] { return Run(f); });
 }
 
 }  // namespace specula::cli
