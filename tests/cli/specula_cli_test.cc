@@ -2,18 +2,17 @@
 // messages for bad model directories and prompts.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
-#include <torch/torch.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "common/engine/plain_decoder.h"
-#include "common/model/checkpoint.h"
-#include "common/model/transformer.h"
 #include "common/tokenizer/bpe_trainer.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/util/mapped_file.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/tiny_model.h"
 
 namespace specula {
 namespace {
@@ -29,10 +28,8 @@ struct RunResult {
 class SpeculaCliTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::temp_directory_path() /
-                        ("specula_cli_test_" + std::to_string(::getpid())));
-    fs::remove_all(*dir_);
-    fs::create_directories(*dir_ / "model");
+    dir_ = new TempDir;
+    fs::create_directories(dir_->path() / "model");
     // A tokenizer trained on a little Python, and a random 2-layer model of its vocabulary.
     BpeTrainerOptions to;
     to.vocab_size = 300;
@@ -40,39 +37,23 @@ class SpeculaCliTest : public ::testing::Test {
     auto tok_json =
         TrainByteLevelBpe({"def f(x):\n    return x + 1\n", "import os\nprint(os.getcwd())\n"}, to);
     ASSERT_TRUE(tok_json.ok()) << tok_json.status();
-    ASSERT_TRUE(WriteStringToFile((*dir_ / "model" / "tokenizer.json").string(), *tok_json).ok());
+    ASSERT_TRUE(WriteStringToFile(dir_->File("model/tokenizer.json"), *tok_json).ok());
     auto tok = Tokenizer::FromJson(*tok_json, "test");
     ASSERT_TRUE(tok.ok());
-    ModelConfig c;
+    ModelConfig c = TinyModelConfig();
     c.vocab_size = (*tok)->vocab_size();
-    c.hidden_size = 32;
-    c.intermediate_size = 64;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 8;
     c.max_position_embeddings = 64;
     c.tie_word_embeddings = true;
-    CausalLM model(c);
-    model->InitWeights(5);
-    {
-      torch::NoGradGuard g;
-      for (auto& p : model->named_parameters())
-        p.value().mul_(4.0);  // sharper, less tie-prone logits
-    }
-    std::map<std::string, at::Tensor> weights;
-    for (const auto& p : model->named_parameters()) weights[p.key()] = p.value();
-    ASSERT_TRUE(
-        SaveSafetensorsFile((*dir_ / "model" / "model.safetensors").string(), weights).ok());
-    ASSERT_TRUE(WriteStringToFile((*dir_ / "model" / "config.json").string(), c.ToJson()).ok());
+    auto lm = MakeTinyModel(c, 5, /*weight_scale=*/4.0);  // sharper, less tie-prone logits
+    ASSERT_TRUE(SaveModelDir(*lm, c, model()).ok());
   }
   static void TearDownTestSuite() {
-    fs::remove_all(*dir_);
     delete dir_;
+    dir_ = nullptr;
   }
 
   static RunResult Run(const std::string& args) {
-    const fs::path out = *dir_ / "stdout.txt", err = *dir_ / "stderr.txt";
+    const fs::path out = dir_->File("stdout.txt"), err = dir_->File("stderr.txt");
     const std::string cmd = std::string(SPECULA_BINARY_DIR) + "/bin/specula " + args + " > " +
                             out.string() + " 2> " + err.string();
     RunResult r;
@@ -86,18 +67,18 @@ class SpeculaCliTest : public ::testing::Test {
   // A copy of the model dir whose file `name` is replaced by `contents`.
   static std::string BrokenModel(const std::string& tag, const std::string& name,
                                  const std::string& contents) {
-    const fs::path broken = *dir_ / tag;
+    const fs::path broken = dir_->File(tag);
     fs::remove_all(broken);
-    fs::copy(*dir_ / "model", broken);
+    fs::copy(dir_->File("model"), broken);
     EXPECT_TRUE(WriteStringToFile((broken / name).string(), contents).ok());
     return broken.string();
   }
 
-  static std::string model() { return (*dir_ / "model").string(); }
-  static fs::path* dir_;
+  static std::string model() { return dir_->File("model"); }
+  static TempDir* dir_;
 };
 
-fs::path* SpeculaCliTest::dir_ = nullptr;
+TempDir* SpeculaCliTest::dir_ = nullptr;
 
 TEST_F(SpeculaCliTest, GenerateJsonMatchesInProcessGreedyDecoding) {
   RunResult r = Run("generate --model " + model() +
@@ -140,7 +121,7 @@ TEST_F(SpeculaCliTest, GenerateStreamsTextAndSamplingIsSeeded) {
 }
 
 TEST_F(SpeculaCliTest, BenchForwardWritesJson) {
-  const std::string json_path = (*dir_ / "bench.json").string();
+  const std::string json_path = dir_->File("bench.json");
   RunResult r =
       Run("bench-forward --model " + model() +
           " --batch-sizes 1,4 --tokens-per-seq 1,8 --context 8 --repeats 2 --json " + json_path);
@@ -154,7 +135,7 @@ TEST_F(SpeculaCliTest, BenchForwardWritesJson) {
 
 TEST_F(SpeculaCliTest, MissingModelDirectory) {
   RunResult r =
-      Run("generate --model " + (*dir_ / "nope").string() + " --prompt-ids 1 --max-new-tokens 2");
+      Run("generate --model " + dir_->File("nope") + " --prompt-ids 1 --max-new-tokens 2");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("specula generate: NOT_FOUND"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("nope"), std::string::npos) << r.err;

@@ -9,6 +9,7 @@
 
 #include "common/model/model_runner.h"
 #include "common/model/transformer.h"
+#include "tests/testing/tiny_model.h"
 
 namespace specula {
 namespace {
@@ -210,34 +211,14 @@ TEST(PagedKvCacheTest, KeepOnlyErrorsLeaveTheSequenceUnchanged) {
 // by decoding the accepted path alone. ModelRunner does not expose its cache, so equality is
 // checked through what the cache determines: the logits of every later token.
 
-ModelConfig TinyConfig() {
-  ModelConfig c;
-  c.arch = Architecture::kLlama;
-  c.model_type = "llama";
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.max_position_embeddings = 128;
-  return c;
-}
-
 // HF init, then larger weights and non-trivial norms so that attention is far from uniform and a
 // wrong cache row shows up clearly in the logits.
 std::shared_ptr<CausalLMImpl> MakeModel(const ModelConfig& config, uint64_t seed) {
-  auto model = std::make_shared<CausalLMImpl>(config);
-  model->InitWeights(seed);
+  auto model = MakeTinyModel(config, seed, /*weight_scale=*/10.0);
   torch::NoGradGuard no_grad;
   torch::manual_seed(seed + 1);
   for (auto& p : model->named_parameters()) {
-    if (p.key().find("norm") != std::string::npos) {
-      p.value().uniform_(0.5, 1.5);
-    } else {
-      p.value().mul_(10.0);
-    }
+    if (p.key().find("norm") != std::string::npos) p.value().uniform_(0.5, 1.5);
   }
   return model;
 }
@@ -301,7 +282,7 @@ class TreeCommitTest : public ::testing::TestWithParam<std::vector<int64_t>> {};
 
 TEST_P(TreeCommitTest, CommittedPathEqualsDecodingThePathAlone) {
   const std::vector<int64_t> path = GetParam();
-  auto model = MakeModel(TinyConfig(), 3);
+  auto model = MakeModel(TinyModelConfig(), 3);
   auto runner = MakeRunner(model, 32);
   const SeqId a = 1, b = 2;
   const int64_t prefix_len = static_cast<int64_t>(kPrefix.size());
@@ -349,7 +330,7 @@ INSTANTIATE_TEST_SUITE_P(Paths, TreeCommitTest,
 // The check above can fail: truncating instead of compacting keeps the wrong rows, and the next
 // token's logits then differ far beyond the tolerance.
 TEST(TreeCommitSensitivityTest, TruncateWithoutCompactionChangesLogits) {
-  auto model = MakeModel(TinyConfig(), 3);
+  auto model = MakeModel(TinyModelConfig(), 3);
   auto runner = MakeRunner(model, 32);
   const int64_t prefix_len = static_cast<int64_t>(kPrefix.size());
   const std::vector<int64_t> path = {1, 5};
@@ -368,7 +349,7 @@ TEST(TreeCommitSensitivityTest, TruncateWithoutCompactionChangesLogits) {
 // ... and the tree mask matters: node 1 hangs off the prefix, so its row differs from the same
 // tokens run as a chain (where node 1 would also see node 0).
 TEST(TreeCommitSensitivityTest, TreeRowsDifferFromAChain) {
-  auto model = MakeModel(TinyConfig(), 3);
+  auto model = MakeModel(TinyModelConfig(), 3);
   auto runner = MakeRunner(model, 32);
   for (SeqId s : {1, 2}) {
     ASSERT_TRUE(runner->AddSequence(s).ok());
@@ -383,7 +364,7 @@ TEST(TreeCommitSensitivityTest, TreeRowsDifferFromAChain) {
 
 // Several sequences in one verification batch, each committing a different path.
 TEST(TreeCommitBatchTest, BatchedTreesCommitIndependently) {
-  auto model = MakeModel(TinyConfig(), 5);
+  auto model = MakeModel(TinyModelConfig(), 5);
   auto runner = MakeRunner(model, 32);
   const int64_t prefix_len = static_cast<int64_t>(kPrefix.size());
   const std::vector<std::vector<int64_t>> paths = {{0, 2, 4}, {1, 5}};

@@ -3,7 +3,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -13,6 +12,8 @@
 
 #include "common/model/checkpoint.h"
 #include "common/model/transformer.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/tiny_model.h"
 
 namespace specula {
 namespace {
@@ -21,51 +22,15 @@ namespace fs = std::filesystem;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = info ? info->name() : "x";
-    for (char& ch : name) {
-      if (ch == '/') ch = '_';
-    }
-    path_ = fs::temp_directory_path() / ("specula_model_runner_test_" + std::to_string(::getpid()) +
-                                         "_" + std::to_string(counter++) + "_" + name);
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string str() const { return path_.string(); }
-  std::string File(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
-
 void WriteText(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << text;
   ASSERT_TRUE(out.good()) << path;
 }
 
-// Llama-style, GQA (4 query heads on 2 kv heads), 2 layers, vocab 64, context 128.
+// The shared tiny config, with an end-of-sequence id that config.json must round-trip.
 ModelConfig TinyConfig() {
-  ModelConfig c;
-  c.arch = Architecture::kLlama;
-  c.model_type = "llama";
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.max_position_embeddings = 128;
-  c.rms_norm_eps = 1e-6;
+  ModelConfig c = TinyModelConfig();
   c.eos_token_ids = {1};
   return c;
 }
@@ -73,8 +38,7 @@ ModelConfig TinyConfig() {
 // HF init (InitWeights), then larger weights, random biases and non-trivial norm scales, so that
 // every parameter and every attention edge visibly changes the logits.
 std::shared_ptr<CausalLMImpl> MakeModel(const ModelConfig& config, uint64_t seed) {
-  auto model = std::make_shared<CausalLMImpl>(config);
-  model->InitWeights(seed);
+  auto model = MakeTinyModel(config, seed, /*weight_scale=*/10.0);
   torch::NoGradGuard no_grad;
   torch::manual_seed(seed + 1000);
   for (auto& p : model->named_parameters()) {
@@ -83,8 +47,6 @@ std::shared_ptr<CausalLMImpl> MakeModel(const ModelConfig& config, uint64_t seed
       p.value().uniform_(0.5, 1.5);
     } else if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
       p.value().normal_(0.0, 0.5);
-    } else {
-      p.value().mul_(10.0);
     }
   }
   model->eval();
@@ -100,10 +62,11 @@ std::map<std::string, at::Tensor> Weights(CausalLMImpl& model) {
 // Writes config.json + model.safetensors; `edit` may change the tensors first.
 void SaveModel(CausalLMImpl& model, const std::string& dir,
                const std::function<void(std::map<std::string, at::Tensor>&)>& edit = nullptr) {
+  ASSERT_TRUE(SaveModelDir(model, model.config(), dir).ok());
+  if (!edit) return;
   auto weights = Weights(model);
-  if (edit) edit(weights);
+  edit(weights);
   ASSERT_TRUE(SaveSafetensorsFile(dir + "/model.safetensors", weights, {{"format", "pt"}}).ok());
-  WriteText(dir + "/config.json", model.config().ToJson());
 }
 
 ModelRunnerOptions Options(int64_t num_blocks = 64, int64_t block_size = 4) {
@@ -222,9 +185,9 @@ TEST_P(LoadRoundTripTest, LoadedLogitsEqualInMemoryDenseForward) {
   const ModelConfig& config = GetParam().config;
   auto model = MakeModel(config, 11);
   TempDir dir;
-  SaveModel(*model, dir.str());
+  SaveModel(*model, dir.path().string());
 
-  auto runner = ModelRunner::Load(dir.str(), Options());
+  auto runner = ModelRunner::Load(dir.path().string(), Options());
   ASSERT_TRUE(runner.ok()) << runner.status();
   ModelRunner& r = **runner;
   EXPECT_EQ(r.device_name(), "cpu");
@@ -272,7 +235,7 @@ TEST(LoadTest, ShardedCheckpointWithIndex) {
   WriteText(dir.File("model.safetensors.index.json"), index);
   WriteText(dir.File("config.json"), model->config().ToJson());
 
-  auto runner = ModelRunner::Load(dir.str(), Options());
+  auto runner = ModelRunner::Load(dir.path().string(), Options());
   ASSERT_TRUE(runner.ok()) << runner.status();
   const std::vector<int32_t> tokens = Tokens(9);
   ASSERT_TRUE((*runner)->AddSequence(1).ok());
@@ -283,7 +246,7 @@ TEST(LoadTest, ShardedCheckpointWithIndex) {
 TEST(LoadTest, Bf16CheckpointIntoFloat32Runner) {
   auto model = MakeModel(TinyConfig(), 13);
   TempDir dir;
-  SaveModel(*model, dir.str(), [](auto& weights) {
+  SaveModel(*model, dir.path().string(), [](auto& weights) {
     for (auto& [name, t] : weights) t = t.to(torch::kBFloat16);
   });
   // The reference: the same model with bf16-rounded weights.
@@ -291,7 +254,7 @@ TEST(LoadTest, Bf16CheckpointIntoFloat32Runner) {
     torch::NoGradGuard no_grad;
     for (auto& p : model->parameters()) p.copy_(p.to(torch::kBFloat16).to(torch::kFloat));
   }
-  auto runner = ModelRunner::Load(dir.str(), Options());
+  auto runner = ModelRunner::Load(dir.path().string(), Options());
   ASSERT_TRUE(runner.ok()) << runner.status();
   const std::vector<int32_t> tokens = Tokens(6);
   ASSERT_TRUE((*runner)->AddSequence(1).ok());
@@ -313,9 +276,9 @@ TEST(LoadErrorTest, MissingDirectory) {
 TEST(LoadErrorTest, MissingConfigJson) {
   auto model = MakeModel(TinyConfig(), 1);
   TempDir dir;
-  SaveModel(*model, dir.str());
+  SaveModel(*model, dir.path().string());
   fs::remove(dir.File("config.json"));
-  auto r = ModelRunner::Load(dir.str(), Options());
+  auto r = ModelRunner::Load(dir.path().string(), Options());
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
   EXPECT_THAT(r.status().message(), HasSubstr(dir.File("config.json")));
 }
@@ -323,17 +286,18 @@ TEST(LoadErrorTest, MissingConfigJson) {
 TEST(LoadErrorTest, MissingWeights) {
   TempDir dir;
   WriteText(dir.File("config.json"), TinyConfig().ToJson());
-  auto r = ModelRunner::Load(dir.str(), Options());
+  auto r = ModelRunner::Load(dir.path().string(), Options());
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
-  EXPECT_THAT(r.status().message(), AllOf(HasSubstr(dir.str()), HasSubstr("no model.safetensors")));
+  EXPECT_THAT(r.status().message(),
+              AllOf(HasSubstr(dir.path().string()), HasSubstr("no model.safetensors")));
 }
 
 TEST(LoadErrorTest, BadConfigJson) {
   auto model = MakeModel(TinyConfig(), 1);
   TempDir dir;
-  SaveModel(*model, dir.str());
+  SaveModel(*model, dir.path().string());
   WriteText(dir.File("config.json"), "{\"model_type\": \"llama\", ");
-  auto r = ModelRunner::Load(dir.str(), Options());
+  auto r = ModelRunner::Load(dir.path().string(), Options());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr(dir.File("config.json")));
 }
@@ -341,13 +305,13 @@ TEST(LoadErrorTest, BadConfigJson) {
 TEST(LoadErrorTest, ShapeMismatchNamesTheTensor) {
   auto model = MakeModel(TinyConfig(), 1);  // hidden 32
   TempDir dir;
-  SaveModel(*model, dir.str());
+  SaveModel(*model, dir.path().string());
   ModelConfig wider = TinyConfig();
   wider.hidden_size = 48;  // head_dim stays 8 (written explicitly)
   WriteText(dir.File("config.json"), wider.ToJson());
-  auto r = ModelRunner::Load(dir.str(), Options());
+  auto r = ModelRunner::Load(dir.path().string(), Options());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(r.status().message(), dir.str() +
+  EXPECT_EQ(r.status().message(), dir.path().string() +
                                       ": tensor 'model.embed_tokens.weight' has shape [64, 32] but "
                                       "config.json implies [64, 48]");
 }
@@ -355,10 +319,10 @@ TEST(LoadErrorTest, ShapeMismatchNamesTheTensor) {
 TEST(LoadErrorTest, ShapeMismatchInALaterTensor) {
   auto model = MakeModel(TinyConfig(), 1);
   TempDir dir;
-  SaveModel(*model, dir.str(), [](auto& weights) {
+  SaveModel(*model, dir.path().string(), [](auto& weights) {
     weights["model.layers.1.self_attn.k_proj.weight"] = torch::zeros({8, 32});
   });
-  auto r = ModelRunner::Load(dir.str(), Options());
+  auto r = ModelRunner::Load(dir.path().string(), Options());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(),
               HasSubstr("tensor 'model.layers.1.self_attn.k_proj.weight' has shape [8, 32] but "
@@ -368,13 +332,13 @@ TEST(LoadErrorTest, ShapeMismatchInALaterTensor) {
 TEST(LoadErrorTest, MissingTensorNamesIt) {
   auto model = MakeModel(TinyConfig(), 1);
   TempDir dir;
-  SaveModel(*model, dir.str(), [](auto& weights) {
+  SaveModel(*model, dir.path().string(), [](auto& weights) {
     ASSERT_EQ(weights.erase("model.layers.1.mlp.up_proj.weight"), 1u);
   });
-  auto r = ModelRunner::Load(dir.str(), Options());
+  auto r = ModelRunner::Load(dir.path().string(), Options());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(r.status().message(),
-            dir.str() + ": checkpoint has no tensor 'model.layers.1.mlp.up_proj.weight'");
+            dir.path().string() + ": checkpoint has no tensor 'model.layers.1.mlp.up_proj.weight'");
 }
 
 TEST(LoadErrorTest, UntiedConfigNeedsLmHead) {
@@ -382,9 +346,9 @@ TEST(LoadErrorTest, UntiedConfigNeedsLmHead) {
   tied.tie_word_embeddings = true;
   auto model = MakeModel(tied, 1);
   TempDir dir;
-  SaveModel(*model, dir.str());
+  SaveModel(*model, dir.path().string());
   WriteText(dir.File("config.json"), TinyConfig().ToJson());  // untied
-  auto r = ModelRunner::Load(dir.str(), Options());
+  auto r = ModelRunner::Load(dir.path().string(), Options());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("no tensor 'lm_head.weight'"));
 }
@@ -392,22 +356,22 @@ TEST(LoadErrorTest, UntiedConfigNeedsLmHead) {
 TEST(LoadErrorTest, NonFloatTensor) {
   auto model = MakeModel(TinyConfig(), 1);
   TempDir dir;
-  SaveModel(*model, dir.str(),
+  SaveModel(*model, dir.path().string(),
             [](auto& weights) { weights["model.norm.weight"] = torch::ones({32}, torch::kInt); });
-  auto r = ModelRunner::Load(dir.str(), Options());
+  auto r = ModelRunner::Load(dir.path().string(), Options());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(
-      r.status().message(),
-      AllOf(HasSubstr(dir.str()), HasSubstr("tensor 'model.norm.weight' has non-float dtype")));
+  EXPECT_THAT(r.status().message(),
+              AllOf(HasSubstr(dir.path().string()),
+                    HasSubstr("tensor 'model.norm.weight' has non-float dtype")));
 }
 
 TEST(LoadErrorTest, TruncatedWeightsFile) {
   auto model = MakeModel(TinyConfig(), 1);
   TempDir dir;
-  SaveModel(*model, dir.str());
+  SaveModel(*model, dir.path().string());
   const std::string path = dir.File("model.safetensors");
   fs::resize_file(path, fs::file_size(path) - 100);
-  auto r = ModelRunner::Load(dir.str(), Options());
+  auto r = ModelRunner::Load(dir.path().string(), Options());
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
   EXPECT_THAT(r.status().message(), AllOf(HasSubstr(path), HasSubstr("truncated")));
 }
@@ -415,30 +379,30 @@ TEST(LoadErrorTest, TruncatedWeightsFile) {
 TEST(LoadErrorTest, BadOptions) {
   auto model = MakeModel(TinyConfig(), 1);
   TempDir dir;
-  SaveModel(*model, dir.str());
+  SaveModel(*model, dir.path().string());
 
   ModelRunnerOptions dtype = Options();
   dtype.dtype = "float64";
-  auto r = ModelRunner::Load(dir.str(), dtype);
+  auto r = ModelRunner::Load(dir.path().string(), dtype);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("unknown dtype 'float64'"));
 
   ModelRunnerOptions device = Options();
   device.device = "tpu";
-  r = ModelRunner::Load(dir.str(), device);
+  r = ModelRunner::Load(dir.path().string(), device);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("bad device 'tpu'"));
 
   ModelRunnerOptions no_kv = Options(0);
   no_kv.kv.memory_mb = 1e-6;
-  r = ModelRunner::Load(dir.str(), no_kv);
+  r = ModelRunner::Load(dir.path().string(), no_kv);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("holds no block"));
 
   if (!torch::cuda::is_available()) {
     ModelRunnerOptions cuda = Options();
     cuda.device = "cuda";
-    r = ModelRunner::Load(dir.str(), cuda);
+    r = ModelRunner::Load(dir.path().string(), cuda);
     EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
     EXPECT_THAT(r.status().message(), HasSubstr("'cuda'"));
   }

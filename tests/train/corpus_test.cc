@@ -5,15 +5,16 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/testing/temp_dir.h"
+
 namespace specula {
 namespace {
 
 namespace fs = std::filesystem;
 
 TEST(CorpusTest, HoldsOutTestFolderAndSplitsDeterministically) {
-  const fs::path root =
-      fs::temp_directory_path() / ("specula_corpus_" + std::to_string(::getpid()));
-  fs::remove_all(root);
+  TempDir dir;
+  const fs::path& root = dir.path();
   for (const char* rel : {"a.py", "pkg/b.py", "pkg/notes.txt", "test/test_a.py",
                           "test/support/x.py", "site-packages/thirdparty.py", "testing.py"}) {
     fs::create_directories((root / rel).parent_path());
@@ -38,7 +39,6 @@ TEST(CorpusTest, HoldsOutTestFolderAndSplitsDeterministically) {
 
   o.root = (root / "missing").string();
   EXPECT_EQ(ListCorpus(o).status().code(), StatusCode::kNotFound);
-  fs::remove_all(root);
 }
 
 TEST(CorpusTest, RealStdlibHasHeldOutFiles) {
@@ -50,8 +50,9 @@ TEST(CorpusTest, RealStdlibHasHeldOutFiles) {
     train += f.split == CorpusSplit::kTrain;
     val += f.split == CorpusSplit::kValidation;
     held += f.split == CorpusSplit::kHeldOut;
-    if (f.split != CorpusSplit::kHeldOut)
+    if (f.split != CorpusSplit::kHeldOut) {
       EXPECT_NE(f.relative_path.rfind("test/", 0), 0u) << f.relative_path;
+    }
   }
   EXPECT_GT(train, 500);
   EXPECT_GT(val, 0);

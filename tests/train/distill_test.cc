@@ -1,5 +1,4 @@
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <filesystem>
 #include <random>
@@ -9,6 +8,8 @@
 #include "common/model/transformer.h"
 #include "common/train/distill_dataset.h"
 #include "common/train/distiller.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/tiny_model.h"
 
 namespace specula {
 namespace {
@@ -17,17 +18,9 @@ namespace fs = std::filesystem;
 
 class DistillTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("specula_distill_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string Path(const std::string& name) const { return dir_.File(name); }
 
-  fs::path dir_;
+  TempDir dir_;
 };
 
 TEST_F(DistillTest, DatasetRoundTrip) {
@@ -86,23 +79,10 @@ TEST_F(DistillTest, TruncatedFileIsReportedAndRepairedOnAppend) {
 class DistillGenerationTest : public DistillTest {
  protected:
   void SetUp() override {
-    DistillTest::SetUp();
-    ModelConfig c;
+    ModelConfig c = TinyModelConfig();
     c.vocab_size = 40;
-    c.hidden_size = 32;
-    c.intermediate_size = 64;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 8;
-    c.max_position_embeddings = 128;
     c.tie_word_embeddings = true;
-    auto module = std::make_shared<CausalLMImpl>(c);
-    module->InitWeights(11);
-    {
-      torch::NoGradGuard g;
-      for (auto& p : module->named_parameters()) p.value().mul_(5.0);
-    }
+    auto module = MakeTinyModel(c, 11, /*weight_scale=*/5.0);
     auto runner = ModelRunner::FromModule(module, {});
     ASSERT_TRUE(runner.ok()) << runner.status();
     runner_ = std::move(*runner);

@@ -10,6 +10,8 @@
 #include "common/model/checkpoint.h"
 #include "common/train/lr_schedule.h"
 #include "common/train/token_file.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/tiny_model.h"
 
 namespace specula {
 namespace {
@@ -19,11 +21,6 @@ namespace fs = std::filesystem;
 class LmTrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("specula_lm_trainer_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
     // A learnable stream: token t+1 = (3 * t + 1) mod 61 most of the time, else random.
     std::mt19937 rng(7);
     std::vector<int32_t> tokens{1};
@@ -31,21 +28,13 @@ class LmTrainerTest : public ::testing::Test {
       tokens.push_back(rng() % 10 == 0 ? static_cast<int32_t>(rng() % 64)
                                        : (3 * tokens.back() + 1) % 61);
     }
-    ASSERT_TRUE(WriteTokenFile((dir_ / "train.tok").string(), tokens).ok());
+    ASSERT_TRUE(WriteTokenFile(dir_.File("train.tok"), tokens).ok());
     tokens.resize(3000);
-    ASSERT_TRUE(WriteTokenFile((dir_ / "val.tok").string(), tokens).ok());
+    ASSERT_TRUE(WriteTokenFile(dir_.File("val.tok"), tokens).ok());
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   ModelConfig TinyConfig() const {
-    ModelConfig c;
-    c.vocab_size = 64;
-    c.hidden_size = 32;
-    c.intermediate_size = 64;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 8;
+    ModelConfig c = TinyModelConfig();
     c.max_position_embeddings = 64;
     c.tie_word_embeddings = true;
     return c;
@@ -53,9 +42,9 @@ class LmTrainerTest : public ::testing::Test {
 
   LmTrainOptions Options(const std::string& out, int64_t steps) const {
     LmTrainOptions o;
-    o.train_tokens = (dir_ / "train.tok").string();
-    o.val_tokens = (dir_ / "val.tok").string();
-    o.out_dir = (dir_ / out).string();
+    o.train_tokens = dir_.File("train.tok");
+    o.val_tokens = dir_.File("val.tok");
+    o.out_dir = dir_.File(out);
     o.batch_size = 8;
     o.seq_len = 32;
     o.lr = {.peak_lr = 1e-2, .min_lr = 1e-3, .warmup_steps = 2, .total_steps = steps};
@@ -68,7 +57,7 @@ class LmTrainerTest : public ::testing::Test {
     return o;
   }
 
-  fs::path dir_;
+  TempDir dir_;
 };
 
 TEST_F(LmTrainerTest, LossFalls) {
@@ -83,12 +72,11 @@ TEST_F(LmTrainerTest, LossFalls) {
   // Untrained loss is about ln(64) = 4.16; the stream is ~90% deterministic.
   EXPECT_GT(first->last_val_loss, 3.5);
   EXPECT_LT(trained->last_val_loss, first->last_val_loss - 1.5);
-  EXPECT_TRUE(fs::exists(dir_ / "long" / "model.safetensors"));
-  EXPECT_TRUE(fs::exists(dir_ / "long" / "config.json"));
+  EXPECT_TRUE(fs::exists(dir_.path() / "long" / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir_.path() / "long" / "config.json"));
 
   // Same windows as the trainer's validation: eval_batches * batch_size of them.
-  auto reloaded =
-      EvaluateModelLoss((dir_ / "long").string(), (dir_ / "val.tok").string(), 32, 8, 32);
+  auto reloaded = EvaluateModelLoss(dir_.File("long"), dir_.File("val.tok"), 32, 8, 32);
   ASSERT_TRUE(reloaded.ok()) << reloaded.status();
   EXPECT_NEAR(*reloaded, trained->last_val_loss, 1e-4);
 }
@@ -103,14 +91,14 @@ TEST_F(LmTrainerTest, ResumeReproducesUninterruptedRun) {
   ASSERT_TRUE(part1.ok()) << part1.status();
   EXPECT_FALSE(part1->finished);
   EXPECT_EQ(part1->steps_done, 3);
-  EXPECT_TRUE(fs::exists(dir_ / "resumed" / "checkpoint" / "state.json"));
+  EXPECT_TRUE(fs::exists(dir_.path() / "resumed" / "checkpoint" / "state.json"));
   o.max_steps_this_run = 0;
   auto part2 = TrainLanguageModel(TinyConfig(), o);
   ASSERT_TRUE(part2.ok()) << part2.status();
   EXPECT_TRUE(part2->finished);
 
-  auto a = LoadSafetensorsFile((dir_ / "straight" / "model.safetensors").string());
-  auto b = LoadSafetensorsFile((dir_ / "resumed" / "model.safetensors").string());
+  auto a = LoadSafetensorsFile(dir_.File("straight/model.safetensors"));
+  auto b = LoadSafetensorsFile(dir_.File("resumed/model.safetensors"));
   ASSERT_TRUE(a.ok() && b.ok());
   ASSERT_EQ(a->size(), b->size());
   for (const auto& [name, tensor] : *a) {
@@ -124,7 +112,7 @@ TEST_F(LmTrainerTest, RejectsBadOptions) {
   o.seq_len = 1000;  // over max_position_embeddings
   EXPECT_EQ(TrainLanguageModel(TinyConfig(), o).status().code(), StatusCode::kInvalidArgument);
   o = Options("bad", 2);
-  o.train_tokens = (dir_ / "missing.tok").string();
+  o.train_tokens = dir_.File("missing.tok");
   EXPECT_EQ(TrainLanguageModel(TinyConfig(), o).status().code(), StatusCode::kNotFound);
   ModelConfig small_vocab = TinyConfig();
   small_vocab.vocab_size = 16;  // the stream has ids up to 63
@@ -144,8 +132,8 @@ TEST(LrScheduleTest, WarmupThenCosine) {
 }
 
 TEST(TokenFileTest, RoundTripAndErrors) {
-  const std::string path =
-      (fs::temp_directory_path() / ("specula_tok_" + std::to_string(::getpid()))).string();
+  TempDir dir;
+  const std::string path = dir.File("t.tok");
   ASSERT_TRUE(WriteTokenFile(path, {0, 1, 65535, 300}).ok());
   auto t = TokenFile::Open(path);
   ASSERT_TRUE(t.ok()) << t.status();
@@ -155,7 +143,6 @@ TEST(TokenFileTest, RoundTripAndErrors) {
   EXPECT_EQ(WriteTokenFile(path, {70000}).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(WriteStringToFile(path, "abc").ok());
   EXPECT_EQ(TokenFile::Open(path).status().code(), StatusCode::kDataLoss);
-  fs::remove(path);
 }
 
 }  // namespace

@@ -1,0 +1,52 @@
+#include "tests/testing/tiny_model.h"
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <map>
+
+#include "common/model/checkpoint.h"
+#include "common/model/transformer.h"
+#include "common/util/mapped_file.h"
+
+namespace specula {
+
+ModelConfig TinyModelConfig() {
+  ModelConfig c;
+  c.arch = Architecture::kLlama;
+  c.model_type = "llama";
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 128;
+  return c;
+}
+
+std::shared_ptr<CausalLMImpl> MakeTinyModel(const ModelConfig& config, uint64_t seed,
+                                            double weight_scale) {
+  auto model = std::make_shared<CausalLMImpl>(config);
+  model->InitWeights(seed);
+  if (weight_scale != 1.0) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->named_parameters()) p.value().mul_(weight_scale);
+  }
+  return model;
+}
+
+Status SaveModelDir(CausalLMImpl& model, const ModelConfig& config, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return InternalError(StrCat("cannot create ", dir, ": ", ec.message()));
+  std::map<std::string, at::Tensor> weights;
+  for (const auto& p : model.named_parameters()) weights[p.key()] = p.value().detach();
+  RETURN_IF_ERROR(SaveSafetensorsFile((fs::path(dir) / "model.safetensors").string(), weights,
+                                      {{"format", "pt"}}));
+  return WriteStringToFile((fs::path(dir) / "config.json").string(), config.ToJson());
+}
+
+}  // namespace specula
