@@ -94,6 +94,19 @@ StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::FromModule(std::shared_ptr<C
     return FailedPreconditionError(StrCat(
         "device '", options.device, "' requested but this LibTorch has no usable CUDA device"));
   }
+  // Half-precision kernels are device- and version-dependent (LibTorch 1.13 has no float16 matmul
+  // on CPU): probe once so the user gets an error at load time, not from the first request.
+  if (impl->dtype != torch::kFloat) {
+    try {
+      auto probe =
+          torch::ones({2, 2}, torch::TensorOptions().dtype(impl->dtype).device(impl->device));
+      (void)torch::matmul(probe, probe);
+    } catch (const c10::Error&) {
+      return InvalidArgumentError(StrCat("dtype '", options.dtype, "' is not supported on device '",
+                                         options.device,
+                                         "' by this LibTorch (use float32 or bfloat16)"));
+    }
+  }
   try {
     module->eval();
     module->to(impl->device, impl->dtype);

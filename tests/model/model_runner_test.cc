@@ -262,6 +262,39 @@ TEST(LoadTest, Bf16CheckpointIntoFloat32Runner) {
               "bf16 checkpoint");
 }
 
+// Half-precision runners on CPU: same model, logits within half-precision rounding of fp32, and
+// the KV cache holds the runner's dtype.
+TEST(LoadTest, HalfPrecisionRunnersTrackFloat32) {
+  auto model = MakeModel(TinyConfig(), 14);
+  TempDir dir;
+  SaveModel(*model, dir.path().string());
+  const std::vector<int32_t> tokens = Tokens(7);
+  for (const char* dtype : {"bfloat16", "float16"}) {
+    ModelRunnerOptions o = Options();
+    o.dtype = dtype;
+    auto runner = ModelRunner::Load(dir.path().string(), o);
+    if (!runner.ok() && std::string(dtype) == "float16") {
+      // LibTorch 1.13 has no float16 matmul on CPU (2.x does): then loading must say so clearly.
+      EXPECT_EQ(runner.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_THAT(runner.status().message(),
+                  HasSubstr("dtype 'float16' is not supported on device 'cpu'"));
+      continue;
+    }
+    ASSERT_TRUE(runner.ok()) << dtype << ": " << runner.status();
+    EXPECT_EQ((*runner)->kv_cache().stats().num_blocks, 64);
+    ASSERT_TRUE((*runner)->AddSequence(1).ok());
+    // Prefill then one decode step, so the half-precision KV cache is read back.
+    auto prefill =
+        ForwardOk(**runner, Chunk(1, {tokens.begin(), tokens.end() - 1}, LogitsRows::kAll));
+    auto step = ForwardOk(**runner, Chunk(1, {tokens.back()}));
+    auto logits = torch::cat({prefill, step});
+    ASSERT_EQ(logits.scalar_type(), torch::kFloat);
+    auto reference = DenseLogits(*model, tokens);
+    const double scale = reference.abs().max().item<double>();
+    EXPECT_LT((logits - reference).abs().max().item<double>(), 0.05 * scale) << dtype;
+  }
+}
+
 // ----------------------------------------------------------------------------------------------
 // Load errors name the file / tensor at fault.
 
