@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Configures and builds Specula (Release) into build/. Extra arguments go to CMake's configure step,
-# e.g. scripts/build.sh -DSPECULA_WITH_GRPC=OFF.
+# e.g. scripts/build.sh -DSPECULA_WITH_GRPC=OFF. BUILD_TARGETS="specula" builds only those targets.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS="${JOBS:-$(nproc)}"
@@ -10,4 +10,5 @@ if [ -f build/CMakeCache.txt ] && ! grep -q "CMAKE_GENERATOR:INTERNAL=${GENERATO
   rm -rf build
 fi
 cmake -S . -B build "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release "$@"
-cmake --build build -j "$JOBS"
+# shellcheck disable=SC2086
+cmake --build build -j "$JOBS" ${BUILD_TARGETS:+--target $BUILD_TARGETS}

@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh
+BUILD_TARGETS=specula scripts/build.sh
 MODEL="${MODEL:-models/pyllama-6m}"
 PROMPT="${PROMPT:-def read_config(path):
     \"\"\"Read a JSON config file and return it as a dict.\"\"\"
