@@ -8,4 +8,5 @@ MODEL="${MODEL:-models/pyllama-6m}"
 PROMPT="${PROMPT:-def read_config(path):
     \"\"\"Read a JSON config file and return it as a dict.\"\"\"
 }"
-exec build/bin/specula generate --model "$MODEL" --prompt "$PROMPT" --max-new-tokens "${MAX_NEW_TOKENS:-96}" "$@"
+exec build/bin/specula generate --model "$MODEL" --prompt "$PROMPT" --max-new-tokens "${MAX_NEW_TOKENS:-96}" \
+  --temperature 0.7 --top-p 0.9 --seed 1 "$@"

@@ -90,7 +90,7 @@ Status Run(const GenerateFlags& f) {
   const GenerationResult& result = results[0];
   const double tokens_per_s = seconds > 0 ? result.tokens.size() / seconds : 0.0;
   if (stream) {
-    std::cout << stream->Flush() << "\n";
+    std::cout << stream->Flush() << std::endl;  // flush before the stats line on stderr
     std::fprintf(stderr, "[%zu prompt tokens, %zu generated, %.1f tokens/s, finish: %s]\n",
                  prompt.size(), result.tokens.size(), tokens_per_s, result.finish_reason.c_str());
     return OkStatus();
