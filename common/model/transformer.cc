@@ -45,16 +45,21 @@ SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& c)
 torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask) {
   const int64_t B = q.size(0), Tq = q.size(1), nh = q.size(2), hd = q.size(3);
-  const int64_t nkv = k.size(2), group = nh / nkv;
-  auto qg = q.view({B, Tq, nkv, group, hd}).permute({0, 2, 3, 1, 4});  // [B, nkv, g, Tq, hd]
-  auto kg = k.permute({0, 2, 1, 3}).unsqueeze(2);                      // [B, nkv, 1, Tk, hd]
-  auto vg = v.permute({0, 2, 1, 3}).unsqueeze(2);                      // [B, nkv, 1, Tk, hd]
+  const int64_t Tk = k.size(1), nkv = k.size(2), group = nh / nkv;
+  // Grouped-query attention with the group folded into the query axis: [B, nkv, Tq * g, hd] against
+  // [B, nkv, Tk, hd]. Plain batched matmuls, so keys and values are never expanded per query head.
+  auto qg =
+      q.view({B, Tq, nkv, group, hd}).permute({0, 2, 1, 3, 4}).reshape({B, nkv, Tq * group, hd});
+  auto kg = k.permute({0, 2, 1, 3});  // [B, nkv, Tk, hd]
+  auto vg = v.permute({0, 2, 1, 3});  // [B, nkv, Tk, hd]
   auto scores =
       torch::matmul(qg, kg.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(hd)));
-  scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
+  auto allowed =
+      mask.view({B, 1, Tq, 1, Tk}).expand({B, 1, Tq, group, Tk}).reshape({B, 1, Tq * group, Tk});
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
   auto probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
-  auto out = torch::matmul(probs, vg);  // [B, nkv, g, Tq, hd]
-  return out.permute({0, 3, 1, 2, 4}).reshape({B, Tq, nh, hd});
+  auto out = torch::matmul(probs, vg);  // [B, nkv, Tq * g, hd]
+  return out.view({B, nkv, Tq, group, hd}).permute({0, 2, 1, 3, 4}).reshape({B, Tq, nh, hd});
 }
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& in,
