@@ -54,8 +54,10 @@ torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
   auto vg = v.permute({0, 2, 1, 3});  // [B, nkv, Tk, hd]
   auto scores =
       torch::matmul(qg, kg.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(hd)));
+  // The mask's batch is B (paged) or 1 (the dense training mask, broadcast over the batch).
+  const int64_t mb = mask.size(0);
   auto allowed =
-      mask.view({B, 1, Tq, 1, Tk}).expand({B, 1, Tq, group, Tk}).reshape({B, 1, Tq * group, Tk});
+      mask.view({mb, 1, Tq, 1, Tk}).expand({mb, 1, Tq, group, Tk}).reshape({mb, 1, Tq * group, Tk});
   scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
   auto probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
   auto out = torch::matmul(probs, vg);  // [B, nkv, Tq * g, hd]
