@@ -8,6 +8,7 @@
 #include "common/model/checkpoint.h"
 #include "common/model/rope.h"
 #include "common/model/transformer.h"
+#include "common/util/mapped_file.h"
 
 namespace specula {
 namespace {
@@ -58,6 +59,18 @@ Status LoadWeightsInto(CausalLMImpl& model, const std::string& model_dir) {
         src.scalar_type() == p.value().scalar_type() ? src : src.to(p.value().scalar_type()));
   }
   return OkStatus();
+}
+
+Status SaveModelDir(CausalLMImpl& model, const ModelConfig& config, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return InternalError(StrCat("cannot create ", dir, ": ", ec.message()));
+  std::map<std::string, at::Tensor> weights;
+  for (const auto& p : model.named_parameters()) weights[p.key()] = p.value().detach();
+  RETURN_IF_ERROR(SaveSafetensorsFile((fs::path(dir) / "model.safetensors").string(), weights,
+                                      {{"format", "pt"}}));
+  return WriteStringToFile((fs::path(dir) / "config.json").string(), config.ToJson());
 }
 
 StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Load(const std::string& model_dir,

@@ -82,4 +82,7 @@ class ModelRunner {
 // INVALID_ARGUMENT names a missing tensor or a shape mismatch.
 Status LoadWeightsInto(CausalLMImpl& model, const std::string& model_dir);
 
+// Writes an HF-layout model directory: model.safetensors (the module's parameters) and config.json.
+Status SaveModelDir(CausalLMImpl& model, const ModelConfig& config, const std::string& dir);
+
 }  // namespace specula

@@ -69,19 +69,6 @@ std::string FormatDuration(double seconds) {
   return buf;
 }
 
-std::map<std::string, at::Tensor> StateDict(CausalLMImpl& model) {
-  std::map<std::string, at::Tensor> out;
-  for (const auto& p : model.named_parameters()) out[p.key()] = p.value();
-  return out;
-}
-
-Status SaveModelDir(CausalLMImpl& model, const ModelConfig& config, const std::string& dir) {
-  fs::create_directories(dir);
-  RETURN_IF_ERROR(SaveSafetensorsFile((fs::path(dir) / "model.safetensors").string(),
-                                      StateDict(model), {{"format", "pt"}}));
-  return WriteStringToFile((fs::path(dir) / "config.json").string(), config.ToJson());
-}
-
 }  // namespace
 
 StatusOr<LmTrainResult> TrainLanguageModel(const ModelConfig& config, const LmTrainOptions& o) {

@@ -37,16 +37,4 @@ std::shared_ptr<CausalLMImpl> MakeTinyModel(const ModelConfig& config, uint64_t 
   return model;
 }
 
-Status SaveModelDir(CausalLMImpl& model, const ModelConfig& config, const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return InternalError(StrCat("cannot create ", dir, ": ", ec.message()));
-  std::map<std::string, at::Tensor> weights;
-  for (const auto& p : model.named_parameters()) weights[p.key()] = p.value().detach();
-  RETURN_IF_ERROR(SaveSafetensorsFile((fs::path(dir) / "model.safetensors").string(), weights,
-                                      {{"format", "pt"}}));
-  return WriteStringToFile((fs::path(dir) / "config.json").string(), config.ToJson());
-}
-
 }  // namespace specula

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/model/model_config.h"
+#include "common/model/model_runner.h"
 #include "common/util/status.h"
 
 namespace specula {
@@ -21,8 +22,6 @@ ModelConfig TinyModelConfig();
 std::shared_ptr<CausalLMImpl> MakeTinyModel(const ModelConfig& config, uint64_t seed,
                                             double weight_scale = 1.0);
 
-// Writes a Hugging Face model directory: model.safetensors (the named parameters) and config.json.
-// Creates `dir` if needed.
-Status SaveModelDir(CausalLMImpl& model, const ModelConfig& config, const std::string& dir);
+// SaveModelDir (writing a tiny model as an HF directory) lives in common/model/model_runner.h.
 
 }  // namespace specula
