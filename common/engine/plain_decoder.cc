@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <span>
 
@@ -14,12 +13,6 @@ using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// Sequence ids unique within this process, so concurrent users of one runner never collide.
-SeqId NextSeqId() {
-  static std::atomic<SeqId> next{1};
-  return next++;
 }
 
 }  // namespace
@@ -65,7 +58,7 @@ StatusOr<std::vector<GenerationResult>> DecodeBatch(ModelRunner& runner,
   std::vector<SequenceRng> rngs;
   std::vector<bool> running(n, true);
   for (size_t i = 0; i < n; ++i) {
-    ids[i] = NextSeqId();
+    ids[i] = NewSequenceId();
     rngs.emplace_back(requests[i].sampling.seed);
   }
   auto release_all = [&] {

@@ -10,6 +10,10 @@ namespace specula {
 
 using SeqId = int64_t;
 
+// A process-wide unique sequence id, so that every user of a runner (decoders, engines, drafters)
+// can add sequences without coordinating.
+SeqId NewSequenceId();
+
 enum class LogitsRows {
   kLast,      // the last new token of the sequence (decode / prefill)
   kAll,       // every new token (tree verification)

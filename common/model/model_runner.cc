@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <filesystem>
 #include <unordered_set>
 
@@ -11,6 +12,12 @@
 #include "common/util/mapped_file.h"
 
 namespace specula {
+
+SeqId NewSequenceId() {
+  static std::atomic<SeqId> next{1};
+  return next++;
+}
+
 namespace {
 
 std::string ShapeString(const at::IntArrayRef& shape) {

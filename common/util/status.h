@@ -64,6 +64,9 @@ inline Status InvalidArgumentError(std::string m) {
   return {StatusCode::kInvalidArgument, std::move(m)};
 }
 inline Status NotFoundError(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
+inline Status AlreadyExistsError(std::string m) {
+  return {StatusCode::kAlreadyExists, std::move(m)};
+}
 inline Status ResourceExhaustedError(std::string m) {
   return {StatusCode::kResourceExhausted, std::move(m)};
 }
