@@ -1,0 +1,122 @@
+#include "common/spec/candidate_tree.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+namespace specula {
+
+CandidateTree CandidateTree::Chain(std::span<const int32_t> tokens) {
+  CandidateTree tree;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tree.AddNode(static_cast<int32_t>(i) - 1, tokens[i]);
+  }
+  return tree;
+}
+
+int32_t CandidateTree::AddNode(int32_t parent, int32_t token, float draft_prob, int32_t proposal) {
+  const int32_t index = size();
+  // A parent that does not precede the node gets depth 0, which Validate rejects (trees may come
+  // from a network peer, so a bad parent must never be dereferenced here).
+  int32_t depth = 0;
+  if (parent == -1) {
+    depth = 1;
+  } else if (parent >= 0 && parent < index) {
+    depth = depths_[parent] + 1;
+  }
+  tokens_.push_back(token);
+  parents_.push_back(parent);
+  depths_.push_back(depth);
+  draft_probs_.push_back(draft_prob);
+  proposals_.push_back(proposal);
+  return index;
+}
+
+int32_t CandidateTree::AddDistribution(std::vector<float> probs) {
+  distributions_.push_back(std::move(probs));
+  return num_distributions() - 1;
+}
+
+int32_t CandidateTree::max_depth() const {
+  int32_t deepest = 0;
+  for (int32_t d : depths_) deepest = std::max(deepest, d);
+  return deepest;
+}
+
+std::vector<int32_t> CandidateTree::Children(int32_t node) const {
+  std::vector<int32_t> children;
+  for (int32_t i = 0; i < size(); ++i) {
+    if (parents_[i] == node) children.push_back(i);
+  }
+  return children;
+}
+
+std::vector<int32_t> CandidateTree::PathTo(int32_t node) const {
+  std::vector<int32_t> path;
+  if (node < 0 || node >= size()) return path;
+  // Follows only parents that precede their child, so a malformed tree cannot loop.
+  int32_t current = node;
+  while (true) {
+    path.push_back(current);
+    const int32_t parent = parents_[current];
+    if (parent < 0 || parent >= current) break;
+    current = parent;
+  }
+  std::reverse(path.begin(), path.end());
+  return path;
+}
+
+Status CandidateTree::Validate(int32_t vocab_size, int32_t max_nodes, int32_t max_depth) const {
+  if (size() > max_nodes) {
+    return InvalidArgumentError(
+        StrCat("candidate tree has ", size(), " nodes, over the budget of ", max_nodes));
+  }
+  for (int32_t j = 0; j < num_distributions(); ++j) {
+    const std::vector<float>& q = distributions_[j];
+    if (static_cast<int64_t>(q.size()) != vocab_size) {
+      return InvalidArgumentError(StrCat("candidate tree distribution ", j, ": size ", q.size(),
+                                         " differs from the vocabulary size ", vocab_size));
+    }
+    for (size_t v = 0; v < q.size(); ++v) {
+      if (!(q[v] >= 0.0f) || !std::isfinite(q[v])) {
+        return InvalidArgumentError(StrCat("candidate tree distribution ", j, ": entry ", v, " is ",
+                                           q[v], ", not a finite probability >= 0"));
+      }
+    }
+  }
+  for (int32_t i = 0; i < size(); ++i) {
+    const int32_t parent = parents_[i];
+    if (parent < -1 || parent >= i) {
+      return InvalidArgumentError(
+          StrCat("candidate tree node ", i, ": parent ", parent, " does not precede it"));
+    }
+    const int32_t token = tokens_[i];
+    if (token < 0 || token >= vocab_size) {
+      return InvalidArgumentError(StrCat("candidate tree node ", i, ": token ", token,
+                                         " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    if (depths_[i] > max_depth) {
+      return InvalidArgumentError(StrCat("candidate tree node ", i, ": depth ", depths_[i],
+                                         " exceeds the maximum depth ", max_depth));
+    }
+    const float prob = draft_probs_[i];
+    if (!(prob >= 0.0f && prob <= 1.0f)) {
+      return InvalidArgumentError(
+          StrCat("candidate tree node ", i, ": draft_prob ", prob, " is outside [0, 1]"));
+    }
+    const int32_t proposal = proposals_[i];
+    if (proposal < -1 || proposal >= num_distributions()) {
+      return InvalidArgumentError(StrCat("candidate tree node ", i, ": proposal ", proposal,
+                                         " is not -1 (deterministic) or one of the ",
+                                         num_distributions(), " distributions"));
+    }
+    if (proposal >= 0 && !(distributions_[proposal][token] > 0.0f)) {
+      return InvalidArgumentError(StrCat("candidate tree node ", i, ": token ", token,
+                                         " was sampled from distribution ", proposal,
+                                         ", which gives it probability 0"));
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace specula

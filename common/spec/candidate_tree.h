@@ -1,0 +1,70 @@
+// A drafter's proposal for one sequence and one step: a tree of candidate tokens hanging off the
+// sequence's pending token (the last token it generated, not yet run through the target).
+//
+// Node i has a token, a parent (-1 = a child of the pending token, else an earlier node), and the
+// proposal it came from, which the lossless sampling verifier needs:
+//   - deterministic (proposal -1): the drafter chose the token (argmax, top-k, n-gram lookup). The
+//     verifier treats it as a point mass, so any deterministic candidate set stays lossless.
+//   - sampled (proposal j >= 0): the token was drawn from distributions[j], independently of its
+//     siblings (siblings drawn from one distribution are i.i.d. samples, as in SpecInfer).
+// Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/util/status.h"
+
+namespace specula {
+
+class CandidateTree {
+ public:
+  CandidateTree() = default;
+
+  // A chain of deterministic candidates: token i is the child of token i - 1.
+  static CandidateTree Chain(std::span<const int32_t> tokens);
+
+  // Appends a node; returns its index. `draft_prob` is the drafter's probability of the token
+  // given its parent's path (reported in stats and used to rank; 1 when unknown).
+  int32_t AddNode(int32_t parent, int32_t token, float draft_prob = 1.0f, int32_t proposal = -1);
+  // Adds a proposal distribution over the vocabulary; returns its index for AddNode.
+  int32_t AddDistribution(std::vector<float> probs);
+
+  int32_t size() const { return static_cast<int32_t>(tokens_.size()); }
+  bool empty() const { return tokens_.empty(); }
+  int32_t token(int32_t i) const { return tokens_[i]; }
+  int32_t parent(int32_t i) const { return parents_[i]; }
+  // 1 for children of the pending token.
+  int32_t depth(int32_t i) const { return depths_[i]; }
+  float draft_prob(int32_t i) const { return draft_probs_[i]; }
+  int32_t proposal(int32_t i) const { return proposals_[i]; }
+  std::span<const float> distribution(int32_t j) const { return distributions_[j]; }
+  int32_t num_distributions() const { return static_cast<int32_t>(distributions_.size()); }
+  int32_t max_depth() const;
+
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  const std::vector<int32_t>& parents() const { return parents_; }
+
+  // Children of `node` (-1 = the pending token) in insertion order, the order the verifier tries
+  // them in.
+  std::vector<int32_t> Children(int32_t node) const;
+  // Node indices from the root's child down to `node`.
+  std::vector<int32_t> PathTo(int32_t node) const;
+
+  // INVALID_ARGUMENT naming the node and field: a parent that does not precede its child, a token
+  // outside [0, vocab_size), more than max_nodes nodes, deeper than max_depth, a probability
+  // outside [0, 1], an unknown proposal, a distribution of the wrong size or that gives its own
+  // sampled token probability 0.
+  Status Validate(int32_t vocab_size, int32_t max_nodes, int32_t max_depth) const;
+
+ private:
+  std::vector<int32_t> tokens_;
+  std::vector<int32_t> parents_;
+  std::vector<int32_t> depths_;
+  std::vector<float> draft_probs_;
+  std::vector<int32_t> proposals_;
+  std::vector<std::vector<float>> distributions_;
+};
+
+}  // namespace specula

@@ -1,0 +1,865 @@
+#include "common/spec/verifier.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "tests/spec/chi_square.h"
+
+namespace specula {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+SamplingParams Sampling(float temperature, int32_t top_k = 0, float top_p = 1.0f) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  return p;
+}
+
+VerifyParams Mode(VerifyMode mode) {
+  VerifyParams p;
+  p.mode = mode;
+  return p;
+}
+
+// Row-major logits for a tree: rows[0] at the pending token, rows[i + 1] at node i.
+struct Rows {
+  std::vector<float> data;
+  int64_t rows = 0;
+  int64_t vocab = 0;
+
+  explicit Rows(const std::vector<std::vector<float>>& rows_in)
+      : rows(static_cast<int64_t>(rows_in.size())),
+        vocab(rows_in.empty() ? 0 : static_cast<int64_t>(rows_in[0].size())) {
+    for (const auto& r : rows_in) data.insert(data.end(), r.begin(), r.end());
+  }
+  TreeLogits view() const { return {.data = data.data(), .rows = rows, .vocab = vocab}; }
+};
+
+// A logits row of `vocab` entries, 0 everywhere except the given (token, logit) pairs.
+std::vector<float> Row(int32_t vocab, std::initializer_list<std::pair<int32_t, float>> entries) {
+  std::vector<float> row(vocab, 0.0f);
+  for (const auto& [token, logit] : entries) row[token] = logit;
+  return row;
+}
+
+// Logits whose softmax at temperature 1 is `probs`.
+std::vector<float> LogitsOf(const std::vector<double>& probs) {
+  std::vector<float> out;
+  for (double p : probs) out.push_back(static_cast<float>(std::log(p)));
+  return out;
+}
+
+VerifyResult MustVerify(const CandidateTree& tree, const Rows& rows, const SamplingParams& sampling,
+                        const VerifyParams& params, SequenceRng& rng) {
+  auto result = VerifyTree(tree, rows.view(), sampling, params, rng);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? *result : VerifyResult{};
+}
+
+VerifyResult MustVerify(const CandidateTree& tree, const Rows& rows, const SamplingParams& sampling,
+                        const VerifyParams& params = {}) {
+  SequenceRng rng(1);
+  return MustVerify(tree, rows, sampling, params, rng);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameters and names.
+
+TEST(VerifyParamsTest, DefaultsAreValid) { EXPECT_TRUE(VerifyParams().Validate().ok()); }
+
+TEST(VerifyParamsTest, ValidateNamesTheField) {
+  auto expect_invalid = [](VerifyParams p, const std::string& field) {
+    const Status s = p.Validate();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << field;
+    EXPECT_THAT(s.message(), HasSubstr(field));
+  };
+  VerifyParams p;
+  p.specdec_beta = 0;
+  expect_invalid(p, "specdec_beta");
+  p = {};
+  p.specdec_tau = -0.5f;
+  expect_invalid(p, "specdec_tau");
+  p.specdec_tau = std::numeric_limits<float>::infinity();
+  expect_invalid(p, "specdec_tau");
+  p.specdec_tau = std::numeric_limits<float>::quiet_NaN();
+  expect_invalid(p, "specdec_tau");
+  p = {};
+  p.typical_epsilon = 0.0f;
+  expect_invalid(p, "typical_epsilon");
+  p.typical_epsilon = 1.5f;
+  expect_invalid(p, "typical_epsilon");
+  p = {};
+  p.typical_delta = 0.0f;
+  expect_invalid(p, "typical_delta");
+  p.typical_delta = std::numeric_limits<float>::quiet_NaN();
+  expect_invalid(p, "typical_delta");
+  p = {};
+  p.specdec_beta = 1;
+  p.specdec_tau = 0.0f;
+  p.typical_epsilon = 1.0f;
+  EXPECT_TRUE(p.Validate().ok());
+}
+
+TEST(VerifyModeTest, NamesRoundTrip) {
+  for (VerifyMode mode : {VerifyMode::kLossless, VerifyMode::kSpecDec, VerifyMode::kTypical}) {
+    auto parsed = ParseVerifyMode(VerifyModeName(mode));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, mode);
+  }
+  EXPECT_STREQ(VerifyModeName(VerifyMode::kLossless), "lossless");
+  EXPECT_STREQ(VerifyModeName(VerifyMode::kSpecDec), "specdec");
+  EXPECT_STREQ(VerifyModeName(VerifyMode::kTypical), "typical");
+  EXPECT_EQ(*ParseVerifyMode("greedy"), VerifyMode::kLossless);
+  EXPECT_EQ(*ParseVerifyMode("sample"), VerifyMode::kLossless);
+  EXPECT_FALSE(VerifyParams().lossy());
+  EXPECT_TRUE(Mode(VerifyMode::kSpecDec).lossy());
+  EXPECT_TRUE(Mode(VerifyMode::kTypical).lossy());
+}
+
+TEST(VerifyModeTest, UnknownNameListsTheValidOnes) {
+  auto parsed = ParseVerifyMode("medusa");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(parsed.status().message(), HasSubstr("'medusa'"));
+  EXPECT_THAT(parsed.status().message(), HasSubstr("lossless, greedy, sample, specdec, typical"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Greedy (lossless).
+
+// Vocabulary 6; argmax is 2 at the pending token, then 4, then 1, then 5 along the chain 2-4-1.
+Rows GreedyChainRows() {
+  return Rows({Row(6, {{2, 3.0f}, {4, 1.0f}}), Row(6, {{4, 2.0f}, {3, 1.9f}}), Row(6, {{1, 1.0f}}),
+               Row(6, {{5, 0.5f}, {0, 0.4f}})});
+}
+
+TEST(VerifyGreedyTest, ChainMatchingTheArgmaxIsAcceptedWithTheBonusAfterIt) {
+  const std::vector<int32_t> tokens = {2, 4, 1};
+  const VerifyResult r =
+      MustVerify(CandidateTree::Chain(tokens), GreedyChainRows(), Sampling(0.0f));
+  EXPECT_THAT(r.accepted_nodes, ElementsAre(0, 1, 2));
+  EXPECT_EQ(r.bonus_token, 5);
+}
+
+TEST(VerifyGreedyTest, FirstMismatchStopsAndTheTargetTokenReplacesIt) {
+  const std::vector<int32_t> tokens = {2, 3, 1};
+  const VerifyResult r =
+      MustVerify(CandidateTree::Chain(tokens), GreedyChainRows(), Sampling(0.0f));
+  EXPECT_THAT(r.accepted_nodes, ElementsAre(0));
+  EXPECT_EQ(r.bonus_token, 4);
+
+  const std::vector<int32_t> wrong_first = {4, 4, 1};
+  const VerifyResult none =
+      MustVerify(CandidateTree::Chain(wrong_first), GreedyChainRows(), Sampling(0.0f));
+  EXPECT_THAT(none.accepted_nodes, IsEmpty());
+  EXPECT_EQ(none.bonus_token, 2);
+}
+
+TEST(VerifyGreedyTest, EmptyTreeGivesTheArgmaxOfTheFirstRow) {
+  const VerifyResult r =
+      MustVerify(CandidateTree(), Rows({Row(5, {{3, 1.0f}, {1, 0.5f}})}), Sampling(0.0f));
+  EXPECT_THAT(r.accepted_nodes, IsEmpty());
+  EXPECT_EQ(r.bonus_token, 3);
+}
+
+TEST(VerifyGreedyTest, TreeFollowsTheBranchMatchingTheArgmax) {
+  // -1 ─┬─ 0 (tok 1) ── 3 (tok 2)
+  //     ├─ 1 (tok 2) ─┬─ 4 (tok 0)
+  //     │             ├─ 5 (tok 3) ── 7 (tok 3)
+  //     │             └─ 6 (tok 3)        (duplicate: the first in insertion order wins)
+  //     └─ 2 (tok 4)
+  CandidateTree tree;
+  tree.AddNode(-1, 1);
+  tree.AddNode(-1, 2);
+  tree.AddNode(-1, 4);
+  tree.AddNode(0, 2);
+  tree.AddNode(1, 0);
+  tree.AddNode(1, 3);
+  tree.AddNode(1, 3);
+  tree.AddNode(5, 3);
+  std::vector<std::vector<float>> rows(tree.size() + 1, Row(5, {{0, 1.0f}}));
+  rows[0] = Row(5, {{2, 2.0f}, {1, 1.5f}});  // argmax 2 -> node 1
+  rows[2] = Row(5, {{3, 2.0f}});             // node 1: argmax 3 -> node 5
+  rows[6] = Row(5, {{3, 2.0f}});             // node 5: argmax 3 -> node 7
+  rows[8] = Row(5, {{4, 2.0f}});             // node 7 (leaf): bonus 4
+  const VerifyResult r = MustVerify(tree, Rows(rows), Sampling(0.0f));
+  EXPECT_THAT(r.accepted_nodes, ElementsAre(1, 5, 7));
+  EXPECT_EQ(r.bonus_token, 4);
+
+  rows[6] = Row(5, {{1, 2.0f}});  // node 5 now predicts 1, which it has no child for
+  const VerifyResult partial = MustVerify(tree, Rows(rows), Sampling(0.0f));
+  EXPECT_THAT(partial.accepted_nodes, ElementsAre(1, 5));
+  EXPECT_EQ(partial.bonus_token, 1);
+}
+
+TEST(VerifyGreedyTest, ConsumesNoRandomNumbers) {
+  CandidateTree tree;
+  const int32_t j = tree.AddDistribution({0.1f, 0.2f, 0.3f, 0.2f, 0.1f, 0.1f});
+  tree.AddNode(-1, 2, 0.3f, j);
+  tree.AddNode(-1, 4, 0.1f, j);
+  tree.AddNode(0, 3);
+  tree.AddNode(1, 1);
+  // Every row but the first predicts 5 by a margin SpecDec's tau cannot bridge.
+  std::vector<std::vector<float>> rows(tree.size() + 1, Row(6, {{5, 3.0f}}));
+  rows[0] = Row(6, {{2, 1.0f}});
+  const Rows logits(rows);
+  for (VerifyMode mode : {VerifyMode::kLossless, VerifyMode::kSpecDec, VerifyMode::kTypical}) {
+    SequenceRng rng(42), reference(42);
+    const VerifyResult r = MustVerify(tree, logits, Sampling(0.0f), Mode(mode), rng);
+    EXPECT_THAT(r.accepted_nodes, ElementsAre(0)) << VerifyModeName(mode);
+    EXPECT_EQ(r.bonus_token, 5) << VerifyModeName(mode);
+    EXPECT_EQ(rng.Uniform(), reference.Uniform()) << VerifyModeName(mode) << " drew numbers";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Input validation.
+
+TEST(VerifyTreeTest, BadInputsAreInvalidArgumentWithClearMessages) {
+  const std::vector<int32_t> tokens = {2, 4, 1};
+  const CandidateTree chain = CandidateTree::Chain(tokens);
+  auto expect_invalid = [](const StatusOr<VerifyResult>& r, const std::string& fragment) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(r.status().message(), HasSubstr(fragment));
+  };
+  SequenceRng rng(0);
+  const Rows good = GreedyChainRows();
+
+  // One row short.
+  const Rows short_rows({Row(6, {}), Row(6, {}), Row(6, {})});
+  expect_invalid(VerifyTree(chain, short_rows.view(), Sampling(0.0f), {}, rng),
+                 "logits have 3 rows, expected one per tree node plus one (4)");
+  // A token outside the logits' vocabulary.
+  const std::vector<int32_t> oov_tokens = {2, 6, 1};
+  expect_invalid(VerifyTree(CandidateTree::Chain(oov_tokens), good.view(), Sampling(0.0f), {}, rng),
+                 "candidate tree node 1: token 6 is outside the vocabulary [0, 6)");
+  // A parent after its child.
+  CandidateTree backwards;
+  backwards.AddNode(1, 2);
+  backwards.AddNode(-1, 4);
+  backwards.AddNode(0, 1);
+  expect_invalid(VerifyTree(backwards, good.view(), Sampling(0.0f), {}, rng),
+                 "candidate tree node 0: parent 1 does not precede it");
+  // A distribution of the wrong size.
+  CandidateTree wrong_size;
+  wrong_size.AddDistribution({0.5f, 0.5f});
+  wrong_size.AddNode(-1, 1, 0.5f, 0);
+  const Rows two_rows({Row(6, {}), Row(6, {})});
+  expect_invalid(VerifyTree(wrong_size, two_rows.view(), Sampling(1.0f), {}, rng),
+                 "distribution 0: size 2 differs from the vocabulary size 6");
+  // Bad verify and sampling parameters.
+  VerifyParams bad_params;
+  bad_params.specdec_beta = 0;
+  expect_invalid(VerifyTree(chain, good.view(), Sampling(0.0f), bad_params, rng), "specdec_beta");
+  expect_invalid(VerifyTree(chain, good.view(), Sampling(1.0f, 0, 0.0f), {}, rng), "top_p");
+  expect_invalid(VerifyTree(chain, good.view(), Sampling(-1.0f), {}, rng), "temperature");
+  // No vocabulary / no data.
+  expect_invalid(VerifyTree(CandidateTree(), TreeLogits{.data = nullptr, .rows = 1, .vocab = 0},
+                            Sampling(0.0f), {}, rng),
+                 "vocabulary size");
+  expect_invalid(VerifyTree(CandidateTree(), TreeLogits{.data = nullptr, .rows = 1, .vocab = 6},
+                            Sampling(0.0f), {}, rng),
+                 "null");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sampled (lossless): exact properties; the distribution tests are further down.
+
+TEST(VerifySampledTest, EmptyTreeDrawsExactlyLikePlainSampling) {
+  const std::vector<float> row = {0.3f, 1.2f, -0.4f, 0.9f, 0.0f, 2.0f};
+  const Rows logits({row});
+  for (const SamplingParams& s : {Sampling(1.0f), Sampling(0.7f, 3), Sampling(1.3f, 0, 0.8f)}) {
+    for (uint64_t seed = 0; seed < 50; ++seed) {
+      SequenceRng rng(seed), reference(seed);
+      const VerifyResult r = MustVerify(CandidateTree(), logits, s, {}, rng);
+      EXPECT_THAT(r.accepted_nodes, IsEmpty());
+      EXPECT_EQ(r.bonus_token, SampleToken(row, s, reference));
+    }
+  }
+}
+
+TEST(VerifySampledTest, CertainTokensAreAlwaysAcceptedAndImpossibleOnesNever) {
+  // top_k = 1 makes the target a point mass at its argmax (token 3), at temperature 1.
+  CandidateTree tree;
+  const int32_t j = tree.AddDistribution({0.2f, 0.2f, 0.2f, 0.2f, 0.2f});
+  tree.AddNode(-1, 1, 0.2f, j);  // impossible under the target: always rejected
+  tree.AddNode(-1, 3, 1.0f);     // the target's only token: always accepted
+  tree.AddNode(1, 0, 0.2f, j);   // node 1's row is a point mass at 4: rejected, bonus 4
+  const Rows logits({Row(5, {{3, 2.0f}}), Row(5, {}), Row(5, {{4, 1.0f}}), Row(5, {{2, 1.0f}})});
+  for (uint64_t seed = 0; seed < 100; ++seed) {
+    SequenceRng rng(seed);
+    const VerifyResult r = MustVerify(tree, logits, Sampling(1.0f, 1), {}, rng);
+    EXPECT_THAT(r.accepted_nodes, ElementsAre(1)) << seed;
+    EXPECT_EQ(r.bonus_token, 4) << seed;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SpecDec (lossy).
+
+TEST(VerifySpecDecTest, AcceptsATopBetaTokenWithinTauThatGreedyRejects) {
+  // Logits: token 3 first (2.0), token 1 second (1.5), token 0 third (1.2), token 4 fourth (1.1).
+  const std::vector<float> row0 = {1.2f, 1.5f, 0.0f, 2.0f, 1.1f, -1.0f};
+  const std::vector<float> row1 = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 3.0f};
+  const Rows logits({row0, row1});
+  const std::vector<int32_t> second = {1};
+  const CandidateTree tree = CandidateTree::Chain(second);
+
+  const VerifyResult greedy = MustVerify(tree, logits, Sampling(0.0f));
+  EXPECT_THAT(greedy.accepted_nodes, IsEmpty());
+  EXPECT_EQ(greedy.bonus_token, 3);
+
+  VerifyParams specdec = Mode(VerifyMode::kSpecDec);  // beta 3, tau 1
+  const VerifyResult relaxed = MustVerify(tree, logits, Sampling(0.0f), specdec);
+  EXPECT_THAT(relaxed.accepted_nodes, ElementsAre(0));
+  EXPECT_EQ(relaxed.bonus_token, 5);
+
+  // Within tau but ranked 4th: rejected at beta 3, accepted at beta 4.
+  const std::vector<int32_t> fourth = {4};
+  const CandidateTree tree4 = CandidateTree::Chain(fourth);
+  EXPECT_THAT(MustVerify(tree4, logits, Sampling(0.0f), specdec).accepted_nodes, IsEmpty());
+  EXPECT_EQ(MustVerify(tree4, logits, Sampling(0.0f), specdec).bonus_token, 3);
+  specdec.specdec_beta = 4;
+  EXPECT_THAT(MustVerify(tree4, logits, Sampling(0.0f), specdec).accepted_nodes, ElementsAre(0));
+
+  // In the top 3 but further than tau from the top: rejected.
+  specdec.specdec_beta = 3;
+  specdec.specdec_tau = 0.4f;
+  EXPECT_THAT(MustVerify(tree, logits, Sampling(0.0f), specdec).accepted_nodes, IsEmpty());
+}
+
+TEST(VerifySpecDecTest, BetaOneEqualsGreedy) {
+  CandidateTree tree;
+  tree.AddNode(-1, 1);
+  tree.AddNode(-1, 3);
+  tree.AddNode(0, 2);
+  tree.AddNode(1, 2);
+  tree.AddNode(1, 0);
+  tree.AddNode(3, 4);
+  VerifyParams specdec = Mode(VerifyMode::kSpecDec);
+  specdec.specdec_beta = 1;
+  specdec.specdec_tau = 100.0f;
+  // Many random logit sets: SpecDec with beta 1 must match lossless greedy exactly.
+  SequenceRng gen(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<std::vector<float>> rows(tree.size() + 1, std::vector<float>(5));
+    for (auto& row : rows) {
+      for (float& l : row) l = static_cast<float>(std::floor(gen.Uniform() * 4.0));  // ties too
+    }
+    const Rows logits(rows);
+    const VerifyResult greedy = MustVerify(tree, logits, Sampling(0.0f));
+    const VerifyResult relaxed = MustVerify(tree, logits, Sampling(0.0f), specdec);
+    EXPECT_EQ(relaxed.accepted_nodes, greedy.accepted_nodes) << trial;
+    EXPECT_EQ(relaxed.bonus_token, greedy.bonus_token) << trial;
+  }
+}
+
+TEST(VerifySpecDecTest, SampledRequestsDrawTheReplacementFromTheRequestDistribution) {
+  const std::vector<float> row0 = {1.0f, 0.5f, -3.0f, 0.2f};
+  const Rows logits({row0, Row(4, {})});
+  const std::vector<int32_t> tokens = {2};  // far below the top: rejected
+  const SamplingParams s = Sampling(0.9f, 3);
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    SequenceRng rng(seed), reference(seed);
+    const VerifyResult r =
+        MustVerify(CandidateTree::Chain(tokens), logits, s, Mode(VerifyMode::kSpecDec), rng);
+    EXPECT_THAT(r.accepted_nodes, IsEmpty());
+    EXPECT_EQ(r.bonus_token, SampleToken(row0, s, reference));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Typical acceptance (lossy).
+
+TEST(VerifyTypicalTest, AcceptsCandidatesAboveTheEntropyScaledThreshold) {
+  // p = [0.5, 0.3, 0.15, 0.05]: H = 1.1422, 0.3 * exp(-H) = 0.0957, threshold min(0.09, .) = 0.09.
+  const std::vector<float> row0 = LogitsOf({0.5, 0.3, 0.15, 0.05});
+  const Rows logits({row0, Row(4, {{3, 5.0f}})});
+  const VerifyParams typical = Mode(VerifyMode::kTypical);
+  for (int32_t token : {0, 1, 2}) {
+    const std::vector<int32_t> tokens = {token};
+    SequenceRng rng(3);
+    const VerifyResult r =
+        MustVerify(CandidateTree::Chain(tokens), logits, Sampling(1.0f), typical, rng);
+    EXPECT_THAT(r.accepted_nodes, ElementsAre(0)) << token;
+    SequenceRng reference(3);
+    EXPECT_EQ(r.bonus_token, SampleToken(logits.view().row(1), Sampling(1.0f), reference)) << token;
+  }
+  // Token 3 (p = 0.05) is rejected; the replacement comes from the request's distribution.
+  const std::vector<int32_t> low = {3};
+  for (uint64_t seed = 0; seed < 30; ++seed) {
+    SequenceRng rng(seed), reference(seed);
+    const VerifyResult r =
+        MustVerify(CandidateTree::Chain(low), logits, Sampling(1.0f), typical, rng);
+    EXPECT_THAT(r.accepted_nodes, IsEmpty());
+    EXPECT_EQ(r.bonus_token, SampleToken(row0, Sampling(1.0f), reference));
+  }
+  // A smaller epsilon lets token 3 through (0.05 > 0.04).
+  VerifyParams loose = typical;
+  loose.typical_epsilon = 0.04f;
+  EXPECT_THAT(MustVerify(CandidateTree::Chain(low), logits, Sampling(1.0f), loose).accepted_nodes,
+              ElementsAre(0));
+  // The first passing child in insertion order is taken, not the most likely one.
+  CandidateTree siblings;
+  siblings.AddNode(-1, 3);
+  siblings.AddNode(-1, 2);
+  siblings.AddNode(-1, 0);
+  const Rows sibling_logits({row0, Row(4, {}), Row(4, {}), Row(4, {})});
+  EXPECT_THAT(MustVerify(siblings, sibling_logits, Sampling(1.0f), typical).accepted_nodes,
+              ElementsAre(1));
+}
+
+TEST(VerifyTypicalTest, TemperatureSharpensTheDistributionAndZeroIsGreedy) {
+  // At temperature 1 p = [0.4, 0.35, 0.25]: token 2 passes. At temperature 0.1 p(2) ~ 0.007.
+  const std::vector<float> row0 = LogitsOf({0.4, 0.35, 0.25});
+  const Rows logits({row0, Row(3, {})});
+  const std::vector<int32_t> tokens = {2};
+  const CandidateTree tree = CandidateTree::Chain(tokens);
+  const VerifyParams typical = Mode(VerifyMode::kTypical);
+  EXPECT_THAT(MustVerify(tree, logits, Sampling(1.0f), typical).accepted_nodes, ElementsAre(0));
+  EXPECT_THAT(MustVerify(tree, logits, Sampling(0.1f), typical).accepted_nodes, IsEmpty());
+  const VerifyResult greedy = MustVerify(tree, logits, Sampling(0.0f), typical);
+  EXPECT_THAT(greedy.accepted_nodes, IsEmpty());
+  EXPECT_EQ(greedy.bonus_token, 0);
+  const std::vector<int32_t> top = {0};
+  EXPECT_THAT(MustVerify(CandidateTree::Chain(top), logits, Sampling(0.0f), typical).accepted_nodes,
+              ElementsAre(0));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lossy modes agree with lossless verification when the draft is the target's argmax path.
+
+TEST(VerifyLossyTest, ArgmaxDraftGivesTheLosslessResult) {
+  SequenceRng gen(11);
+  constexpr int32_t kV = 7;
+  for (int trial = 0; trial < 100; ++trial) {
+    // Random rows; the chain follows their argmax, with an extra non-argmax sibling at each level.
+    const int32_t depth = 1 + trial % 4;
+    std::vector<std::vector<float>> rows;
+    CandidateTree tree;
+    rows.push_back(std::vector<float>(kV));
+    for (float& l : rows.back()) l = static_cast<float>(4.0 * gen.Uniform());
+    int32_t parent = -1;
+    int32_t parent_row = 0;
+    for (int32_t d = 0; d < depth; ++d) {
+      const int32_t best = Argmax(rows[parent_row]);
+      const int32_t node = tree.AddNode(parent, best);
+      rows.push_back(std::vector<float>(kV));
+      for (float& l : rows.back()) l = static_cast<float>(4.0 * gen.Uniform());
+      const int32_t other = tree.AddNode(parent, (best + 1) % kV);
+      rows.push_back(std::vector<float>(kV));
+      parent = node;
+      parent_row = node + 1;
+      (void)other;
+    }
+    const Rows logits(rows);
+    const VerifyResult lossless = MustVerify(tree, logits, Sampling(0.0f));
+    ASSERT_EQ(static_cast<int32_t>(lossless.accepted_nodes.size()), depth);
+    for (VerifyMode mode : {VerifyMode::kSpecDec, VerifyMode::kTypical}) {
+      const VerifyResult lossy = MustVerify(tree, logits, Sampling(0.0f), Mode(mode));
+      EXPECT_EQ(lossy.accepted_nodes, lossless.accepted_nodes) << VerifyModeName(mode);
+      EXPECT_EQ(lossy.bonus_token, lossless.bonus_token) << VerifyModeName(mode);
+      // Sampled requests: the whole argmax path is accepted and the bonus is plain sampling at the
+      // leaf.
+      const SamplingParams s = Sampling(0.8f, 5, 0.95f);
+      SequenceRng rng(trial), reference(trial);
+      const VerifyResult sampled = MustVerify(tree, logits, s, Mode(mode), rng);
+      EXPECT_EQ(sampled.accepted_nodes, lossless.accepted_nodes) << VerifyModeName(mode);
+      EXPECT_EQ(sampled.bonus_token,
+                SampleToken(logits.view().row(lossless.accepted_nodes.back() + 1), s, reference))
+          << VerifyModeName(mode);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistical losslessness.
+//
+// A small target "model" over 8 tokens whose logits depend only on the path after the pending
+// token, and a drafter whose proposals q differ from it. For each scenario the test draws a tree
+// (with its own random stream), lays out the target rows of its nodes, verifies it with a fresh
+// seed, and records the first kTokens output tokens: the accepted tokens, then the bonus, then —
+// when the step produced fewer — tokens drawn by the test from the target's exact conditional
+// distributions (what the following steps would produce). Plain sampling gives the first kTokens
+// tokens the distribution prod_d Probabilities(TargetRow(prefix_d)), computed exactly; a chi-square
+// goodness-of-fit z-score compares the two.
+
+constexpr int32_t kV = 8;
+constexpr int64_t kTrials = 40000;
+constexpr double kMaxZ = 5.0;
+
+uint64_t PathHash(const std::vector<int32_t>& path) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t t : path) h = (h ^ static_cast<uint64_t>(t + 1)) * 1099511628211ull;
+  return h;
+}
+
+std::vector<float> TargetRow(const std::vector<int32_t>& path) {
+  std::vector<float> row(kV);
+  if (path.empty()) return {1.0f, 2.0f, 0.5f, -0.5f, 1.5f, 0.0f, -1.0f, 0.8f};
+  if (path.size() == 1) {
+    for (int32_t v = 0; v < kV; ++v)
+      row[v] = static_cast<float>(1.6 * std::sin(0.9 * path[0] + 1.7 * v + 0.3));
+    return row;
+  }
+  const double phase = static_cast<double>(PathHash(path) % 1000) * 0.013;
+  for (int32_t v = 0; v < kV; ++v) row[v] = static_cast<float>(1.4 * std::sin(phase + 1.1 * v));
+  return row;
+}
+
+std::vector<float> Softmax(const std::vector<double>& logits) {
+  const double m = *std::max_element(logits.begin(), logits.end());
+  double total = 0.0;
+  for (double l : logits) total += std::exp(l - m);
+  std::vector<float> p;
+  for (double l : logits) p.push_back(static_cast<float>(std::exp(l - m) / total));
+  return p;
+}
+
+// The drafter's proposal after `path`: full support, clearly different from the target.
+std::vector<float> DraftProbs(const std::vector<int32_t>& path) {
+  if (path.empty()) return Softmax({2.0, 0.5, 1.0, 0.0, -0.5, 1.5, 0.2, -1.0});
+  const double phase = static_cast<double>(PathHash(path) % 1000) * 0.0071;
+  std::vector<double> logits(kV);
+  for (int32_t v = 0; v < kV; ++v) logits[v] = 1.3 * std::cos(phase + 1.9 * v);
+  return Softmax(logits);
+}
+
+std::vector<int32_t> TopK(const std::vector<float>& probs, int32_t k) {
+  std::vector<int32_t> order(probs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return probs[a] > probs[b]; });
+  order.resize(k);
+  return order;
+}
+
+std::vector<int32_t> TokensTo(const CandidateTree& tree, int32_t node) {
+  std::vector<int32_t> path;
+  for (int32_t n : tree.PathTo(node)) path.push_back(tree.token(n));
+  return path;
+}
+
+// Adds `count` children of `parent` drawn i.i.d. from the drafter's proposal at that node.
+std::vector<int32_t> AddSampled(CandidateTree& tree, int32_t parent, int32_t count,
+                                SequenceRng& rng) {
+  const std::vector<float> q =
+      DraftProbs(parent < 0 ? std::vector<int32_t>{} : TokensTo(tree, parent));
+  const int32_t j = tree.AddDistribution(q);
+  std::vector<int32_t> nodes;
+  for (int32_t c = 0; c < count; ++c) {
+    const int32_t t = SampleFrom(q, rng);
+    nodes.push_back(tree.AddNode(parent, t, q[t], j));
+  }
+  return nodes;
+}
+
+// Adds the drafter's top-`count` tokens at `parent` as deterministic children.
+std::vector<int32_t> AddTopK(CandidateTree& tree, int32_t parent, int32_t count) {
+  const std::vector<float> q =
+      DraftProbs(parent < 0 ? std::vector<int32_t>{} : TokensTo(tree, parent));
+  std::vector<int32_t> nodes;
+  for (int32_t t : TopK(q, count)) nodes.push_back(tree.AddNode(parent, t, q[t]));
+  return nodes;
+}
+
+// (a) A chain of 3, each token sampled from the drafter given the previous ones.
+CandidateTree SampledChain(SequenceRng& rng) {
+  CandidateTree tree;
+  int32_t parent = -1;
+  for (int32_t d = 0; d < 3; ++d) parent = AddSampled(tree, parent, 1, rng)[0];
+  return tree;
+}
+
+// (b) 3 i.i.d. siblings at depth 1, 2 i.i.d. children under each, one sampled child below those.
+CandidateTree SampledTree(SequenceRng& rng) {
+  CandidateTree tree;
+  for (int32_t a : AddSampled(tree, -1, 3, rng)) {
+    for (int32_t b : AddSampled(tree, a, 2, rng)) AddSampled(tree, b, 1, rng);
+  }
+  return tree;
+}
+
+// (c) Deterministic: the drafter's top 3 at depth 1, top 2 under each, top 1 below.
+CandidateTree TopKTree(SequenceRng&) {
+  CandidateTree tree;
+  for (int32_t a : AddTopK(tree, -1, 3)) {
+    for (int32_t b : AddTopK(tree, a, 2)) AddTopK(tree, b, 1);
+  }
+  return tree;
+}
+
+// (d) Mixed: the drafter's argmax plus 2 sampled siblings at depth 1; under each, a deterministic
+// child then a sampled one, with a sampled chain below the sampled one.
+CandidateTree MixedTree(SequenceRng& rng) {
+  CandidateTree tree;
+  std::vector<int32_t> first = AddTopK(tree, -1, 1);
+  for (int32_t n : AddSampled(tree, -1, 2, rng)) first.push_back(n);
+  for (int32_t a : first) {
+    AddTopK(tree, a, 1);
+    const int32_t b = AddSampled(tree, a, 1, rng)[0];
+    AddSampled(tree, b, 1, rng);
+  }
+  return tree;
+}
+
+using TreeBuilder = std::function<CandidateTree(SequenceRng&)>;
+using Verifier = std::function<StatusOr<VerifyResult>(const CandidateTree&, const TreeLogits&,
+                                                      const SamplingParams&, SequenceRng&)>;
+
+StatusOr<VerifyResult> Lossless(const CandidateTree& tree, const TreeLogits& logits,
+                                const SamplingParams& sampling, SequenceRng& rng) {
+  return VerifyTree(tree, logits, sampling, VerifyParams(), rng);
+}
+
+// A deliberately broken sampled verifier (its own implementation of recursive rejection sampling,
+// plus one bug), to show that the statistical tests can fail.
+enum class Bug {
+  kBonusFromTarget,  // after rejecting every child, sample from p instead of the residual
+  kRootProposal,     // accept with min(1, r/q) using the root's proposal at every depth
+};
+
+StatusOr<VerifyResult> Broken(Bug bug, const CandidateTree& tree, const TreeLogits& logits,
+                              const SamplingParams& sampling, SequenceRng& rng) {
+  VerifyResult result;
+  int32_t node = -1;
+  while (true) {
+    const std::vector<float> p = Probabilities(logits.row(node + 1), sampling);
+    const std::vector<int32_t> kids = tree.Children(node);
+    if (kids.empty()) {
+      result.bonus_token = SampleFrom(p, rng);
+      return result;
+    }
+    std::vector<double> r(p.begin(), p.end());
+    int32_t accepted = -1;
+    for (int32_t child : kids) {
+      const int32_t x = tree.token(child);
+      int32_t j = tree.proposal(child);
+      if (bug == Bug::kRootProposal && j >= 0) j = 0;
+      std::vector<double> q(kV, 0.0);
+      if (j < 0) {
+        q[x] = 1.0;
+      } else {
+        for (int32_t v = 0; v < kV; ++v) q[v] = tree.distribution(j)[v];
+      }
+      if (rng.Uniform() * q[x] < r[x]) {
+        accepted = child;
+        break;
+      }
+      double total = 0.0;
+      for (int32_t v = 0; v < kV; ++v) total += std::max(0.0, r[v] - q[v]);
+      if (total > 0.0) {
+        for (int32_t v = 0; v < kV; ++v) r[v] = std::max(0.0, r[v] - q[v]) / total;
+      }
+    }
+    if (accepted < 0) {
+      const std::vector<float> residual(r.begin(), r.end());
+      result.bonus_token = SampleFrom(bug == Bug::kBonusFromTarget ? p : residual, rng);
+      return result;
+    }
+    result.accepted_nodes.push_back(accepted);
+    node = accepted;
+  }
+}
+
+Verifier BrokenVerifier(Bug bug) {
+  return [bug](const CandidateTree& tree, const TreeLogits& logits, const SamplingParams& sampling,
+               SequenceRng& rng) { return Broken(bug, tree, logits, sampling, rng); };
+}
+
+// Index of the first `k` tokens in base kV.
+int64_t Cell(const std::vector<int32_t>& tokens, int32_t k) {
+  int64_t cell = 0;
+  for (int32_t i = 0; i < k; ++i) cell = cell * kV + tokens[i];
+  return cell;
+}
+
+// Exact distribution of the first k tokens of plain sampling.
+std::vector<double> ExactDistribution(const SamplingParams& sampling, int32_t k) {
+  std::vector<double> probs(static_cast<size_t>(std::pow(kV, k)));
+  std::vector<int32_t> prefix;
+  std::function<void(double)> walk = [&](double mass) {
+    if (static_cast<int32_t>(prefix.size()) == k) {
+      probs[Cell(prefix, k)] = mass;
+      return;
+    }
+    const std::vector<float> p = Probabilities(TargetRow(prefix), sampling);
+    for (int32_t v = 0; v < kV; ++v) {
+      if (p[v] <= 0.0f) continue;
+      prefix.push_back(v);
+      walk(mass * p[v]);
+      prefix.pop_back();
+    }
+  };
+  walk(1.0);
+  return probs;
+}
+
+// Counts of the first k tokens over `trials` verification steps.
+struct Histogram {
+  std::vector<int64_t> first_two = std::vector<int64_t>(kV * kV, 0);
+  std::vector<int64_t> first_three = std::vector<int64_t>(kV * kV * kV, 0);
+  int64_t accepted = 0;  // accepted tokens in all, to show the scenario exercises acceptance
+};
+
+void Collect(const TreeBuilder& build, const SamplingParams& sampling, const Verifier& verify,
+             uint64_t seed, int64_t trials, Histogram* hist) {
+  SequenceRng draft_rng(seed * 3 + 1), continuation_rng(seed * 5 + 2);
+  std::vector<float> data;
+  for (int64_t trial = 0; trial < trials; ++trial) {
+    const CandidateTree tree = build(draft_rng);
+    data.assign(static_cast<size_t>(tree.size() + 1) * kV, 0.0f);
+    for (int32_t row = 0; row <= tree.size(); ++row) {
+      const std::vector<float> logits =
+          TargetRow(row == 0 ? std::vector<int32_t>{} : TokensTo(tree, row - 1));
+      std::copy(logits.begin(), logits.end(), data.begin() + static_cast<size_t>(row) * kV);
+    }
+    const TreeLogits view{.data = data.data(), .rows = tree.size() + 1, .vocab = kV};
+    SequenceRng rng(seed * 1000003 + static_cast<uint64_t>(trial));
+    auto result = verify(tree, view, sampling, rng);
+    ASSERT_TRUE(result.ok()) << result.status();
+    std::vector<int32_t> out;
+    for (int32_t n : result->accepted_nodes) out.push_back(tree.token(n));
+    ASSERT_GE(result->bonus_token, 0);
+    ASSERT_LT(result->bonus_token, kV);
+    out.push_back(result->bonus_token);
+    hist->accepted += static_cast<int64_t>(result->accepted_nodes.size());
+    // What the following steps would add: plain sampling from the exact conditionals.
+    while (out.size() < 3) {
+      out.push_back(SampleFrom(Probabilities(TargetRow(out), sampling), continuation_rng));
+    }
+    ++hist->first_two[Cell(out, 2)];
+    ++hist->first_three[Cell(out, 3)];
+  }
+}
+
+struct Fit {
+  double z2 = 0.0;  // first two tokens
+  double z3 = 0.0;  // first three tokens
+  double accepted_per_step = 0.0;
+};
+
+Fit Goodness(const TreeBuilder& build, const SamplingParams& sampling, const Verifier& verify,
+             uint64_t seed, const char* label) {
+  Histogram hist;
+  Collect(build, sampling, verify, seed, kTrials, &hist);
+  Fit fit;
+  fit.z2 = ChiSquareZ(hist.first_two, ExactDistribution(sampling, 2), kTrials);
+  fit.z3 = ChiSquareZ(hist.first_three, ExactDistribution(sampling, 3), kTrials);
+  fit.accepted_per_step = static_cast<double>(hist.accepted) / kTrials;
+  std::printf(
+      "[ chi-square ] %-34s z(2 tokens) = %8.3f  z(3 tokens) = %8.3f  accepted/step = %.3f\n",
+      label, fit.z2, fit.z3, fit.accepted_per_step);
+  return fit;
+}
+
+TEST(ChiSquareTest, ExactCountsFitAndImpossibleCountsDoNot) {
+  const std::vector<double> p = {0.5, 0.25, 0.125, 0.125, 0.0};
+  const std::vector<int64_t> exact = {5000, 2500, 1250, 1250, 0};
+  EXPECT_LT(ChiSquareZ(exact, p, 10000), -3.0);  // far too good a fit
+  const std::vector<int64_t> off = {5600, 2200, 1100, 1100, 0};
+  EXPECT_GT(ChiSquareZ(off, p, 10000), 5.0);
+  const std::vector<int64_t> impossible = {5000, 2500, 1250, 1249, 1};
+  EXPECT_TRUE(std::isinf(ChiSquareZ(impossible, p, 10000)));
+  // Cells with tiny expected counts are merged rather than blowing up the statistic.
+  const std::vector<double> tiny = {0.998, 0.001, 0.001};
+  const std::vector<int64_t> tiny_counts = {997, 2, 1};
+  EXPECT_LT(ChiSquareZ(tiny_counts, tiny, 1000), 2.0);
+
+  EXPECT_LT(ChiSquareTwoSampleZ(exact, exact), -3.0);
+  EXPECT_GT(ChiSquareTwoSampleZ(exact, off), 5.0);
+  // Different sample sizes, same distribution.
+  const std::vector<int64_t> doubled = {10000, 5000, 2500, 2500, 0};
+  EXPECT_LT(ChiSquareTwoSampleZ(exact, doubled), -3.0);
+}
+
+TEST(VerifyLosslessnessTest, SampledChain) {
+  const Fit fit = Goodness(SampledChain, Sampling(1.0f), Lossless, 1, "sampled chain (a)");
+  EXPECT_LT(fit.z2, kMaxZ);
+  EXPECT_LT(fit.z3, kMaxZ);
+  EXPECT_GT(fit.accepted_per_step, 0.5);
+}
+
+TEST(VerifyLosslessnessTest, IidSampledSiblings) {
+  const Fit fit = Goodness(SampledTree, Sampling(1.0f), Lossless, 2, "i.i.d. sampled tree (b)");
+  EXPECT_LT(fit.z2, kMaxZ);
+  EXPECT_LT(fit.z3, kMaxZ);
+  EXPECT_GT(fit.accepted_per_step, 0.5);
+}
+
+TEST(VerifyLosslessnessTest, DeterministicTopKSiblings) {
+  // The drafter's top tokens are not the target's, so most steps reject at depth 1.
+  const Fit fit = Goodness(TopKTree, Sampling(1.0f), Lossless, 3, "deterministic top-k tree (c)");
+  EXPECT_LT(fit.z2, kMaxZ);
+  EXPECT_LT(fit.z3, kMaxZ);
+  EXPECT_GT(fit.accepted_per_step, 0.2);
+}
+
+TEST(VerifyLosslessnessTest, TemperatureTopKTopP) {
+  const SamplingParams s = Sampling(0.8f, 5, 0.9f);
+  const Fit mixed = Goodness(MixedTree, s, Lossless, 4, "mixed tree, T 0.8 k 5 p 0.9 (d)");
+  EXPECT_LT(mixed.z2, kMaxZ);
+  EXPECT_LT(mixed.z3, kMaxZ);
+  EXPECT_GT(mixed.accepted_per_step, 0.5);
+  const Fit chain = Goodness(SampledChain, s, Lossless, 5, "sampled chain, T 0.8 k 5 p 0.9");
+  EXPECT_LT(chain.z2, kMaxZ);
+  EXPECT_LT(chain.z3, kMaxZ);
+}
+
+TEST(VerifyLosslessnessTest, BrokenVerifiersFail) {
+  const Fit bonus = Goodness(SampledChain, Sampling(1.0f), BrokenVerifier(Bug::kBonusFromTarget), 1,
+                             "BROKEN bonus from p, chain");
+  EXPECT_GT(bonus.z2, kMaxZ);
+  const Fit tree_bonus =
+      Goodness(SampledTree, Sampling(1.0f), BrokenVerifier(Bug::kBonusFromTarget), 2,
+               "BROKEN bonus from p, tree");
+  EXPECT_GT(tree_bonus.z2, kMaxZ);
+  const Fit topk_bonus = Goodness(TopKTree, Sampling(1.0f), BrokenVerifier(Bug::kBonusFromTarget),
+                                  3, "BROKEN bonus from p, top-k tree");
+  EXPECT_GT(topk_bonus.z2, kMaxZ);
+  const Fit mixed_bonus =
+      Goodness(MixedTree, Sampling(0.8f, 5, 0.9f), BrokenVerifier(Bug::kBonusFromTarget), 4,
+               "BROKEN bonus from p, mixed tree (d)");
+  EXPECT_GT(mixed_bonus.z2, kMaxZ);
+  const Fit root_q = Goodness(SampledChain, Sampling(1.0f), BrokenVerifier(Bug::kRootProposal), 1,
+                              "BROKEN q from the root, chain");
+  EXPECT_GT(root_q.z2, kMaxZ);
+}
+
+TEST(VerifyLosslessnessTest, TwoSampleAgainstPlainSampling) {
+  // The same check against plain sampling draws instead of the exact distribution.
+  const SamplingParams s = Sampling(1.0f);
+  SequenceRng plain_rng(99);
+  std::vector<int64_t> plain(kV * kV, 0);
+  for (int64_t i = 0; i < kTrials; ++i) {
+    std::vector<int32_t> out;
+    while (out.size() < 2) out.push_back(SampleToken(TargetRow(out), s, plain_rng));
+    ++plain[Cell(out, 2)];
+  }
+  Histogram good, broken;
+  Collect(SampledTree, s, Lossless, 6, kTrials, &good);
+  Collect(SampledTree, s, BrokenVerifier(Bug::kBonusFromTarget), 6, kTrials, &broken);
+  const double z_good = ChiSquareTwoSampleZ(good.first_two, plain);
+  const double z_broken = ChiSquareTwoSampleZ(broken.first_two, plain);
+  std::printf("[ chi-square ] two-sample, tree (b): lossless z = %.3f, BROKEN z = %.3f\n", z_good,
+              z_broken);
+  EXPECT_LT(z_good, kMaxZ);
+  EXPECT_GT(z_broken, kMaxZ);
+}
+
+}  // namespace
+}  // namespace specula
