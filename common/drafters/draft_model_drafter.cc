@@ -1,0 +1,368 @@
+#include "common/drafters/draft_model_drafter.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <span>
+#include <unordered_set>
+
+namespace specula {
+namespace {
+
+// Mixed into the request's seed so the drafter's random stream is independent of the target's.
+constexpr uint64_t kSeedSalt = 0xD1B54A32D192ED03ull;
+
+uint64_t DraftSeed(uint64_t seed) {
+  uint64_t x = seed ^ kSeedSalt;  // splitmix64
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// softmax(row) (what greedy requests rank and report draft probabilities with).
+std::vector<float> Softmax(std::span<const float> row) {
+  std::vector<float> probs(row.size(), 0.0f);
+  if (row.empty()) return probs;
+  const double max_logit = *std::max_element(row.begin(), row.end());
+  double total = 0.0;
+  for (float l : row) total += std::exp(static_cast<double>(l) - max_logit);
+  for (size_t i = 0; i < row.size(); ++i) {
+    probs[i] = static_cast<float>(std::exp(static_cast<double>(row[i]) - max_logit) / total);
+  }
+  return probs;
+}
+
+// The draft distribution of a request: the target's shaping for sampled requests, plain softmax
+// for greedy ones (whose shaped distribution is a one-hot).
+std::vector<float> DraftProbabilities(std::span<const float> row, const SamplingParams& sampling) {
+  return sampling.greedy() ? Softmax(row) : Probabilities(row, sampling);
+}
+
+// The `w` tokens with the largest logits, best first (ties to the lower id, like Argmax).
+std::vector<int32_t> TopTokens(std::span<const float> row, int32_t w) {
+  std::vector<int32_t> order(row.size());
+  std::iota(order.begin(), order.end(), 0);
+  const size_t k = std::min(order.size(), static_cast<size_t>(std::max(w, 0)));
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    return row[a] > row[b] || (row[a] == row[b] && a < b);
+  });
+  order.resize(k);
+  return order;
+}
+
+// Per-sequence state (DraftModelDrafter::State is this; free helpers below work on it).
+struct SeqState {
+  SeqState(SeqId id, const SamplingParams& params)
+      : draft_seq(id), sampling(params), rng(DraftSeed(params.seed)) {}
+
+  SeqId draft_seq;  // the draft runner's id for the sequence (process-unique, not the engine's)
+  SamplingParams sampling;
+  SequenceRng rng;
+  std::vector<int32_t> history;  // every token of the sequence; the last one is pending
+  // The tokens whose keys/values the draft runner holds for `draft_seq`, by position. Always a
+  // prefix of the history followed by drafted chain tokens; its size equals the runner's sequence
+  // length outside Propose.
+  std::vector<int32_t> cached;
+};
+
+// One sequence being drafted in a Propose call.
+struct Work {
+  size_t request = 0;
+  SeqState* st = nullptr;
+  int64_t H = 0;          // history length
+  int32_t max_nodes = 0;  // tree budget
+  int32_t max_depth = 0;
+  CandidateTree tree;
+  std::vector<double> path_prob;  // per node: product of draft probabilities from the root
+  std::vector<int32_t> frontier;  // tree mode: nodes whose children the next forward computes
+};
+
+// Host copy of the logits; row r of sequence b is at offsets[b] + r.
+struct HostLogits {
+  at::Tensor logits;
+  std::vector<int64_t> offsets;
+  int64_t vocab = 0;
+
+  std::span<const float> Row(size_t b, int64_t r = 0) const {
+    return {logits.data_ptr<float>() + (offsets[b] + r) * vocab, static_cast<size_t>(vocab)};
+  }
+};
+
+StatusOr<HostLogits> RunForward(ModelRunner& model, const ForwardBatch& batch) {
+  StatusOr<ForwardOutput> out = model.Forward(batch);
+  if (!out.ok()) return out.status().WithContext("draft model");
+  HostLogits h;
+  h.logits = out->logits.to(at::kCPU).contiguous();
+  h.offsets = std::move(out->logits_offset);
+  h.vocab = h.logits.size(1);
+  return h;
+}
+
+// Brings every sequence's draft cache in line with its history (keeping the longest cached prefix
+// that is still right, and always re-running the pending token), then runs the rest of each
+// history in one batched forward. Returns the logits after each sequence's pending token.
+StatusOr<HostLogits> CatchUp(ModelRunner& model, const std::vector<Work*>& works) {
+  ForwardBatch batch;
+  for (size_t b = 0; b < works.size(); ++b) {
+    SeqState& st = *works[b]->st;
+    const auto& h = st.history;
+    const size_t limit = std::min(st.cached.size(), h.size() - 1);
+    size_t keep = 0;
+    while (keep < limit && st.cached[keep] == h[keep]) ++keep;
+    if (model.SequenceLength(st.draft_seq) != static_cast<int64_t>(keep)) {
+      RETURN_IF_ERROR(model.Truncate(st.draft_seq, static_cast<int64_t>(keep)));
+    }
+    st.cached.resize(keep);
+    batch.seqs.push_back({.seq = st.draft_seq,
+                          .tokens = std::vector<int32_t>(h.begin() + keep, h.end()),
+                          .logits = LogitsRows::kLast});
+  }
+  ASSIGN_OR_RETURN(HostLogits out, RunForward(model, batch));
+  for (Work* w : works) w->st->cached = w->st->history;
+  return out;
+}
+
+// Adds the chain's next node from the logits after its current end.
+void ExtendChain(Work& w, std::span<const float> row) {
+  const int32_t parent = w.tree.size() - 1;
+  if (w.st->sampling.greedy()) {
+    const int32_t token = Argmax(row);
+    w.tree.AddNode(parent, token, Softmax(row)[token]);
+  } else {
+    std::vector<float> q = Probabilities(row, w.st->sampling);
+    const int32_t token = SampleFrom(q, w.st->rng);
+    const float p = q[token];
+    const int32_t j = w.tree.AddDistribution(std::move(q));
+    w.tree.AddNode(parent, token, p, j);
+  }
+}
+
+Status DraftChains(ModelRunner& model, std::vector<Work>& works) {
+  const int64_t context = model.config().max_position_embeddings;
+  std::vector<Work*> members;
+  for (Work& w : works) members.push_back(&w);
+  ASSIGN_OR_RETURN(HostLogits root, CatchUp(model, members));
+  for (size_t b = 0; b < members.size(); ++b) ExtendChain(*members[b], root.Row(b));
+
+  while (true) {
+    ForwardBatch batch;
+    members.clear();
+    for (Work& w : works) {
+      const int32_t limit = std::min(w.max_nodes, w.max_depth);
+      // One more token must fit in the draft model's context.
+      if (w.tree.size() >= limit || static_cast<int64_t>(w.st->cached.size()) + 1 > context) {
+        continue;
+      }
+      batch.seqs.push_back({.seq = w.st->draft_seq, .tokens = {w.tree.tokens().back()}});
+      members.push_back(&w);
+    }
+    if (members.empty()) return OkStatus();
+    ASSIGN_OR_RETURN(HostLogits out, RunForward(model, batch));
+    for (size_t b = 0; b < members.size(); ++b) {
+      Work& w = *members[b];
+      w.st->cached.push_back(w.tree.tokens().back());
+      ExtendChain(w, out.Row(b));
+    }
+  }
+}
+
+struct Candidate {
+  double path_prob;
+  int32_t parent;
+  int32_t token;
+  float prob;
+};
+
+// Adds the best candidates (stable by path probability) within the budget; the first tree_width
+// added become the next frontier.
+void AddBest(Work& w, std::vector<Candidate>& cands, int32_t tree_width) {
+  std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
+    return a.path_prob > b.path_prob;
+  });
+  w.frontier.clear();
+  for (const Candidate& c : cands) {
+    if (w.tree.size() >= w.max_nodes) break;
+    const int32_t node = w.tree.AddNode(c.parent, c.token, c.prob);
+    w.path_prob.push_back(c.path_prob);
+    if (static_cast<int32_t>(w.frontier.size()) < tree_width) w.frontier.push_back(node);
+  }
+}
+
+// The top-w children of `parent` (whose path probability is `parent_prob`) from its logits row.
+void AppendChildren(const Work& w, std::span<const float> row, int32_t parent, double parent_prob,
+                    int32_t tree_width, std::vector<Candidate>& cands) {
+  const std::vector<float> probs = DraftProbabilities(row, w.st->sampling);
+  for (int32_t token : TopTokens(row, tree_width)) {
+    cands.push_back({parent_prob * probs[token], parent, token, probs[token]});
+  }
+}
+
+Status DraftTrees(ModelRunner& model, std::vector<Work>& works, int32_t tree_width) {
+  const int64_t context = model.config().max_position_embeddings;
+  std::vector<Work*> members;
+  for (Work& w : works) members.push_back(&w);
+  ASSIGN_OR_RETURN(HostLogits root, CatchUp(model, members));
+  for (size_t b = 0; b < members.size(); ++b) {
+    std::vector<Candidate> cands;
+    AppendChildren(*members[b], root.Row(b), -1, 1.0, tree_width, cands);
+    AddBest(*members[b], cands, tree_width);
+  }
+
+  // Each deeper level: the frontier's ancestors (themselves included) run as one token tree on top
+  // of the committed history, since a tree chunk only sees the cache plus its own ancestors.
+  for (int32_t depth = 2;; ++depth) {
+    ForwardBatch batch;
+    members.clear();
+    for (Work& w : works) {
+      if (depth > w.max_depth || w.tree.size() >= w.max_nodes || w.frontier.empty()) continue;
+      std::vector<bool> in_chunk(w.tree.size(), false);
+      for (int32_t f : w.frontier) {
+        for (int32_t a = f; a >= 0 && !in_chunk[a]; a = w.tree.parent(a)) in_chunk[a] = true;
+      }
+      std::vector<int32_t> nodes, chunk_index(w.tree.size(), -1);
+      for (int32_t i = 0; i < w.tree.size(); ++i) {
+        if (!in_chunk[i]) continue;
+        chunk_index[i] = static_cast<int32_t>(nodes.size());
+        nodes.push_back(i);
+      }
+      if (w.H + static_cast<int64_t>(nodes.size()) > context) continue;  // a shorter tree
+      // Drop the previous level's scratch nodes.
+      if (model.SequenceLength(w.st->draft_seq) > w.H)
+        RETURN_IF_ERROR(model.Truncate(w.st->draft_seq, w.H));
+      SequenceChunk chunk{.seq = w.st->draft_seq, .logits = LogitsRows::kExplicit};
+      for (int32_t i : nodes) {
+        chunk.tokens.push_back(w.tree.token(i));
+        // The pending token (position H - 1) is the last committed one: depth d sits at H - 1 + d.
+        chunk.positions.push_back(static_cast<int32_t>(w.H - 1 + w.tree.depth(i)));
+        const int32_t p = w.tree.parent(i);
+        chunk.parents.push_back(p < 0 ? -1 : chunk_index[p]);
+      }
+      for (int32_t f : w.frontier) chunk.logit_rows.push_back(chunk_index[f]);
+      batch.seqs.push_back(std::move(chunk));
+      members.push_back(&w);
+    }
+    if (members.empty()) return OkStatus();
+    ASSIGN_OR_RETURN(HostLogits out, RunForward(model, batch));
+    for (size_t b = 0; b < members.size(); ++b) {
+      Work& w = *members[b];
+      std::vector<Candidate> cands;
+      for (size_t r = 0; r < w.frontier.size(); ++r) {
+        const int32_t f = w.frontier[r];
+        AppendChildren(w, out.Row(b, static_cast<int64_t>(r)), f, w.path_prob[f], tree_width,
+                       cands);
+      }
+      AddBest(w, cands, tree_width);
+    }
+  }
+}
+
+}  // namespace
+
+struct DraftModelDrafter::State : SeqState {
+  using SeqState::SeqState;
+};
+
+StatusOr<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::Create(
+    std::unique_ptr<ModelRunner> model, int32_t target_vocab_size,
+    DraftModelDrafterOptions options) {
+  if (!model) return InvalidArgumentError("draft model is null");
+  const int64_t vocab = model->config().vocab_size;
+  if (vocab != target_vocab_size) {
+    return InvalidArgumentError(StrCat("draft model vocabulary size ", vocab,
+                                       " differs from the target's ", target_vocab_size));
+  }
+  if (options.tree_width < 1) {
+    return InvalidArgumentError(StrCat("tree_width must be >= 1, got ", options.tree_width));
+  }
+  return std::unique_ptr<DraftModelDrafter>(new DraftModelDrafter(std::move(model), options));
+}
+
+DraftModelDrafter::DraftModelDrafter(std::unique_ptr<ModelRunner> model,
+                                     DraftModelDrafterOptions options)
+    : model_(std::move(model)), options_(options) {}
+
+DraftModelDrafter::~DraftModelDrafter() {
+  for (const auto& [seq, state] : states_) (void)model_->ReleaseSequence(state->draft_seq);
+}
+
+Status DraftModelDrafter::AddSequence(SeqId seq, const SamplingParams& sampling) {
+  if (states_.count(seq)) return AlreadyExistsError(StrCat("sequence ", seq, " was already added"));
+  RETURN_IF_ERROR(sampling.Validate());
+  const SeqId draft_seq = NewSequenceId();
+  RETURN_IF_ERROR(model_->AddSequence(draft_seq));
+  states_.emplace(seq, std::make_unique<State>(draft_seq, sampling));
+  return OkStatus();
+}
+
+void DraftModelDrafter::ReleaseSequence(SeqId seq) {
+  auto it = states_.find(seq);
+  if (it == states_.end()) return;
+  (void)model_->ReleaseSequence(it->second->draft_seq);
+  states_.erase(it);
+}
+
+Status DraftModelDrafter::Observe(const std::vector<DrafterObservation>& observations) {
+  const int64_t vocab = model_->config().vocab_size;
+  for (const auto& o : observations) {
+    if (!states_.count(o.seq)) return NotFoundError(StrCat("sequence ", o.seq, " was not added"));
+    for (size_t i = 0; i < o.tokens.size(); ++i) {
+      if (o.tokens[i] < 0 || o.tokens[i] >= vocab) {
+        return InvalidArgumentError(StrCat("sequence ", o.seq, ": tokens[", i, "] = ", o.tokens[i],
+                                           " is outside the vocabulary [0, ", vocab, ")"));
+      }
+    }
+  }
+  for (const auto& o : observations) {
+    auto& history = states_.at(o.seq)->history;
+    history.insert(history.end(), o.tokens.begin(), o.tokens.end());
+  }
+  return OkStatus();
+}
+
+StatusOr<std::vector<CandidateTree>> DraftModelDrafter::Propose(
+    const std::vector<DraftRequest>& requests) {
+  std::unordered_set<SeqId> seen;
+  for (const auto& r : requests) {
+    if (!states_.count(r.seq)) return NotFoundError(StrCat("sequence ", r.seq, " was not added"));
+    if (!seen.insert(r.seq).second) {
+      return InvalidArgumentError(StrCat("sequence ", r.seq, " is requested twice"));
+    }
+  }
+  std::vector<CandidateTree> trees(requests.size());
+  const int64_t context = model_->config().max_position_embeddings;
+  std::vector<Work> works;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const DraftRequest& r = requests[i];
+    State& st = *states_.at(r.seq);
+    const int64_t H = static_cast<int64_t>(st.history.size());
+    // Nothing to draft from, no budget, or a history the draft model cannot hold: an empty tree.
+    if (r.max_nodes <= 0 || r.max_depth <= 0 || H == 0 || H > context) continue;
+    Work w;
+    w.request = i;
+    w.st = &st;
+    w.H = H;
+    w.max_nodes = r.max_nodes;
+    w.max_depth = r.max_depth;
+    works.push_back(std::move(w));
+  }
+  if (works.empty()) return trees;
+
+  Status status = options_.tree_width == 1 ? DraftChains(*model_, works)
+                                           : DraftTrees(*model_, works, options_.tree_width);
+  // Whatever happened, the runner holds exactly the tracked tokens again (tree levels are scratch).
+  for (Work& w : works) {
+    const int64_t tracked = static_cast<int64_t>(w.st->cached.size());
+    if (model_->SequenceLength(w.st->draft_seq) > tracked) {
+      Status s = model_->Truncate(w.st->draft_seq, tracked);
+      if (status.ok()) status = s;
+    }
+  }
+  RETURN_IF_ERROR(status);
+  for (Work& w : works) trees[w.request] = std::move(w.tree);
+  return trees;
+}
+
+}  // namespace specula

@@ -1,0 +1,52 @@
+// The classic standalone draft model: a small LM with the target's tokenizer, with its own paged KV
+// cache of each sequence's tokens, proposes a chain autoregressively (one batched forward per
+// depth for all sequences) or a top-k tree.
+//
+// Greedy requests get argmax candidates. Sampled requests get candidates sampled from the draft
+// model's distribution shaped by the request's temperature/top-k/top-p, with that distribution
+// attached for the lossless rejection verifier (chains), or deterministic top-k children (trees).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/model/model_runner.h"
+#include "common/spec/drafter.h"
+
+namespace specula {
+
+struct DraftModelDrafterOptions {
+  // 1: a chain. w > 1: a tree; at each depth the w best frontier nodes (by path probability) are
+  // expanded into their top-w children, and the best nodes are kept until the budget is used.
+  int32_t tree_width = 1;
+};
+
+class DraftModelDrafter : public Drafter {
+ public:
+  // INVALID_ARGUMENT if the draft model's vocabulary differs from target_vocab_size.
+  static StatusOr<std::unique_ptr<DraftModelDrafter>> Create(std::unique_ptr<ModelRunner> model,
+                                                             int32_t target_vocab_size,
+                                                             DraftModelDrafterOptions options = {});
+  ~DraftModelDrafter() override;
+
+  std::string name() const override { return "draft-model"; }
+  Status AddSequence(SeqId seq, const SamplingParams& sampling) override;
+  void ReleaseSequence(SeqId seq) override;
+  Status Observe(const std::vector<DrafterObservation>& observations) override;
+  StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override;
+
+  const ModelRunner& model() const { return *model_; }
+
+ private:
+  struct State;
+  DraftModelDrafter(std::unique_ptr<ModelRunner> model, DraftModelDrafterOptions options);
+
+  std::unique_ptr<ModelRunner> model_;
+  DraftModelDrafterOptions options_;
+  std::unordered_map<SeqId, std::unique_ptr<State>> states_;
+};
+
+}  // namespace specula

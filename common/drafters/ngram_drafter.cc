@@ -1,0 +1,158 @@
+#include "common/drafters/ngram_drafter.h"
+
+#include <algorithm>
+#include <span>
+
+namespace specula {
+namespace {
+
+// Polynomial hash of a token window, modulo 2^64: prefix[i] = prefix[i - 1] * kBase + token + 1, so
+// the hash of tokens [b, e) is prefix[e] - prefix[b] * kBase^(e - b) in O(1).
+constexpr uint64_t kBase = 0x9E3779B97F4A7C15ull;  // odd, so multiplication is invertible
+
+// splitmix64's finaliser: spreads the polynomial hash over the bucket index bits.
+uint64_t Mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return x;
+}
+
+bool ValidOptions(const NgramDrafterOptions& o) {
+  return o.min_ngram >= 1 && o.min_ngram <= o.max_ngram && o.max_ngram <= NgramDrafter::kMaxNgram;
+}
+
+}  // namespace
+
+// One n-gram of the history, named by where it ends (exclusive); `hash` is its window hash. Keys
+// compare by their real tokens, so hash collisions never produce a false match.
+struct NgramKey {
+  uint64_t hash = 0;
+  int64_t end = 0;
+};
+
+struct NgramKeyHash {
+  size_t operator()(const NgramKey& k) const { return static_cast<size_t>(k.hash); }
+};
+
+struct NgramKeyEq {
+  const std::vector<int32_t>* tokens = nullptr;
+  int32_t n = 0;
+  bool operator()(const NgramKey& a, const NgramKey& b) const {
+    if (a.hash != b.hash) return false;
+    const int32_t* t = tokens->data();
+    return std::equal(t + a.end - n, t + a.end, t + b.end - n);
+  }
+};
+
+struct NgramDrafter::State {
+  // index[k] maps an n-gram (n = min_ngram + k) to the latest position where it ended (exclusive),
+  // among the n-grams that end before the last token; the first occurrence is the map key.
+  using Index = std::unordered_map<NgramKey, int64_t, NgramKeyHash, NgramKeyEq>;
+
+  State(int32_t min_n, int32_t max_n) : min_ngram(min_n), max_ngram(max_n) {
+    prefix.push_back(0);
+    for (int32_t n = 0; n <= std::max(max_n, 0); ++n) {
+      power.push_back(n == 0 ? 1 : power.back() * kBase);
+    }
+    for (int32_t n = min_n; n <= max_n; ++n) {
+      index.emplace_back(16, NgramKeyHash{}, NgramKeyEq{&tokens, n});
+    }
+  }
+  State(const State&) = delete;  // the indexes point at `tokens`
+  State& operator=(const State&) = delete;
+
+  // Hash of tokens [end - n, end).
+  uint64_t Hash(int64_t end, int32_t n) const {
+    return Mix(prefix[end] - prefix[end - n] * power[n]);
+  }
+
+  void Append(int32_t token) {
+    tokens.push_back(token);
+    prefix.push_back(prefix.back() * kBase + static_cast<uint32_t>(token) + 1);
+    // The n-grams ending just before the new token now end before the last position.
+    const int64_t end = static_cast<int64_t>(tokens.size()) - 1;
+    for (int32_t n = min_ngram; n <= max_ngram && n <= end; ++n) {
+      auto [it, inserted] = index[n - min_ngram].try_emplace(NgramKey{Hash(end, n), end}, end);
+      if (!inserted) it->second = end;
+    }
+  }
+
+  // The tokens that followed the most recent earlier occurrence of the longest matching suffix.
+  std::span<const int32_t> Continuation(int64_t max_len) const {
+    const int64_t H = static_cast<int64_t>(tokens.size());
+    if (max_len <= 0) return {};
+    for (int32_t n = max_ngram; n >= min_ngram; --n) {
+      if (n > H - 1) continue;  // an earlier occurrence must end by position H - 1
+      const Index& idx = index[n - min_ngram];
+      auto it = idx.find(NgramKey{Hash(H, n), H});
+      if (it == idx.end()) continue;
+      const int64_t start = it->second;  // < H: at least one token follows
+      return std::span<const int32_t>(tokens).subspan(start, std::min(max_len, H - start));
+    }
+    return {};
+  }
+
+  const int32_t min_ngram, max_ngram;
+  std::vector<int32_t> tokens;
+  std::vector<uint64_t> prefix;  // [H + 1]
+  std::vector<uint64_t> power;   // kBase^n for n in [0, max_ngram]
+  std::vector<Index> index;      // one per n in [min_ngram, max_ngram]
+};
+
+StatusOr<std::unique_ptr<NgramDrafter>> NgramDrafter::Create(NgramDrafterOptions options) {
+  if (options.min_ngram < 1) {
+    return InvalidArgumentError(StrCat("min_ngram must be >= 1, got ", options.min_ngram));
+  }
+  if (options.max_ngram < options.min_ngram) {
+    return InvalidArgumentError(StrCat("max_ngram (", options.max_ngram, ") must be >= min_ngram (",
+                                       options.min_ngram, ")"));
+  }
+  if (options.max_ngram > kMaxNgram) {
+    return InvalidArgumentError(
+        StrCat("max_ngram must be <= ", kMaxNgram, ", got ", options.max_ngram));
+  }
+  return std::make_unique<NgramDrafter>(options);
+}
+
+NgramDrafter::NgramDrafter(NgramDrafterOptions options)
+    : options_(ValidOptions(options) ? options : NgramDrafterOptions{1, 0}) {}
+
+NgramDrafter::~NgramDrafter() = default;
+
+Status NgramDrafter::AddSequence(SeqId seq, const SamplingParams& /*sampling*/) {
+  if (states_.count(seq)) return AlreadyExistsError(StrCat("sequence ", seq, " was already added"));
+  states_.emplace(seq, std::make_unique<State>(options_.min_ngram, options_.max_ngram));
+  return OkStatus();
+}
+
+void NgramDrafter::ReleaseSequence(SeqId seq) { states_.erase(seq); }
+
+Status NgramDrafter::Observe(const std::vector<DrafterObservation>& observations) {
+  for (const auto& o : observations) {
+    if (!states_.count(o.seq)) return NotFoundError(StrCat("sequence ", o.seq, " was not added"));
+  }
+  for (const auto& o : observations) {
+    State& st = *states_.at(o.seq);
+    for (int32_t t : o.tokens) st.Append(t);
+  }
+  return OkStatus();
+}
+
+StatusOr<std::vector<CandidateTree>> NgramDrafter::Propose(
+    const std::vector<DraftRequest>& requests) {
+  for (const auto& r : requests) {
+    if (!states_.count(r.seq)) return NotFoundError(StrCat("sequence ", r.seq, " was not added"));
+  }
+  std::vector<CandidateTree> trees;
+  trees.reserve(requests.size());
+  for (const auto& r : requests) {
+    const int64_t len = std::min(r.max_nodes, r.max_depth);
+    trees.push_back(CandidateTree::Chain(states_.at(r.seq)->Continuation(len)));
+  }
+  return trees;
+}
+
+}  // namespace specula
