@@ -1,0 +1,66 @@
+// The interface every drafter implements (n-gram lookup, the standalone draft LM, SpecFormer,
+// Beagle, ...). A drafter keeps per-sequence state and is driven in batches by SpecEngine:
+//
+//   AddSequence(seq, sampling)             once, before the sequence's first Observe
+//   Observe({seq, tokens, hidden})         after every target step: the tokens appended to the
+//                                          sequence and the target's hidden states of the positions
+//                                          that entered the target's KV cache
+//   Propose({seq, max_nodes, ...})         a CandidateTree hanging off the sequence's last token
+//   ReleaseSequence(seq)
+//
+// Invariant the engine keeps: the target's KV cache holds every token of the sequence except the
+// last one (the pending token). After prefill, Observe gets tokens = prompt + first generated token
+// and hidden states for the prompt's positions; after a verification step, tokens = the accepted
+// draft tokens + the bonus token, hidden states for the old pending token + the accepted tokens.
+// So hidden row i always belongs to the token at sequence position (positions_before + i).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/model/forward_batch.h"
+#include "common/sampling/sampler.h"
+#include "common/spec/candidate_tree.h"
+#include "common/util/status.h"
+
+namespace specula {
+
+struct DrafterObservation {
+  SeqId seq = 0;
+  std::vector<int32_t> tokens;  // appended to the sequence, in order
+  // One tensor per layer of Drafter::hidden_layers(), each [m, hidden] in the target's dtype and
+  // device: the target's hidden states of the m positions that entered its KV cache.
+  std::vector<at::Tensor> hidden;
+};
+
+struct DraftRequest {
+  SeqId seq = 0;
+  int32_t max_nodes = 0;  // tree size budget (the step plan's per-sequence draft budget)
+  int32_t max_depth = 0;  // no node deeper than this (context and max_new_tokens limits)
+};
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+
+  virtual std::string name() const = 0;
+  // Target layers (0 = embeddings, i = output of layer i, L = after the final norm) whose hidden
+  // states Observe must carry. Empty for drafters that need only tokens.
+  virtual std::vector<int64_t> hidden_layers() const { return {}; }
+
+  // `sampling` is the request's: drafters that sample their candidates shape their proposal
+  // distribution the same way the target's is shaped, and seed their own random stream from it.
+  // Greedy requests get deterministic drafts.
+  virtual Status AddSequence(SeqId seq, const SamplingParams& sampling) = 0;
+  virtual void ReleaseSequence(SeqId seq) = 0;
+  virtual Status Observe(const std::vector<DrafterObservation>& observations) = 0;
+  // One tree per request, in order; an empty tree means "nothing to propose". Trees must satisfy
+  // CandidateTree::Validate for the request's budget (the engine checks and drops bad ones).
+  virtual StatusOr<std::vector<CandidateTree>> Propose(
+      const std::vector<DraftRequest>& requests) = 0;
+};
+
+}  // namespace specula

@@ -1,0 +1,491 @@
+#include "common/spec/spec_engine.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <unordered_map>
+
+namespace specula {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Drafts are bounded so a misconfigured request cannot make one step's forward arbitrarily large.
+constexpr int32_t kMaxDraftTokens = 256;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+double SpecRequestStats::mean_accepted_len() const {
+  return steps > 0 ? static_cast<double>(accepted_tokens + steps) / static_cast<double>(steps) : 0;
+}
+
+struct SpecEngine::Sequence {
+  RequestId id = 0;
+  SeqId seq = 0;
+  SpecRequest request;
+  SequenceRng rng{0};
+  bool running = false;  // admitted and prefilled (or being prefilled this step)
+  bool prefilled = false;
+  std::vector<int32_t> generated;
+  Drafter* drafter = nullptr;  // null: no speculation (off, or the drafter failed)
+  int64_t reserved_blocks = 0;
+  SpecRequestStats stats;
+  // This step's draft.
+  CandidateTree tree;
+};
+
+SpecEngine::SpecEngine(ModelRunner* target, SpecEngineOptions options)
+    : target_(target), options_(options) {}
+
+SpecEngine::~SpecEngine() {
+  for (auto& [id, s] : sequences_) {
+    if (target_->HasSequence(s->seq)) (void)target_->ReleaseSequence(s->seq);
+    if (s->drafter) s->drafter->ReleaseSequence(s->seq);
+  }
+}
+
+Status SpecEngine::AddDrafter(std::unique_ptr<Drafter> drafter) {
+  const std::string name = drafter->name();
+  if (name.empty() || name == "none") {
+    return InvalidArgumentError(StrCat("drafter name '", name, "' is reserved"));
+  }
+  if (drafters_.count(name))
+    return AlreadyExistsError(StrCat("drafter '", name, "' already added"));
+  const int64_t layers = target_->config().num_hidden_layers;
+  for (int64_t l : drafter->hidden_layers()) {
+    if (l < 0 || l > layers) {
+      return InvalidArgumentError(StrCat("drafter '", name, "' needs hidden layer ", l,
+                                         " but the target has layers 0..", layers));
+    }
+  }
+  drafters_[name] = std::move(drafter);
+  return OkStatus();
+}
+
+std::vector<std::string> SpecEngine::drafter_names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, d] : drafters_) names.push_back(name);
+  return names;
+}
+
+Drafter* SpecEngine::drafter(const std::string& name) const {
+  auto it = drafters_.find(name);
+  return it == drafters_.end() ? nullptr : it->second.get();
+}
+
+int64_t SpecEngine::ReservedBlocks(const SpecRequest& r) const {
+  // The most positions a sequence ever holds: its prompt and every generated token, plus one
+  // step's pending token and draft tree.
+  const int64_t draft = r.speculation.enabled() ? r.speculation.max_draft_tokens : 0;
+  const int64_t positions =
+      static_cast<int64_t>(r.generation.prompt.size()) + r.generation.max_new_tokens + draft + 1;
+  return CeilDiv(positions, target_->kv_stats().block_size);
+}
+
+Status SpecEngine::Validate(const SpecRequest& r) const {
+  RETURN_IF_ERROR(ValidateRequest(target_->config(), r.generation));
+  const SpeculationSettings& spec = r.speculation;
+  if (spec.max_draft_tokens < 0 || spec.max_draft_tokens > kMaxDraftTokens) {
+    return InvalidArgumentError(StrCat("max_draft_tokens must be in [0, ", kMaxDraftTokens,
+                                       "], got ", spec.max_draft_tokens));
+  }
+  if (!spec.drafter.empty() && spec.drafter != "none" && !drafters_.count(spec.drafter)) {
+    std::string known;
+    for (const auto& [name, d] : drafters_) known += (known.empty() ? "" : ", ") + name;
+    return InvalidArgumentError(StrCat("unknown drafter '", spec.drafter, "' (available: none",
+                                       known.empty() ? "" : ", ", known, ")"));
+  }
+  RETURN_IF_ERROR(spec.verify.Validate());
+  const int64_t need = ReservedBlocks(r);
+  const int64_t have = target_->kv_stats().num_blocks;
+  if (need > have) {
+    return ResourceExhaustedError(StrCat("the request needs ", need,
+                                         " KV blocks (prompt + max_new_tokens + draft) but the "
+                                         "cache has ",
+                                         have));
+  }
+  return OkStatus();
+}
+
+StatusOr<RequestId> SpecEngine::Submit(SpecRequest request) {
+  RETURN_IF_ERROR(Validate(request));
+  auto s = std::make_unique<Sequence>();
+  s->id = next_id_++;
+  s->seq = NewSequenceId();
+  s->rng = SequenceRng(request.generation.sampling.seed);
+  s->stats.lossy = request.speculation.enabled() && request.speculation.verify.lossy();
+  s->request = std::move(request);
+  s->reserved_blocks = ReservedBlocks(s->request);
+  const RequestId id = s->id;
+  sequences_[id] = std::move(s);
+  waiting_.push_back(id);
+  return id;
+}
+
+Status SpecEngine::Cancel(RequestId id) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end() ||
+      std::find(cancelled_.begin(), cancelled_.end(), id) != cancelled_.end()) {
+    return NotFoundError(StrCat("request ", id, " is not running or waiting"));
+  }
+  cancelled_.push_back(id);
+  return OkStatus();
+}
+
+bool SpecEngine::HasWork() const { return !sequences_.empty(); }
+
+int32_t SpecEngine::num_running() const {
+  int32_t n = 0;
+  for (const auto& [id, s] : sequences_) n += s->running;
+  return n;
+}
+
+int32_t SpecEngine::num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+
+void SpecEngine::Finish(Sequence& s, const std::string& reason, Status error, StepReport* report) {
+  if (target_->HasSequence(s.seq)) (void)target_->ReleaseSequence(s.seq);
+  if (s.drafter) s.drafter->ReleaseSequence(s.seq);
+  if (s.running) reserved_blocks_ -= s.reserved_blocks;
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), s.id), waiting_.end());
+  // The last update for this request carries the finish; tokens of this step are already in it.
+  RequestUpdate* update = nullptr;
+  for (auto& u : report->updates) {
+    if (u.id == s.id) update = &u;
+  }
+  if (!update) {
+    report->updates.push_back({.id = s.id});
+    update = &report->updates.back();
+  }
+  update->finished = true;
+  update->finish_reason = reason;
+  update->error = std::move(error);
+  update->stats = s.stats;
+  sequences_.erase(s.id);
+}
+
+Status SpecEngine::AdmitWaiting(std::vector<Sequence*>* prefills, StepReport* report) {
+  const int64_t num_blocks = target_->kv_stats().num_blocks;
+  int32_t running = num_running();
+  int64_t prefill_tokens = 0;
+  std::vector<RequestId> admitted;
+  for (RequestId id : waiting_) {
+    Sequence& s = *sequences_.at(id);
+    const int64_t prompt = static_cast<int64_t>(s.request.generation.prompt.size());
+    if (running >= options_.max_batch_size) break;
+    if (reserved_blocks_ + s.reserved_blocks > num_blocks) break;  // FIFO: no overtaking
+    if (!prefills->empty() && prefill_tokens + prompt > options_.max_prefill_tokens) break;
+    Status added = target_->AddSequence(s.seq);
+    if (!added.ok()) {
+      Finish(s, "error", added, report);
+      continue;
+    }
+    s.running = true;
+    reserved_blocks_ += s.reserved_blocks;
+    prefill_tokens += prompt;
+    ++running;
+    admitted.push_back(id);
+    if (s.request.speculation.enabled()) {
+      Drafter* d = drafters_.at(s.request.speculation.drafter).get();
+      Status st = d->AddSequence(s.seq, s.request.generation.sampling);
+      if (st.ok()) {
+        s.drafter = d;
+      } else {
+        ++s.stats.draft_errors;
+        s.stats.last_draft_error = st.ToString();
+      }
+    }
+    prefills->push_back(&s);
+  }
+  for (RequestId id : admitted) {
+    waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
+  }
+  return OkStatus();
+}
+
+StatusOr<StepReport> SpecEngine::Step() {
+  StepReport report;
+  for (RequestId id : cancelled_) {
+    auto it = sequences_.find(id);
+    if (it != sequences_.end()) Finish(*it->second, "cancelled", OkStatus(), &report);
+  }
+  cancelled_.clear();
+
+  std::vector<Sequence*> decoding;
+  for (auto& [id, s] : sequences_) {
+    if (s->running && s->prefilled) decoding.push_back(s.get());
+  }
+  std::vector<Sequence*> prefills;
+  RETURN_IF_ERROR(AdmitWaiting(&prefills, &report));
+  if (decoding.empty() && prefills.empty()) return report;
+
+  // Draft: one batched Propose per drafter.
+  const ModelConfig& config = target_->config();
+  auto t_draft = Clock::now();
+  std::map<Drafter*, std::vector<Sequence*>> by_drafter;
+  for (Sequence* s : decoding) {
+    s->tree = CandidateTree();
+    if (s->drafter) by_drafter[s->drafter].push_back(s);
+  }
+  for (auto& [drafter, members] : by_drafter) {
+    std::vector<DraftRequest> requests;
+    std::vector<Sequence*> asked;
+    for (Sequence* s : members) {
+      const GenerationRequest& g = s->request.generation;
+      const int64_t length = static_cast<int64_t>(g.prompt.size() + s->generated.size());
+      // Every accepted draft token plus the target's own must fit max_new_tokens and the context
+      // (the deepest node sits at position length - 1 + depth).
+      const int64_t room =
+          std::min<int64_t>(g.max_new_tokens - static_cast<int64_t>(s->generated.size()) - 1,
+                            config.max_position_embeddings - length);
+      const int32_t max_depth =
+          static_cast<int32_t>(std::min<int64_t>(room, s->request.speculation.max_draft_tokens));
+      if (max_depth <= 0) continue;
+      requests.push_back({.seq = s->seq,
+                          .max_nodes = s->request.speculation.max_draft_tokens,
+                          .max_depth = max_depth});
+      asked.push_back(s);
+    }
+    if (requests.empty()) continue;
+    auto trees = drafter->Propose(requests);
+    if (!trees.ok() || trees->size() != requests.size()) {
+      const std::string error =
+          trees.ok() ? StrCat("drafter '", drafter->name(), "' returned ", trees->size(),
+                              " trees for ", requests.size(), " requests")
+                     : trees.status().ToString();
+      for (Sequence* s : asked) {
+        ++s->stats.draft_errors;
+        s->stats.last_draft_error = error;
+      }
+      continue;
+    }
+    for (size_t i = 0; i < asked.size(); ++i) {
+      CandidateTree& tree = (*trees)[i];
+      Status valid = tree.Validate(static_cast<int32_t>(config.vocab_size), requests[i].max_nodes,
+                                   requests[i].max_depth);
+      if (!valid.ok()) {
+        ++asked[i]->stats.draft_errors;
+        asked[i]->stats.last_draft_error =
+            valid.WithContext(StrCat("drafter '", drafter->name(), "'")).ToString();
+        continue;
+      }
+      asked[i]->tree = std::move(tree);
+    }
+  }
+  report.draft_seconds += SecondsSince(t_draft);
+
+  // Verify: one target forward over every prefill and every tree.
+  auto t_verify = Clock::now();
+  ForwardBatch batch;
+  std::set<int64_t> layer_set;
+  for (Sequence* s : prefills) {
+    if (s->drafter) {
+      for (int64_t l : s->drafter->hidden_layers()) layer_set.insert(l);
+    }
+  }
+  for (Sequence* s : decoding) {
+    if (s->drafter) {
+      for (int64_t l : s->drafter->hidden_layers()) layer_set.insert(l);
+    }
+  }
+  batch.hidden_layers.assign(layer_set.begin(), layer_set.end());
+  std::vector<Sequence*> members;
+  for (Sequence* s : prefills) {
+    batch.seqs.push_back({.seq = s->seq, .tokens = s->request.generation.prompt});
+    members.push_back(s);
+    report.prefill_tokens += static_cast<int64_t>(s->request.generation.prompt.size());
+  }
+  for (Sequence* s : decoding) {
+    const int64_t start = target_->SequenceLength(s->seq);
+    SequenceChunk chunk{.seq = s->seq, .tokens = {s->generated.back()}};
+    if (!s->tree.empty()) {
+      const CandidateTree& tree = s->tree;
+      chunk.positions.push_back(static_cast<int32_t>(start));
+      chunk.parents.push_back(-1);
+      for (int32_t i = 0; i < tree.size(); ++i) {
+        chunk.tokens.push_back(tree.token(i));
+        chunk.positions.push_back(static_cast<int32_t>(start + tree.depth(i)));
+        chunk.parents.push_back(tree.parent(i) + 1);  // -1 (the pending token) -> row 0
+      }
+      chunk.logits = LogitsRows::kAll;
+    }
+    report.verify_tokens += static_cast<int64_t>(chunk.tokens.size());
+    batch.seqs.push_back(std::move(chunk));
+    members.push_back(s);
+  }
+  report.batch_size = static_cast<int32_t>(members.size());
+  std::vector<int64_t> starts(members.size());
+  for (size_t b = 0; b < members.size(); ++b) starts[b] = target_->SequenceLength(members[b]->seq);
+
+  auto out = target_->Forward(batch);
+  if (!out.ok()) {
+    for (Sequence* s : members) Finish(*s, "error", out.status(), &report);
+    report.verify_seconds += SecondsSince(t_verify);
+    return report;
+  }
+  at::Tensor logits = out->logits.to(at::kCPU).contiguous();
+  const int64_t vocab = logits.size(1);
+  const float* logits_data = logits.data_ptr<float>();
+
+  // Per sequence: verify, commit the accepted path, emit tokens, collect drafter observations.
+  std::map<Drafter*, std::vector<DrafterObservation>> observations;
+  std::map<Drafter*, std::vector<Sequence*>> observed;
+  for (size_t b = 0; b < members.size(); ++b) {
+    Sequence& s = *members[b];
+    const GenerationRequest& g = s.request.generation;
+    const float* rows = logits_data + out->logits_offset[b] * vocab;
+    std::vector<int32_t> emitted;
+    std::vector<int64_t> hidden_rows;  // packed rows whose hidden states the drafter observes
+    const int64_t row0 = out->token_offset[b];
+    const bool was_prefill = !s.prefilled;
+    if (was_prefill) {
+      emitted.push_back(SampleToken({rows, static_cast<size_t>(vocab)}, g.sampling, s.rng));
+      for (int64_t r = row0; r < out->token_offset[b + 1]; ++r) hidden_rows.push_back(r);
+      s.prefilled = true;
+    } else {
+      const CandidateTree& tree = s.tree;
+      TreeLogits tree_logits{.data = rows, .rows = tree.size() + 1, .vocab = vocab};
+      auto verified =
+          VerifyTree(tree, tree_logits, g.sampling, s.request.speculation.verify, s.rng);
+      if (!verified.ok()) {
+        Finish(s, "error", verified.status().WithContext("verification"), &report);
+        continue;
+      }
+      std::vector<int64_t> offsets = {0};
+      hidden_rows.push_back(row0);
+      for (int32_t node : verified->accepted_nodes) {
+        emitted.push_back(tree.token(node));
+        offsets.push_back(node + 1);
+        hidden_rows.push_back(row0 + node + 1);
+      }
+      emitted.push_back(verified->bonus_token);
+      if (!tree.empty()) {
+        Status kept = target_->KeepOnly(s.seq, starts[b], offsets);
+        if (!kept.ok()) {
+          Finish(s, "error", kept.WithContext("KV commit"), &report);
+          continue;
+        }
+        ++s.stats.draft_steps;
+        s.stats.draft_tokens += tree.size();
+        const int64_t accepted = static_cast<int64_t>(verified->accepted_nodes.size());
+        s.stats.accepted_tokens += accepted;
+        if (static_cast<int64_t>(s.stats.accepted_per_position.size()) < tree.max_depth()) {
+          s.stats.accepted_per_position.resize(tree.max_depth(), 0);
+        }
+        for (int64_t d = 0; d < accepted; ++d) ++s.stats.accepted_per_position[d];
+      }
+      ++s.stats.steps;
+    }
+
+    // Stop conditions apply token by token: nothing after a stop token or past max_new_tokens.
+    std::string reason;
+    size_t keep = 0;
+    for (; keep < emitted.size(); ++keep) {
+      const int32_t t = emitted[keep];
+      s.generated.push_back(t);
+      if (std::find(g.stop_token_ids.begin(), g.stop_token_ids.end(), t) !=
+          g.stop_token_ids.end()) {
+        reason = "stop";
+      } else if (static_cast<int64_t>(s.generated.size()) >= g.max_new_tokens) {
+        reason = "length";
+      }
+      if (!reason.empty()) {
+        ++keep;
+        break;
+      }
+    }
+    emitted.resize(keep);
+    report.updates.push_back({.id = s.id, .new_tokens = emitted, .stats = s.stats});
+    if (!reason.empty()) {
+      Finish(s, reason, OkStatus(), &report);
+      continue;
+    }
+    if (s.drafter) {
+      DrafterObservation obs{.seq = s.seq};
+      if (was_prefill) obs.tokens = g.prompt;
+      obs.tokens.insert(obs.tokens.end(), emitted.begin(), emitted.end());
+      const std::vector<int64_t> layers = s.drafter->hidden_layers();
+      if (!layers.empty()) {
+        at::Tensor index = at::tensor(hidden_rows, at::kLong).to(out->hidden[0].device());
+        for (int64_t l : layers) {
+          const auto pos =
+              std::lower_bound(batch.hidden_layers.begin(), batch.hidden_layers.end(), l) -
+              batch.hidden_layers.begin();
+          obs.hidden.push_back(out->hidden[pos].index_select(0, index));
+        }
+      }
+      observations[s.drafter].push_back(std::move(obs));
+      observed[s.drafter].push_back(&s);
+    }
+  }
+  report.verify_seconds += SecondsSince(t_verify);
+
+  auto t_observe = Clock::now();
+  for (auto& [drafter, obs] : observations) {
+    Status st = drafter->Observe(obs);
+    if (st.ok()) continue;
+    // The drafter's state for these sequences is unknown now: they finish without speculation.
+    for (Sequence* s : observed[drafter]) {
+      ++s->stats.draft_errors;
+      s->stats.last_draft_error = st.ToString();
+      drafter->ReleaseSequence(s->seq);
+      s->drafter = nullptr;
+    }
+  }
+  report.draft_seconds += SecondsSince(t_observe);
+  return report;
+}
+
+StatusOr<std::vector<SpecGenerationResult>> GenerateAll(SpecEngine& engine,
+                                                        const std::vector<SpecRequest>& requests,
+                                                        const SpecTokenCallback& on_tokens,
+                                                        SpecRunStats* stats) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Status s = engine.Validate(requests[i]);
+    if (!s.ok()) return s.WithContext(StrCat("request ", i));
+  }
+  SpecRunStats local;
+  SpecRunStats& st = stats ? *stats : local;
+  st = SpecRunStats{};
+  auto t0 = Clock::now();
+  std::vector<SpecGenerationResult> results(requests.size());
+  std::unordered_map<RequestId, size_t> index;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSIGN_OR_RETURN(RequestId id, engine.Submit(requests[i]));
+    index[id] = i;
+  }
+  Status failure;
+  while (engine.HasWork()) {
+    ASSIGN_OR_RETURN(StepReport report, engine.Step());
+    ++st.steps;
+    st.draft_seconds += report.draft_seconds;
+    st.verify_seconds += report.verify_seconds;
+    for (RequestUpdate& u : report.updates) {
+      auto it = index.find(u.id);
+      if (it == index.end()) continue;  // a request submitted by someone else
+      SpecGenerationResult& r = results[it->second];
+      r.result.tokens.insert(r.result.tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
+      st.generated_tokens += static_cast<int64_t>(u.new_tokens.size());
+      r.stats = u.stats;
+      if (on_tokens && !u.new_tokens.empty()) on_tokens(it->second, u.new_tokens);
+      if (u.finished) {
+        r.result.finish_reason = u.finish_reason;
+        if (!u.error.ok() && failure.ok()) {
+          failure = u.error.WithContext(StrCat("request ", it->second));
+        }
+      }
+    }
+  }
+  st.seconds = SecondsSince(t0);
+  if (!failure.ok()) return failure;
+  return results;
+}
+
+}  // namespace specula

@@ -1,0 +1,146 @@
+// The speculative decoding loop over a continuously changing batch of sequences.
+//
+// Each Step() is one target forward: newly admitted requests are prefilled and every running
+// sequence verifies the candidate tree its drafter proposed (or decodes one token when speculation
+// is off for it), all packed into one ForwardBatch. Sequences join and finish independently and
+// each accepts a different number of tokens per step; the target's KV cache keeps exactly the
+// accepted path. Single-threaded: one caller drives Submit/Cancel/Step (the router's loop).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/engine/plain_decoder.h"
+#include "common/model/model_runner.h"
+#include "common/spec/drafter.h"
+#include "common/spec/verifier.h"
+#include "common/util/status.h"
+
+namespace specula {
+
+using RequestId = int64_t;
+
+struct SpeculationSettings {
+  std::string drafter;           // "" or "none": no speculation
+  int32_t max_draft_tokens = 4;  // tree nodes per step (the per-sequence draft budget)
+  VerifyParams verify;
+
+  bool enabled() const { return !drafter.empty() && drafter != "none" && max_draft_tokens > 0; }
+};
+
+struct SpecRequest {
+  GenerationRequest generation;
+  SpeculationSettings speculation;
+};
+
+struct SpecRequestStats {
+  int64_t steps = 0;            // verification steps after prefill
+  int64_t draft_steps = 0;      // steps that verified a non-empty tree
+  int64_t draft_tokens = 0;     // tree nodes proposed
+  int64_t accepted_tokens = 0;  // draft tokens accepted (bonus tokens not counted)
+  // accepted_per_position[d]: draft tokens accepted at depth d + 1.
+  std::vector<int64_t> accepted_per_position;
+  int64_t draft_errors = 0;  // trees dropped (invalid tree or drafter failure)
+  std::string last_draft_error;
+  bool lossy = false;  // verified with a lossy rule
+
+  // Tokens produced per verification step (accepted draft tokens + the target's own token).
+  double mean_accepted_len() const;
+};
+
+struct RequestUpdate {
+  RequestId id = 0;
+  std::vector<int32_t> new_tokens;  // generated this step (after stop/length truncation)
+  bool finished = false;
+  std::string finish_reason;  // "stop", "length", "cancelled", "error"
+  Status error;               // set when finish_reason is "error"
+  SpecRequestStats stats;     // running totals
+};
+
+struct StepReport {
+  std::vector<RequestUpdate> updates;
+  int32_t batch_size = 0;  // sequences in the target forward
+  int64_t prefill_tokens = 0;
+  int64_t verify_tokens = 0;  // pending + tree tokens of running sequences
+  double draft_seconds = 0;   // drafter Observe + Propose
+  double verify_seconds = 0;  // target forward + verification + KV commit
+};
+
+struct SpecEngineOptions {
+  int32_t max_batch_size = 64;        // running sequences
+  int64_t max_prefill_tokens = 8192;  // prompt tokens admitted per step (at least one request)
+};
+
+class SpecEngine {
+ public:
+  // `target` must outlive the engine and is used by nothing else while the engine runs.
+  SpecEngine(ModelRunner* target, SpecEngineOptions options = {});
+  ~SpecEngine();
+
+  // ALREADY_EXISTS for a duplicate name; INVALID_ARGUMENT if it asks for hidden layers the target
+  // does not have.
+  Status AddDrafter(std::unique_ptr<Drafter> drafter);
+  std::vector<std::string> drafter_names() const;
+  const ModelRunner& target() const { return *target_; }
+  Drafter* drafter(const std::string& name) const;
+
+  // INVALID_ARGUMENT naming the field (request fields, drafter name, draft budget, verification
+  // parameters); OUT_OF_RANGE past the context; RESOURCE_EXHAUSTED if it could never fit the KV
+  // cache.
+  Status Validate(const SpecRequest& request) const;
+  // Validates and queues the request.
+  StatusOr<RequestId> Submit(SpecRequest request);
+  // Finishes the request with reason "cancelled" in the next report and frees its KV blocks.
+  // NOT_FOUND if unknown or already finished.
+  Status Cancel(RequestId id);
+
+  // Runs one step. Per-request failures (a drafter error, an invalid tree) degrade that request to
+  // no speculation for the step and are counted in its stats; a failed target forward finishes
+  // every request in it with reason "error".
+  StatusOr<StepReport> Step();
+
+  bool HasWork() const;
+  int32_t num_running() const;
+  int32_t num_waiting() const;
+
+ private:
+  struct Sequence;
+  Status AdmitWaiting(std::vector<Sequence*>* prefills, StepReport* report);
+  void Finish(Sequence& s, const std::string& reason, Status error, StepReport* report);
+  int64_t ReservedBlocks(const SpecRequest& r) const;
+
+  ModelRunner* target_;
+  SpecEngineOptions options_;
+  std::map<std::string, std::unique_ptr<Drafter>> drafters_;
+  std::map<RequestId, std::unique_ptr<Sequence>> sequences_;  // waiting and running
+  std::vector<RequestId> waiting_;                            // FIFO
+  std::vector<RequestId> cancelled_;
+  RequestId next_id_ = 1;
+  int64_t reserved_blocks_ = 0;
+};
+
+struct SpecGenerationResult {
+  GenerationResult result;
+  SpecRequestStats stats;
+};
+
+struct SpecRunStats {
+  double seconds = 0;
+  double draft_seconds = 0;
+  double verify_seconds = 0;
+  int64_t steps = 0;
+  int64_t generated_tokens = 0;
+};
+
+// Submits every request, steps the engine until all finish, and returns results in request order.
+// Validation errors name the request index; nothing runs then.
+using SpecTokenCallback = std::function<void(size_t, const std::vector<int32_t>&)>;
+StatusOr<std::vector<SpecGenerationResult>> GenerateAll(
+    SpecEngine& engine, const std::vector<SpecRequest>& requests,
+    const SpecTokenCallback& on_tokens = nullptr, SpecRunStats* stats = nullptr);
+
+}  // namespace specula

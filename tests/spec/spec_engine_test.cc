@@ -1,0 +1,457 @@
+// SpecEngine on tiny random models with scripted drafters: greedy output equals plain decoding
+// whatever the drafter proposes (right, wrong, random trees, invalid trees, failures), sequences
+// join and finish independently, KV blocks are returned, and requests are validated.
+#include "common/spec/spec_engine.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <set>
+
+#include "common/engine/plain_decoder.h"
+#include "tests/testing/tiny_model.h"
+
+namespace specula {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Knows the reference continuation of every prompt and proposes from it, optionally corrupted.
+// Each sequence is identified by matching its history against the references.
+class ScriptedDrafter : public Drafter {
+ public:
+  enum class Kind {
+    kOracle,      // the true continuation as a chain
+    kRandomTree,  // random trees that sometimes contain the true path
+    kBadTree,     // invalid trees (by sequence: OOV token, over budget, parent after child)
+  };
+  ScriptedDrafter(std::string name, Kind kind, std::vector<std::vector<int32_t>> references,
+                  int32_t vocab)
+      : name_(std::move(name)), kind_(kind), references_(std::move(references)), vocab_(vocab) {}
+
+  std::string name() const override { return name_; }
+  Status AddSequence(SeqId seq, const SamplingParams&) override {
+    if (history_.count(seq)) return AlreadyExistsError("seq");
+    history_[seq] = {};
+    return OkStatus();
+  }
+  void ReleaseSequence(SeqId seq) override {
+    history_.erase(seq);
+    ++released;
+  }
+  Status Observe(const std::vector<DrafterObservation>& observations) override {
+    if (fail_observe) return InternalError("scripted observe failure");
+    for (const auto& o : observations) {
+      auto& h = history_.at(o.seq);
+      h.insert(h.end(), o.tokens.begin(), o.tokens.end());
+    }
+    return OkStatus();
+  }
+  StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override {
+    if (fail_propose) return InternalError("scripted propose failure");
+    std::vector<CandidateTree> trees;
+    for (const auto& r : requests) {
+      const auto& h = history_.at(r.seq);
+      std::vector<int32_t> truth;
+      for (const auto& ref : references_) {
+        if (ref.size() >= h.size() && std::equal(h.begin(), h.end(), ref.begin())) {
+          truth.assign(ref.begin() + h.size(), ref.end());
+          break;
+        }
+      }
+      const int32_t n = std::min({r.max_nodes, r.max_depth, static_cast<int32_t>(truth.size())});
+      CandidateTree tree;
+      switch (kind_) {
+        case Kind::kOracle:
+          tree = CandidateTree::Chain(std::span<const int32_t>(truth.data(), n));
+          break;
+        case Kind::kRandomTree: {
+          // Up to max_nodes nodes: each picks a random earlier parent (depth-limited) and a token
+          // that is the true next token of its path with probability 1/2.
+          std::uniform_int_distribution<int32_t> token(0, vocab_ - 1);
+          const int32_t size = std::uniform_int_distribution<int32_t>(0, r.max_nodes)(rng_);
+          for (int32_t i = 0; i < size; ++i) {
+            int32_t parent = std::uniform_int_distribution<int32_t>(-1, tree.size() - 1)(rng_);
+            while (parent >= 0 && tree.depth(parent) >= r.max_depth) parent = tree.parent(parent);
+            const int32_t depth = parent < 0 ? 1 : tree.depth(parent) + 1;
+            bool on_truth = depth <= static_cast<int32_t>(truth.size());
+            if (parent >= 0) {
+              for (int32_t a : tree.PathTo(parent)) {
+                if (tree.token(a) != truth[tree.depth(a) - 1]) on_truth = false;
+              }
+            }
+            const bool right = on_truth && (rng_() % 2 == 0);
+            tree.AddNode(parent, right ? truth[depth - 1] : token(rng_));
+          }
+          break;
+        }
+        case Kind::kBadTree: {
+          const int64_t which = r.seq % 3;
+          if (which == 0) {
+            tree.AddNode(-1, vocab_ + 5);  // outside the vocabulary
+          } else if (which == 1) {
+            for (int32_t i = 0; i <= r.max_nodes; ++i) tree.AddNode(-1, 1);  // over budget
+          } else {
+            tree.AddNode(-1, 1);
+            tree.AddNode(3, 2);  // parent after child
+          }
+          break;
+        }
+      }
+      trees.push_back(std::move(tree));
+    }
+    return trees;
+  }
+
+  bool fail_propose = false;
+  bool fail_observe = false;
+  int released = 0;
+
+ private:
+  std::string name_;
+  Kind kind_;
+  std::vector<std::vector<int32_t>> references_;
+  int32_t vocab_;
+  std::map<SeqId, std::vector<int32_t>> history_;
+  std::mt19937 rng_{7};
+};
+
+class SpecEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = TinyModelConfig();
+    ModelRunnerOptions options;
+    options.kv.memory_mb = 4;
+    auto runner = ModelRunner::FromModule(MakeTinyModel(config_, 3, 10.0), options);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    target_ = std::move(*runner);
+  }
+
+  std::vector<GenerationRequest> Prompts(int n, int64_t max_new, uint64_t seed = 1) {
+    std::mt19937 rng(seed);
+    std::vector<GenerationRequest> out;
+    for (int i = 0; i < n; ++i) {
+      GenerationRequest r;
+      const int len = 1 + static_cast<int>(rng() % 20);
+      for (int j = 0; j < len; ++j) r.prompt.push_back(static_cast<int32_t>(rng() % 64));
+      r.max_new_tokens = max_new + static_cast<int64_t>(rng() % 5);
+      out.push_back(r);
+    }
+    return out;
+  }
+
+  std::vector<std::vector<int32_t>> Plain(const std::vector<GenerationRequest>& requests) {
+    auto results = DecodeBatch(*target_, requests);
+    EXPECT_TRUE(results.ok()) << results.status();
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& r : *results) out.push_back(r.tokens);
+    return out;
+  }
+
+  // Prompt + reference continuation, for the scripted drafters.
+  static std::vector<std::vector<int32_t>> References(
+      const std::vector<GenerationRequest>& requests,
+      const std::vector<std::vector<int32_t>>& plain) {
+    std::vector<std::vector<int32_t>> refs;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      auto r = requests[i].prompt;
+      r.insert(r.end(), plain[i].begin(), plain[i].end());
+      refs.push_back(r);
+    }
+    return refs;
+  }
+
+  static std::vector<SpecRequest> WithDrafter(const std::vector<GenerationRequest>& requests,
+                                              const std::string& drafter, int32_t k) {
+    std::vector<SpecRequest> out;
+    for (const auto& g : requests) {
+      out.push_back({.generation = g, .speculation = {.drafter = drafter, .max_draft_tokens = k}});
+    }
+    return out;
+  }
+
+  static std::vector<std::vector<int32_t>> Tokens(const std::vector<SpecGenerationResult>& r) {
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& x : r) out.push_back(x.result.tokens);
+    return out;
+  }
+
+  ModelConfig config_;
+  std::unique_ptr<ModelRunner> target_;
+};
+
+TEST_F(SpecEngineTest, WithoutSpeculationEqualsPlainDecodingGreedyAndSampled) {
+  auto requests = Prompts(6, 12);
+  for (size_t i = 0; i < requests.size(); i += 2) {
+    requests[i].sampling = {.temperature = 0.9f, .top_k = 20, .top_p = 0.95f, .seed = 40 + i};
+  }
+  requests[1].stop_token_ids = {Plain({requests[1]})[0][3]};
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get());
+  auto results = GenerateAll(engine, WithDrafter(requests, "none", 0));
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ(Tokens(*results), plain);
+  EXPECT_EQ((*results)[1].result.finish_reason, "stop");
+  EXPECT_EQ((*results)[0].result.finish_reason, "length");
+}
+
+TEST_F(SpecEngineTest, OracleDraftsAreAllAcceptedAndOutputIsUnchanged) {
+  const auto requests = Prompts(5, 20);
+  const auto plain = Plain(requests);
+  for (int32_t k : {1, 3, 8}) {
+    SpecEngine engine(target_.get());
+    ASSERT_TRUE(engine
+                    .AddDrafter(std::make_unique<ScriptedDrafter>(
+                        "oracle", ScriptedDrafter::Kind::kOracle, References(requests, plain), 64))
+                    .ok());
+    SpecRunStats run;
+    auto results = GenerateAll(engine, WithDrafter(requests, "oracle", k), nullptr, &run);
+    ASSERT_TRUE(results.ok()) << results.status();
+    EXPECT_EQ(Tokens(*results), plain) << "k=" << k;
+    for (const auto& r : *results) {
+      EXPECT_EQ(r.stats.accepted_tokens, r.stats.draft_tokens) << "k=" << k;
+      EXPECT_EQ(static_cast<int64_t>(r.result.tokens.size()),
+                1 + r.stats.steps + r.stats.accepted_tokens);
+      EXPECT_EQ(r.stats.draft_errors, 0);
+      EXPECT_FALSE(r.stats.lossy);
+      // Every step drafts, except a last one with a single token left to generate.
+      EXPECT_GE(r.stats.draft_steps, r.stats.steps - 1);
+      if (k == 1) EXPECT_EQ(r.stats.accepted_tokens, r.stats.draft_steps);
+    }
+    EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
+  }
+}
+
+TEST_F(SpecEngineTest, RandomTreesNeverChangeGreedyOutput) {
+  const auto requests = Prompts(8, 24, 5);
+  const auto plain = Plain(requests);
+  for (int32_t k : {1, 2, 5, 8, 16}) {
+    SpecEngine engine(target_.get());
+    ASSERT_TRUE(
+        engine
+            .AddDrafter(std::make_unique<ScriptedDrafter>(
+                "random", ScriptedDrafter::Kind::kRandomTree, References(requests, plain), 64))
+            .ok());
+    auto results = GenerateAll(engine, WithDrafter(requests, "random", k));
+    ASSERT_TRUE(results.ok()) << results.status();
+    EXPECT_EQ(Tokens(*results), plain) << "k=" << k;
+    int64_t accepted = 0;
+    for (const auto& r : *results) {
+      accepted += r.stats.accepted_tokens;
+      EXPECT_EQ(r.stats.draft_errors, 0) << r.stats.last_draft_error;
+    }
+    EXPECT_GT(accepted, 0) << "k=" << k;
+  }
+}
+
+TEST_F(SpecEngineTest, SequencesJoinAndFinishIndependently) {
+  const auto requests = Prompts(9, 10, 9);
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get(), {.max_batch_size = 4});
+  ASSERT_TRUE(
+      engine
+          .AddDrafter(std::make_unique<ScriptedDrafter>(
+              "random", ScriptedDrafter::Kind::kRandomTree, References(requests, plain), 64))
+          .ok());
+  std::map<RequestId, size_t> index;
+  std::vector<std::vector<int32_t>> got(requests.size());
+  std::vector<bool> done(requests.size());
+  size_t submitted = 0;
+  int steps = 0;
+  int max_running = 0;
+  while (submitted < requests.size() || engine.HasWork()) {
+    // A new request every other step, with and without speculation.
+    if (submitted < requests.size() && steps % 2 == 0) {
+      SpecRequest r{.generation = requests[submitted]};
+      if (submitted % 3 != 0) r.speculation = {.drafter = "random", .max_draft_tokens = 4};
+      auto id = engine.Submit(r);
+      ASSERT_TRUE(id.ok()) << id.status();
+      index[*id] = submitted++;
+    }
+    auto report = engine.Step();
+    ASSERT_TRUE(report.ok()) << report.status();
+    max_running = std::max(max_running, engine.num_running());
+    for (const auto& u : report->updates) {
+      const size_t i = index.at(u.id);
+      got[i].insert(got[i].end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (u.finished) done[i] = true;
+    }
+    ++steps;
+  }
+  EXPECT_EQ(got, plain);
+  EXPECT_LE(max_running, 4);
+  for (bool d : done) EXPECT_TRUE(d);
+  EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
+}
+
+TEST_F(SpecEngineTest, InvalidTreesAreDroppedWithAClearErrorAndOthersUnaffected) {
+  const auto requests = Prompts(6, 8, 11);
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get());
+  ASSERT_TRUE(engine
+                  .AddDrafter(std::make_unique<ScriptedDrafter>(
+                      "bad", ScriptedDrafter::Kind::kBadTree, References(requests, plain), 64))
+                  .ok());
+  ASSERT_TRUE(engine
+                  .AddDrafter(std::make_unique<ScriptedDrafter>(
+                      "oracle", ScriptedDrafter::Kind::kOracle, References(requests, plain), 64))
+                  .ok());
+  auto spec = WithDrafter(requests, "bad", 4);
+  spec[0].speculation.drafter = "oracle";
+  auto results = GenerateAll(engine, spec);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ(Tokens(*results), plain);
+  EXPECT_EQ((*results)[0].stats.draft_errors, 0);
+  EXPECT_GT((*results)[0].stats.accepted_tokens, 0);
+  std::set<std::string> kinds;
+  for (size_t i = 1; i < results->size(); ++i) {
+    const auto& st = (*results)[i].stats;
+    EXPECT_EQ(st.draft_errors, st.steps - 1);  // the last step has nothing to draft
+    EXPECT_EQ(st.accepted_tokens, 0);
+    EXPECT_THAT(st.last_draft_error, HasSubstr("drafter 'bad'"));
+    if (st.last_draft_error.find("vocabulary") != std::string::npos) kinds.insert("oov");
+    if (st.last_draft_error.find("budget") != std::string::npos) kinds.insert("budget");
+    if (st.last_draft_error.find("precede") != std::string::npos) kinds.insert("order");
+  }
+  EXPECT_EQ(kinds.size(), 3u) << "every kind of bad tree was seen";
+}
+
+TEST_F(SpecEngineTest, DrafterFailuresFallBackToPlainDecoding) {
+  const auto requests = Prompts(4, 10, 13);
+  const auto plain = Plain(requests);
+  for (bool fail_observe : {false, true}) {
+    SpecEngine engine(target_.get());
+    auto drafter = std::make_unique<ScriptedDrafter>("oracle", ScriptedDrafter::Kind::kOracle,
+                                                     References(requests, plain), 64);
+    drafter->fail_propose = !fail_observe;
+    drafter->fail_observe = fail_observe;
+    ScriptedDrafter* raw = drafter.get();
+    ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+    auto results = GenerateAll(engine, WithDrafter(requests, "oracle", 4));
+    ASSERT_TRUE(results.ok()) << results.status();
+    EXPECT_EQ(Tokens(*results), plain);
+    for (const auto& r : *results) {
+      EXPECT_GT(r.stats.draft_errors, 0);
+      EXPECT_THAT(r.stats.last_draft_error, HasSubstr("scripted"));
+    }
+    EXPECT_EQ(raw->released, 4) << "every drafter sequence is released exactly once";
+  }
+}
+
+TEST_F(SpecEngineTest, StopTokenInsideAcceptedDraftEndsTheOutput) {
+  auto requests = Prompts(3, 30, 17);
+  const auto unstopped = Plain(requests);
+  for (size_t i = 0; i < requests.size(); ++i) requests[i].stop_token_ids = {unstopped[i][6]};
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get());
+  ASSERT_TRUE(
+      engine
+          .AddDrafter(std::make_unique<ScriptedDrafter>("oracle", ScriptedDrafter::Kind::kOracle,
+                                                        References(requests, unstopped), 64))
+          .ok());
+  auto results = GenerateAll(engine, WithDrafter(requests, "oracle", 8));
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ(Tokens(*results), plain);
+  for (const auto& r : *results) EXPECT_EQ(r.result.finish_reason, "stop");
+}
+
+TEST_F(SpecEngineTest, CancelFreesKvBlocksAndLeavesOthersIntact) {
+  const auto requests = Prompts(3, 30, 19);
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get());
+  ASSERT_TRUE(engine
+                  .AddDrafter(std::make_unique<ScriptedDrafter>(
+                      "oracle", ScriptedDrafter::Kind::kOracle, References(requests, plain), 64))
+                  .ok());
+  std::vector<RequestId> ids;
+  for (const auto& r : WithDrafter(requests, "oracle", 2)) ids.push_back(*engine.Submit(r));
+  std::map<RequestId, std::vector<int32_t>> got;
+  std::map<RequestId, std::string> reasons;
+  for (int step = 0; engine.HasWork(); ++step) {
+    if (step == 2) ASSERT_TRUE(engine.Cancel(ids[1]).ok());
+    auto report = engine.Step();
+    ASSERT_TRUE(report.ok());
+    for (const auto& u : report->updates) {
+      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (u.finished) reasons[u.id] = u.finish_reason;
+    }
+  }
+  EXPECT_EQ(reasons[ids[1]], "cancelled");
+  EXPECT_LT(got[ids[1]].size(), plain[1].size());
+  EXPECT_EQ(got[ids[0]], plain[0]);
+  EXPECT_EQ(got[ids[2]], plain[2]);
+  EXPECT_EQ(engine.Cancel(ids[1]).code(), StatusCode::kNotFound);
+  EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
+}
+
+TEST_F(SpecEngineTest, AdmissionWaitsForKvMemory) {
+  // 4 MB of KV holds few blocks: requests that do not fit wait in FIFO order, and all complete.
+  const auto requests = Prompts(12, 100, 23);
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get());
+  auto results = GenerateAll(engine, WithDrafter(requests, "none", 0));
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ(Tokens(*results), plain);
+}
+
+TEST_F(SpecEngineTest, RejectsBadRequestsNamingTheField) {
+  SpecEngine engine(target_.get());
+  ASSERT_TRUE(
+      engine
+          .AddDrafter(std::make_unique<ScriptedDrafter>("oracle", ScriptedDrafter::Kind::kOracle,
+                                                        std::vector<std::vector<int32_t>>{}, 64))
+          .ok());
+  auto ok = WithDrafter(Prompts(1, 4), "oracle", 4)[0];
+  auto expect = [&](SpecRequest r, StatusCode code, const std::string& text) {
+    auto id = engine.Submit(r);
+    ASSERT_FALSE(id.ok());
+    EXPECT_EQ(id.status().code(), code);
+    EXPECT_THAT(id.status().message(), HasSubstr(text));
+  };
+  auto r = ok;
+  r.speculation.drafter = "medusa";
+  expect(r, StatusCode::kInvalidArgument, "unknown drafter 'medusa'");
+  r = ok;
+  r.speculation.max_draft_tokens = -1;
+  expect(r, StatusCode::kInvalidArgument, "max_draft_tokens");
+  r = ok;
+  r.speculation.verify.specdec_beta = 0;
+  expect(r, StatusCode::kInvalidArgument, "beta");
+  r = ok;
+  r.generation.prompt = {};
+  expect(r, StatusCode::kInvalidArgument, "prompt");
+  r = ok;
+  r.generation.prompt = {64};
+  expect(r, StatusCode::kInvalidArgument, "vocabulary");
+  r = ok;
+  r.generation.max_new_tokens = 500;
+  expect(r, StatusCode::kOutOfRange, "context");
+  EXPECT_FALSE(engine.HasWork());
+  EXPECT_EQ(
+      engine
+          .AddDrafter(std::make_unique<ScriptedDrafter>("oracle", ScriptedDrafter::Kind::kOracle,
+                                                        std::vector<std::vector<int32_t>>{}, 64))
+          .code(),
+      StatusCode::kAlreadyExists);
+}
+
+TEST_F(SpecEngineTest, LossyVerificationIsLabelled) {
+  const auto requests = Prompts(2, 6);
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get());
+  ASSERT_TRUE(engine
+                  .AddDrafter(std::make_unique<ScriptedDrafter>(
+                      "oracle", ScriptedDrafter::Kind::kOracle, References(requests, plain), 64))
+                  .ok());
+  auto spec = WithDrafter(requests, "oracle", 3);
+  spec[1].speculation.verify.mode = VerifyMode::kSpecDec;
+  auto results = GenerateAll(engine, spec);
+  ASSERT_TRUE(results.ok());
+  EXPECT_FALSE((*results)[0].stats.lossy);
+  EXPECT_TRUE((*results)[1].stats.lossy);
+}
+
+}  // namespace
+}  // namespace specula
