@@ -46,6 +46,10 @@ class SpeculaCliTest : public ::testing::Test {
     c.tie_word_embeddings = true;
     auto lm = MakeTinyModel(c, 5, /*weight_scale=*/4.0);  // sharper, less tie-prone logits
     ASSERT_TRUE(SaveModelDir(*lm, c, model()).ok());
+    // A different random model of the same vocabulary as the draft LM.
+    fs::create_directories(dir_->path() / "draft");
+    auto draft = MakeTinyModel(c, 6, /*weight_scale=*/4.0);
+    ASSERT_TRUE(SaveModelDir(*draft, c, dir_->File("draft")).ok());
   }
   static void TearDownTestSuite() {
     delete dir_;
@@ -131,6 +135,93 @@ TEST_F(SpeculaCliTest, BenchForwardWritesJson) {
   EXPECT_EQ(j["results"][3]["tokens"], 32);
   EXPECT_GT(j["results"][0]["median_ms"].get<double>(), 0.0);
   EXPECT_NE(r.out.find("tokens/s"), std::string::npos);
+}
+
+TEST_F(SpeculaCliTest, SpeculativeGenerateIsLosslessAndReportsItsStats) {
+  const std::string base = "generate --model " + model() +
+                           " --prompt 'def f(x):\n    return x' --max-new-tokens 20 --ignore-eos "
+                           "--json --drafter-model " +
+                           dir_->File("draft");
+  RunResult plain = Run(base + " --drafter none");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const auto expected = nlohmann::json::parse(plain.out)["token_ids"];
+  for (const std::string drafter : {"ngram", "draft-model"}) {
+    for (const std::string extra : {"--draft-len 3", "--draft-len 5 --tree-width 2"}) {
+      RunResult r = Run(base + " --drafter " + drafter + " " + extra);
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      auto j = nlohmann::json::parse(r.out);
+      EXPECT_EQ(j["token_ids"], expected) << drafter << " " << extra;
+      for (const char* key : {"steps", "draft_tokens", "accepted_tokens", "mean_accepted_len"}) {
+        EXPECT_TRUE(j.contains(key)) << key;
+      }
+      EXPECT_EQ(j["drafter"], drafter);
+      EXPECT_EQ(j["lossy"], false);
+      EXPECT_GT(j["draft_tokens"].get<int64_t>(), 0) << drafter;
+      EXPECT_EQ(j["token_ids"].size(),
+                1 + j["steps"].get<size_t>() + j["accepted_tokens"].get<size_t>());
+    }
+  }
+  RunResult lossy = Run(base + " --drafter ngram --verify specdec --beta 3 --tau 1");
+  ASSERT_EQ(lossy.exit_code, 0) << lossy.err;
+  EXPECT_EQ(nlohmann::json::parse(lossy.out)["lossy"], true);
+  RunResult text = Run("generate --model " + model() +
+                       " --prompt 'import os' --max-new-tokens 8 --drafter ngram --verify typical");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.err.find("LOSSY verification"), std::string::npos) << text.err;
+}
+
+TEST_F(SpeculaCliTest, SpeculationFlagErrors) {
+  const std::string base = "generate --model " + model() + " --prompt x --max-new-tokens 4";
+  RunResult r = Run(base + " --drafter medusa");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("unknown drafter 'medusa'"), std::string::npos) << r.err;
+  r = Run(base + " --drafter draft-model");
+  EXPECT_NE(r.err.find("needs --drafter-model"), std::string::npos) << r.err;
+  r = Run(base + " --drafter draft-model --drafter-model " + dir_->File("nope"));
+  EXPECT_NE(r.err.find("--drafter-model"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << r.err;
+  r = Run(base + " --drafter ngram --verify greedy --temperature 0.5");
+  EXPECT_NE(r.err.find("--verify greedy needs --temperature 0"), std::string::npos) << r.err;
+  r = Run(base + " --drafter ngram --verify magic");
+  EXPECT_NE(r.err.find("--verify"), std::string::npos) << r.err;
+  r = Run(base + " --drafter ngram --draft-len -2");
+  EXPECT_NE(r.err.find("max_draft_tokens"), std::string::npos) << r.err;
+  r = Run(base + " --drafter ngram --ngram-min 5 --ngram-max 2");
+  EXPECT_NE(r.err.find("min_ngram"), std::string::npos) << r.err;
+}
+
+TEST_F(SpeculaCliTest, BenchComparesWithNoSpeculationAndWritesJson) {
+  const std::string prompts = dir_->File("prompts.jsonl");
+  ASSERT_TRUE(WriteStringToFile(prompts,
+                                "{\"prompt\": \"def f(x):\\n    return x\"}\n"
+                                "{\"prompt_ids\": [5, 6, 7, 8]}\n")
+                  .ok());
+  const std::string json_path = dir_->File("spec_bench.json");
+  RunResult r = Run("bench --model " + model() + " --drafter ngram,draft-model --drafter-model " +
+                    dir_->File("draft") + " --prompts " + prompts +
+                    " --batch-sizes 1,3 --draft-lens 2,4 --max-new-tokens 10 --repeats 2 --json " +
+                    json_path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("speedup"), std::string::npos) << r.out;
+  auto j = nlohmann::json::parse(ReadFileToString(json_path).value());
+  ASSERT_EQ(j["results"].size(), 2u * (1 + 2 * 2));
+  for (const auto& row : j["results"]) {
+    EXPECT_EQ(row["repeats"].size(), 2u);
+    EXPECT_EQ(row["output_mismatches"], 0) << row.dump();
+    EXPECT_GT(row["tokens_per_s_median"].get<double>(), 0.0);
+    if (row["drafter"] == "none") {
+      EXPECT_DOUBLE_EQ(row["speedup_median"].get<double>(), 1.0);
+    } else {
+      EXPECT_GE(row["mean_accepted_len"].get<double>(), 1.0);
+    }
+    EXPECT_EQ(row["repeats"][0]["tokens"], 10 * row["batch_size"].get<int64_t>());
+  }
+  r = Run("bench --model " + model() + " --prompts " + dir_->File("missing.jsonl"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("missing.jsonl"), std::string::npos) << r.err;
+  ASSERT_TRUE(WriteStringToFile(prompts, "{\"prompt\": 3}\n").ok());
+  r = Run("bench --model " + model() + " --prompts " + prompts);
+  EXPECT_NE(r.err.find("line 1"), std::string::npos) << r.err;
 }
 
 TEST_F(SpeculaCliTest, MissingModelDirectory) {

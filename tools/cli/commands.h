@@ -8,6 +8,7 @@
 namespace specula::cli {
 
 int RunGenerate(const std::vector<std::string>& args);
+int RunBench(const std::vector<std::string>& args);
 int RunBenchForward(const std::vector<std::string>& args);
 int RunPrepareCorpus(const std::vector<std::string>& args);
 int RunTrainLm(const std::vector<std::string>& args);

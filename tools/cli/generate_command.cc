@@ -1,16 +1,18 @@
-// specula generate: continue one prompt with a model directory and stream the text to stdout.
+// specula generate: continue one prompt with a model directory and stream the text to stdout,
+// optionally with speculative decoding (--drafter).
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "common/engine/plain_decoder.h"
+#include "common/spec/spec_engine.h"
 #include "common/tokenizer/stream_decoder.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/util/mapped_file.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/model_flags.h"
+#include "tools/cli/spec_flags.h"
 
 namespace specula::cli {
 namespace {
@@ -19,6 +21,7 @@ constexpr char kCommand[] = "generate";
 
 struct GenerateFlags {
   ModelFlags model;
+  SpecFlags spec;
   std::string prompt;
   std::string prompt_file;
   std::string prompt_ids;
@@ -60,7 +63,14 @@ Status Run(const GenerateFlags& f) {
   }
 
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, f.model.Load());
-  GenerationRequest request;
+  SpecEngine engine(runner.get());
+  RETURN_IF_ERROR(f.spec.AddDrafters(engine, f.model));
+  ASSIGN_OR_RETURN(std::vector<std::string> drafters, f.spec.DrafterNames());
+  if (drafters.size() != 1) return InvalidArgumentError("--drafter: give one drafter");
+  SpecRequest spec_request;
+  ASSIGN_OR_RETURN(spec_request.speculation,
+                   f.spec.Settings(drafters[0], f.spec.draft_len, f.temperature));
+  GenerationRequest& request = spec_request.generation;
   request.prompt = prompt;
   request.max_new_tokens = f.max_new_tokens;
   request.sampling.temperature = static_cast<float>(f.temperature);
@@ -72,27 +82,40 @@ Status Run(const GenerateFlags& f) {
   std::unique_ptr<StreamDecoder> stream;
   if (tokenizer && !f.json) stream = std::make_unique<StreamDecoder>(*tokenizer);
   Status stream_error;
-  auto on_token = [&](size_t, int32_t token) {
+  auto on_tokens = [&](size_t, const std::vector<int32_t>& tokens) {
     if (!stream) return;
-    auto piece = stream->Push(token);
-    if (!piece.ok()) {
-      stream_error = piece.status();
-      return;
+    for (int32_t token : tokens) {
+      auto piece = stream->Push(token);
+      if (!piece.ok()) {
+        stream_error = piece.status();
+        return;
+      }
+      std::cout << *piece;
     }
-    std::cout << *piece << std::flush;
+    std::cout << std::flush;
   };
-  DecodeStats stats;
+  SpecRunStats run;
   auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(auto results, DecodeBatch(*runner, {request}, on_token, &stats));
+  ASSIGN_OR_RETURN(auto results, GenerateAll(engine, {spec_request}, on_tokens, &run));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   RETURN_IF_ERROR(stream_error);
-  const GenerationResult& result = results[0];
+  const GenerationResult& result = results[0].result;
+  const SpecRequestStats& spec = results[0].stats;
+  const bool speculating = spec_request.speculation.enabled();
   const double tokens_per_s = seconds > 0 ? result.tokens.size() / seconds : 0.0;
   if (stream) {
     std::cout << stream->Flush() << std::endl;  // flush before the stats line on stderr
-    std::fprintf(stderr, "[%zu prompt tokens, %zu generated, %.1f tokens/s, finish: %s]\n",
+    std::fprintf(stderr, "[%zu prompt tokens, %zu generated, %.1f tokens/s, finish: %s",
                  prompt.size(), result.tokens.size(), tokens_per_s, result.finish_reason.c_str());
+    if (speculating) {
+      std::fprintf(
+          stderr, ", drafter %s: %lld steps, %lld/%lld drafts accepted, %.2f tokens/step%s",
+          drafters[0].c_str(), static_cast<long long>(spec.steps),
+          static_cast<long long>(spec.accepted_tokens), static_cast<long long>(spec.draft_tokens),
+          spec.mean_accepted_len(), spec.lossy ? ", LOSSY verification" : "");
+    }
+    std::fprintf(stderr, "]\n");
     return OkStatus();
   }
   nlohmann::json j;
@@ -108,8 +131,20 @@ Status Run(const GenerateFlags& f) {
   j["completion_tokens"] = result.tokens.size();
   j["finish_reason"] = result.finish_reason;
   j["tokens_per_s"] = tokens_per_s;
-  j["prefill_s"] = stats.prefill_seconds;
-  j["decode_s"] = stats.decode_seconds;
+  j["seconds"] = seconds;
+  j["drafter"] = drafters[0];
+  j["draft_len"] = speculating ? spec_request.speculation.max_draft_tokens : 0;
+  j["verify"] = VerifyModeName(spec_request.speculation.verify.mode);
+  j["lossy"] = spec.lossy;
+  j["steps"] = spec.steps;
+  j["draft_tokens"] = spec.draft_tokens;
+  j["accepted_tokens"] = spec.accepted_tokens;
+  j["accepted_per_position"] = spec.accepted_per_position;
+  j["mean_accepted_len"] = spec.mean_accepted_len();
+  j["draft_errors"] = spec.draft_errors;
+  if (spec.draft_errors > 0) j["last_draft_error"] = spec.last_draft_error;
+  j["draft_s"] = run.draft_seconds;
+  j["verify_s"] = run.verify_seconds;
   std::cout << j.dump() << "\n";
   return OkStatus();
 }
@@ -120,6 +155,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   GenerateFlags f;
   FlagSet flags(kCommand);
   f.model.Register(flags);
+  f.spec.Register(flags, /*many_drafters=*/false);
   flags.AddString("prompt", &f.prompt, "prompt text");
   flags.AddString("prompt-file", &f.prompt_file, "read the prompt text from this file");
   flags.AddString("prompt-ids", &f.prompt_ids, "prompt as comma-separated token ids");

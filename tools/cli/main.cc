@@ -14,6 +14,7 @@ constexpr char kUsage[] =
     "commands:\n"
     "  generate        continue a prompt with a model directory (config.json, safetensors, "
     "tokenizer.json)\n"
+    "  bench           speculative decoding vs none: tokens/s, speedup, accepted length, kappa\n"
     "  bench-forward   time one forward vs the number of tokens in it (the draft-budget cost "
     "curve)\n"
     "  prepare-corpus  build the Python-sources corpus, train its tokenizer, write token files\n"
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "generate") return specula::cli::RunGenerate(args);
+  if (command == "bench") return specula::cli::RunBench(args);
   if (command == "bench-forward") return specula::cli::RunBenchForward(args);
   if (command == "prepare-corpus") return specula::cli::RunPrepareCorpus(args);
   if (command == "train-lm") return specula::cli::RunTrainLm(args);

@@ -1,0 +1,258 @@
+// specula bench: speculative decoding against no speculation, in the same process on the same
+// prompts, interleaved: for every batch size and repeat, each setting (none, then every drafter x
+// draft length, rotated between repeats) generates max_new_tokens for the same prompts. Prints a
+// table and writes every run to JSON.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "common/spec/spec_engine.h"
+#include "common/tokenizer/tokenizer.h"
+#include "tools/cli/bench_prompts.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/model_flags.h"
+#include "tools/cli/spec_flags.h"
+
+namespace specula::cli {
+namespace {
+
+constexpr char kCommand[] = "bench";
+
+struct BenchFlags {
+  ModelFlags model;
+  SpecFlags spec;
+  std::string prompts;  // JSONL; empty = held-out sources
+  std::string prompt_dir = kHeldOutPromptDir;
+  int64_t num_prompts = 64;
+  int64_t prompt_tokens = 128;
+  std::vector<int64_t> batch_sizes = {1, 4, 16, 64};
+  std::vector<int64_t> draft_lens = {2, 4, 6, 8};
+  int64_t max_new_tokens = 128;
+  int64_t repeats = 3;
+  double temperature = 0;
+  int64_t seed = 1;
+  std::string json;
+};
+
+struct Setting {
+  std::string drafter;  // "none" = the baseline
+  int64_t draft_len = 0;
+  std::string label() const {
+    return drafter == "none" ? "none" : StrCat(drafter, " k=", draft_len);
+  }
+};
+
+struct RunResult {
+  double seconds = 0;
+  int64_t tokens = 0;
+  double draft_seconds = 0;
+  double verify_seconds = 0;
+  int64_t steps = 0;  // verification steps, summed over requests
+  int64_t draft_steps = 0;
+  int64_t draft_tokens = 0;
+  int64_t accepted_tokens = 0;
+  int64_t mismatches = 0;  // requests whose output differs from the baseline's
+  double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0; }
+  // Tokens per verification step (accepted drafts + the target's own token).
+  double a() const { return steps ? double(accepted_tokens + steps) / steps : 0; }
+  // Draft tokens per drafting step.
+  double k() const { return draft_steps ? double(draft_tokens) / draft_steps : 0; }
+};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double Min(const std::vector<double>& v) {
+  return v.empty() ? 0 : *std::min_element(v.begin(), v.end());
+}
+
+StatusOr<RunResult> RunOnce(SpecEngine& engine, const std::vector<SpecRequest>& requests,
+                            const std::vector<std::vector<int32_t>>* baseline,
+                            std::vector<std::vector<int32_t>>* outputs) {
+  SpecRunStats stats;
+  ASSIGN_OR_RETURN(auto results, GenerateAll(engine, requests, nullptr, &stats));
+  RunResult r;
+  r.seconds = stats.seconds;
+  r.draft_seconds = stats.draft_seconds;
+  r.verify_seconds = stats.verify_seconds;
+  outputs->clear();
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& x = results[i];
+    r.tokens += static_cast<int64_t>(x.result.tokens.size());
+    r.steps += x.stats.steps;
+    r.draft_steps += x.stats.draft_steps;
+    r.draft_tokens += x.stats.draft_tokens;
+    r.accepted_tokens += x.stats.accepted_tokens;
+    if (baseline && (*baseline)[i] != x.result.tokens) ++r.mismatches;
+    outputs->push_back(x.result.tokens);
+  }
+  return r;
+}
+
+Status Run(const BenchFlags& f) {
+  if (f.repeats < 1) return InvalidArgumentError("--repeats must be at least 1");
+  if (f.max_new_tokens < 1) return InvalidArgumentError("--max-new-tokens must be positive");
+  for (int64_t b : f.batch_sizes) {
+    if (b < 1) return InvalidArgumentError(StrCat("--batch-sizes: ", b, " is not positive"));
+  }
+  for (int64_t k : f.draft_lens) {
+    if (k < 1) return InvalidArgumentError(StrCat("--draft-lens: ", k, " is not positive"));
+  }
+  if (f.model.model.empty()) return InvalidArgumentError("--model is required");
+  ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromFile(f.model.model + "/tokenizer.json"));
+  std::vector<std::vector<int32_t>> prompts;
+  if (!f.prompts.empty()) {
+    ASSIGN_OR_RETURN(prompts, PromptFile(*tokenizer, f.prompts));
+  } else {
+    ASSIGN_OR_RETURN(prompts,
+                     HeldOutPrompts(*tokenizer, f.prompt_dir, f.num_prompts, f.prompt_tokens));
+  }
+
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, f.model.Load());
+  SpecEngine engine(runner.get(), {.max_batch_size = static_cast<int32_t>(*std::max_element(
+                                       f.batch_sizes.begin(), f.batch_sizes.end()))});
+  RETURN_IF_ERROR(f.spec.AddDrafters(engine, f.model));
+  ASSIGN_OR_RETURN(std::vector<std::string> drafters, f.spec.DrafterNames());
+
+  std::vector<Setting> settings = {{"none", 0}};
+  for (const auto& d : drafters) {
+    if (d == "none") continue;
+    for (int64_t k : f.draft_lens) settings.push_back({d, k});
+  }
+
+  nlohmann::json results = nlohmann::json::array();
+  std::printf("%-6s %-18s %10s %10s %9s %9s %6s %6s %7s %7s %s\n", "batch", "setting", "tok/s med",
+              "tok/s min", "speedup", "spd min", "a", "kappa", "draft%", "verify%", "mismatch");
+  for (int64_t bs : f.batch_sizes) {
+    std::vector<std::vector<RunResult>> runs(settings.size());
+    for (int64_t rep = 0; rep < f.repeats; ++rep) {
+      std::vector<std::vector<int32_t>> baseline;
+      std::vector<std::vector<int32_t>> outputs;
+      // The baseline first (its outputs are the reference), then the others in an order rotated
+      // by the repeat so that no setting always runs right after another.
+      std::vector<size_t> order = {0};
+      for (size_t i = 1; i < settings.size(); ++i) {
+        order.push_back(1 + (i - 1 + rep) % (settings.size() - 1));
+      }
+      for (size_t s : order) {
+        std::vector<SpecRequest> requests;
+        for (int64_t i = 0; i < bs; ++i) {
+          SpecRequest r;
+          r.generation.prompt = prompts[i % prompts.size()];
+          r.generation.max_new_tokens = f.max_new_tokens;  // no stop tokens: equal work per run
+          r.generation.sampling.temperature = static_cast<float>(f.temperature);
+          r.generation.sampling.seed = static_cast<uint64_t>(f.seed + i);
+          ASSIGN_OR_RETURN(r.speculation, f.spec.Settings(settings[s].drafter,
+                                                          settings[s].draft_len, f.temperature));
+          requests.push_back(std::move(r));
+        }
+        ASSIGN_OR_RETURN(RunResult run,
+                         RunOnce(engine, requests, s == 0 ? nullptr : &baseline, &outputs));
+        if (s == 0) baseline = outputs;
+        runs[s].push_back(run);
+      }
+    }
+    for (size_t s = 0; s < settings.size(); ++s) {
+      std::vector<double> tps, speedups, draft_share, verify_share;
+      double a = 0, k = 0;
+      int64_t mismatches = 0;
+      nlohmann::json reps = nlohmann::json::array();
+      for (int64_t rep = 0; rep < f.repeats; ++rep) {
+        const RunResult& r = runs[s][rep];
+        tps.push_back(r.tokens_per_s());
+        speedups.push_back(r.tokens_per_s() / runs[0][rep].tokens_per_s());
+        draft_share.push_back(r.draft_seconds / r.seconds);
+        verify_share.push_back(r.verify_seconds / r.seconds);
+        a += r.a() / f.repeats;
+        k += r.k() / f.repeats;
+        mismatches += r.mismatches;
+        reps.push_back({{"seconds", r.seconds},
+                        {"tokens", r.tokens},
+                        {"tokens_per_s", r.tokens_per_s()},
+                        {"speedup", speedups.back()},
+                        {"steps", r.steps},
+                        {"draft_tokens", r.draft_tokens},
+                        {"accepted_tokens", r.accepted_tokens},
+                        {"draft_seconds", r.draft_seconds},
+                        {"verify_seconds", r.verify_seconds},
+                        {"mismatches", r.mismatches}});
+      }
+      // kappa = a * l_d / k: accepted length per draft token spent, scaled by the draft positions
+      // (chains: l_d = k, so kappa = a).
+      const double l_d = static_cast<double>(settings[s].draft_len);
+      const double kappa = k > 0 ? a * l_d / k : 0;
+      std::printf("%-6lld %-18s %10.1f %10.1f %8.2fx %8.2fx %6.2f %6.2f %6.1f%% %6.1f%% %lld\n",
+                  static_cast<long long>(bs), settings[s].label().c_str(), Median(tps), Min(tps),
+                  Median(speedups), Min(speedups), a, kappa, 100 * Median(draft_share),
+                  100 * Median(verify_share), static_cast<long long>(mismatches));
+      results.push_back({{"batch_size", bs},
+                         {"drafter", settings[s].drafter},
+                         {"draft_len", settings[s].draft_len},
+                         {"tokens_per_s_median", Median(tps)},
+                         {"tokens_per_s_min", Min(tps)},
+                         {"speedup_median", Median(speedups)},
+                         {"speedup_min", Min(speedups)},
+                         {"mean_accepted_len", a},
+                         {"mean_draft_tokens", k},
+                         {"kappa", kappa},
+                         {"draft_share_median", Median(draft_share)},
+                         {"verify_share_median", Median(verify_share)},
+                         {"output_mismatches", mismatches},
+                         {"repeats", reps}});
+    }
+    std::fflush(stdout);
+  }
+
+  if (!f.json.empty()) {
+    nlohmann::json j;
+    j["command"] = "bench";
+    j["model"] = f.model.model;
+    j["drafter_model"] = f.spec.drafter_model;
+    j["device"] = runner->device_name();
+    j["dtype"] = f.model.dtype;
+    j["threads"] = f.model.threads;
+    j["prompts"] = f.prompts.empty() ? f.prompt_dir : f.prompts;
+    j["num_prompts"] = prompts.size();
+    j["prompt_tokens"] = f.prompts.empty() ? f.prompt_tokens : 0;
+    j["max_new_tokens"] = f.max_new_tokens;
+    j["temperature"] = f.temperature;
+    j["verify"] = f.spec.verify.empty() ? "lossless" : f.spec.verify;
+    j["repeats"] = f.repeats;
+    j["results"] = results;
+    std::ofstream out(f.json);
+    out << j.dump(2) << "\n";
+    if (!out) return InternalError(StrCat("cannot write --json ", f.json));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+int RunBench(const std::vector<std::string>& args) {
+  BenchFlags f;
+  FlagSet flags(kCommand);
+  f.model.Register(flags);
+  f.spec.Register(flags, /*many_drafters=*/true);
+  flags.AddString("prompts", &f.prompts,
+                  "JSONL prompts ({\"prompt\": text} or {\"prompt_ids\": [...]}); default: "
+                  "held-out Python sources");
+  flags.AddString("prompt-dir", &f.prompt_dir, "held-out sources to cut prompts from");
+  flags.AddInt("num-prompts", &f.num_prompts, "held-out prompts to cut");
+  flags.AddInt("prompt-tokens", &f.prompt_tokens, "tokens per held-out prompt");
+  flags.AddIntList("batch-sizes", &f.batch_sizes, "concurrent sequences");
+  flags.AddIntList("draft-lens", &f.draft_lens, "draft tokens per step to compare");
+  flags.AddInt("max-new-tokens", &f.max_new_tokens, "tokens generated per request");
+  flags.AddInt("repeats", &f.repeats, "runs of every setting (min and median reported)");
+  flags.AddDouble("temperature", &f.temperature, "0 = greedy");
+  flags.AddInt("seed", &f.seed, "sampling seed of request 0 (request i uses seed + i)");
+  flags.AddString("json", &f.json, "write every run and the summary here");
+  return RunCommand(flags, args, [&] { return Run(f); });
+}
+
+}  // namespace specula::cli

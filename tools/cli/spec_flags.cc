@@ -1,0 +1,93 @@
+#include "tools/cli/spec_flags.h"
+
+#include <sstream>
+
+#include "common/drafters/draft_model_drafter.h"
+#include "common/drafters/ngram_drafter.h"
+
+namespace specula::cli {
+
+void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
+  flags.AddString("drafter", &drafter,
+                  many_drafters ? "comma-separated drafters to compare with no speculation: ngram, "
+                                  "draft-model"
+                                : "none, ngram or draft-model");
+  flags.AddString("drafter-model", &drafter_model, "draft LM directory for --drafter draft-model");
+  if (!many_drafters) flags.AddInt("draft-len", &draft_len, "draft tokens per step");
+  flags.AddInt("tree-width", &tree_width, "draft-model: 1 = chain, w > 1 = tree of top-w children");
+  flags.AddInt("ngram-min", &ngram_min, "ngram: shortest suffix to match");
+  flags.AddInt("ngram-max", &ngram_max, "ngram: longest suffix to match");
+  flags.AddString("verify", &verify,
+                  "greedy | sample (lossless; default by --temperature) | specdec | typical "
+                  "(both LOSSY)");
+  flags.AddDouble("beta", &beta, "specdec: accept drafts within the target's top-beta");
+  flags.AddDouble("tau", &tau, "specdec: largest log-probability gap to the top-1");
+  flags.AddDouble("typical-epsilon", &typical_epsilon, "typical: probability threshold");
+  flags.AddDouble("typical-delta", &typical_delta, "typical: entropy-scaled threshold");
+}
+
+StatusOr<std::vector<std::string>> SpecFlags::DrafterNames() const {
+  std::vector<std::string> names;
+  std::stringstream in(drafter);
+  std::string name;
+  while (std::getline(in, name, ',')) {
+    if (name.empty()) continue;
+    if (name != "none" && name != "ngram" && name != "draft-model") {
+      return InvalidArgumentError(
+          StrCat("--drafter: unknown drafter '", name, "' (none, ngram, draft-model)"));
+    }
+    names.push_back(name);
+  }
+  if (names.empty()) names.push_back("none");
+  return names;
+}
+
+Status SpecFlags::AddDrafters(SpecEngine& engine, const ModelFlags& model) const {
+  ASSIGN_OR_RETURN(std::vector<std::string> names, DrafterNames());
+  const int32_t vocab = static_cast<int32_t>(engine.target().config().vocab_size);
+  for (const std::string& name : names) {
+    if (name == "ngram") {
+      ASSIGN_OR_RETURN(auto ngram,
+                       NgramDrafter::Create({.min_ngram = static_cast<int32_t>(ngram_min),
+                                             .max_ngram = static_cast<int32_t>(ngram_max)}));
+      RETURN_IF_ERROR(engine.AddDrafter(std::move(ngram)));
+    } else if (name == "draft-model") {
+      if (drafter_model.empty()) {
+        return InvalidArgumentError("--drafter draft-model needs --drafter-model DIR");
+      }
+      ModelFlags draft = model;
+      draft.model = drafter_model;
+      auto runner = draft.Load();
+      if (!runner.ok()) return runner.status().WithContext("--drafter-model");
+      if (tree_width < 1) return InvalidArgumentError("--tree-width must be at least 1");
+      ASSIGN_OR_RETURN(auto drafter,
+                       DraftModelDrafter::Create(std::move(*runner), vocab,
+                                                 {.tree_width = static_cast<int32_t>(tree_width)}));
+      RETURN_IF_ERROR(engine.AddDrafter(std::move(drafter)));
+    }
+  }
+  return OkStatus();
+}
+
+StatusOr<SpeculationSettings> SpecFlags::Settings(const std::string& name, int64_t len,
+                                                  double temperature) const {
+  SpeculationSettings s;
+  s.drafter = name;
+  s.max_draft_tokens = static_cast<int32_t>(len);
+  if (!verify.empty()) {
+    auto mode = ParseVerifyMode(verify);
+    if (!mode.ok()) return mode.status().WithContext("--verify");
+    s.verify.mode = *mode;
+    if (verify == "greedy" && temperature > 0) {
+      return InvalidArgumentError("--verify greedy needs --temperature 0 (use --verify sample)");
+    }
+  }
+  s.verify.specdec_beta = static_cast<int32_t>(beta);
+  s.verify.specdec_tau = static_cast<float>(tau);
+  s.verify.typical_epsilon = static_cast<float>(typical_epsilon);
+  s.verify.typical_delta = static_cast<float>(typical_delta);
+  RETURN_IF_ERROR(s.verify.Validate());
+  return s;
+}
+
+}  // namespace specula::cli

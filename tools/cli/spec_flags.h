@@ -1,0 +1,40 @@
+// Flags shared by the commands that decode speculatively (generate, bench): which drafters to
+// load, the draft budget and the verification rule, and the code that turns them into a SpecEngine.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/spec/spec_engine.h"
+#include "common/util/flags.h"
+#include "tools/cli/model_flags.h"
+
+namespace specula::cli {
+
+struct SpecFlags {
+  std::string drafter = "none";  // generate: one name; bench: a comma-separated list
+  std::string drafter_model;     // the draft LM's directory (draft-model)
+  int64_t draft_len = 4;         // draft tokens per step (tree nodes)
+  int64_t tree_width = 1;        // draft-model: 1 = chain, w > 1 = top-w tree
+  int64_t ngram_min = 1;
+  int64_t ngram_max = 4;
+  std::string verify;  // greedy | sample | specdec | typical ("" = by temperature)
+  double beta = 3;
+  double tau = 1.0;
+  double typical_epsilon = 0.09;
+  double typical_delta = 0.3;
+
+  void Register(FlagSet& flags, bool many_drafters);
+  // The drafter names in --drafter (validated: none, ngram, draft-model).
+  StatusOr<std::vector<std::string>> DrafterNames() const;
+  // Loads every drafter named in --drafter into `engine` (the draft LM with `model`'s device,
+  // dtype and KV settings).
+  Status AddDrafters(SpecEngine& engine, const ModelFlags& model) const;
+  // The per-request settings for one drafter and draft length; INVALID_ARGUMENT for a --verify
+  // that contradicts the temperature (greedy verification of a sampled request).
+  StatusOr<SpeculationSettings> Settings(const std::string& drafter, int64_t draft_len,
+                                         double temperature) const;
+};
+
+}  // namespace specula::cli
