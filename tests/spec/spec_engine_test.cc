@@ -77,7 +77,7 @@ class ScriptedDrafter : public Drafter {
             while (parent >= 0 && tree.depth(parent) >= r.max_depth) parent = tree.parent(parent);
             const int32_t depth = parent < 0 ? 1 : tree.depth(parent) + 1;
             bool on_truth = depth <= static_cast<int32_t>(truth.size());
-            if (parent >= 0) {
+            if (parent >= 0 && on_truth) {
               for (int32_t a : tree.PathTo(parent)) {
                 if (tree.token(a) != truth[tree.depth(a) - 1]) on_truth = false;
               }
@@ -435,6 +435,27 @@ TEST_F(SpecEngineTest, RejectsBadRequestsNamingTheField) {
                                                         std::vector<std::vector<int32_t>>{}, 64))
           .code(),
       StatusCode::kAlreadyExists);
+}
+
+TEST_F(SpecEngineTest, LossyVerificationChangesOutputOnlyWhenEnabled) {
+  const auto requests = Prompts(8, 24, 29);
+  const auto plain = Plain(requests);
+  auto run = [&](VerifyParams verify) {
+    SpecEngine engine(target_.get());
+    EXPECT_TRUE(
+        engine
+            .AddDrafter(std::make_unique<ScriptedDrafter>(
+                "random", ScriptedDrafter::Kind::kRandomTree, References(requests, plain), 64))
+            .ok());
+    auto spec = WithDrafter(requests, "random", 6);
+    for (auto& r : spec) r.speculation.verify = verify;
+    auto results = GenerateAll(engine, spec);
+    EXPECT_TRUE(results.ok()) << results.status();
+    return Tokens(*results);
+  };
+  EXPECT_EQ(run({}), plain);
+  // Accept any draft token within the target's top 8 and 4 nats of its top-1: random drafts get in.
+  EXPECT_NE(run({.mode = VerifyMode::kSpecDec, .specdec_beta = 8, .specdec_tau = 4.0f}), plain);
 }
 
 TEST_F(SpecEngineTest, LossyVerificationIsLabelled) {
