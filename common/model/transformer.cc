@@ -191,7 +191,7 @@ AttentionInputs CausalLMImpl::DenseCausalInputs(int64_t batch, int64_t seq_len,
   return in;
 }
 
-void CausalLMImpl::InitWeights(uint64_t seed) {
+void CausalLMImpl::InitWeights(uint64_t seed, bool depth_scaled) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(seed);
   for (auto& p : named_parameters()) {
@@ -201,10 +201,11 @@ void CausalLMImpl::InitWeights(uint64_t seed) {
       t.zero_();
     } else if (name.find("norm") != std::string::npos) {
       t.fill_(1.0);
-    } else if (name.find("o_proj") != std::string::npos ||
-               name.find("down_proj") != std::string::npos) {
+    } else if (depth_scaled && (name.find("o_proj") != std::string::npos ||
+                                name.find("down_proj") != std::string::npos)) {
       // GPT-2's depth scaling: each layer adds two residual branches, so the residual stream's
-      // variance stays independent of depth. Without it deeper stacks train slower than shallow ones.
+      // variance stays independent of depth. Without it deeper stacks train slower than shallow
+      // ones.
       t.normal_(0.0, 0.02 / std::sqrt(2.0 * config_.num_hidden_layers));
     } else {
       t.normal_(0.0, 0.02);

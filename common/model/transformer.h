@@ -90,7 +90,9 @@ class CausalLMImpl : public torch::nn::Module {
   // Dense causal inputs for a [B, T] batch laid out row-major (training, reference checks).
   AttentionInputs DenseCausalInputs(int64_t batch, int64_t seq_len, const torch::Tensor& positions);
   // Init as HF does for fresh models: normal(0, 0.02) weights, zero biases, unit norms.
-  void InitWeights(uint64_t seed);
+  // HF-style init (normal 0.02, norms 1, biases 0). depth_scaled: GPT-2's 1/sqrt(2L) on the
+  // residual projections (o_proj, down_proj).
+  void InitWeights(uint64_t seed, bool depth_scaled = true);
 
   const ModelConfig& config() const { return config_; }
   Transformer model{nullptr};

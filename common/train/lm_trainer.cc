@@ -98,7 +98,7 @@ StatusOr<LmTrainResult> TrainLanguageModel(const ModelConfig& config, const LmTr
 
   torch::manual_seed(o.seed);
   auto model = std::make_shared<CausalLMImpl>(config);
-  model->InitWeights(o.seed);
+  model->InitWeights(o.seed, o.depth_scaled_init);
   model->train();
 
   // AdamW; no weight decay on norms and biases (1-D parameters).

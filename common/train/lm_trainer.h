@@ -39,7 +39,8 @@ struct LmTrainOptions {
   // Lets a long run span several sessions.
   int64_t max_steps_this_run = 0;
   uint64_t seed = 0;
-  bool resume = true;  // continue from out_dir/checkpoint if present
+  bool depth_scaled_init = true;  // see CausalLMImpl::InitWeights
+  bool resume = true;             // continue from out_dir/checkpoint if present
   bool quiet = false;
 };
 

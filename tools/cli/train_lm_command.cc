@@ -102,7 +102,10 @@ Status Run(Flags f) {
                          {"final_train_loss", result.last_train_loss},
                          {"final_val_loss", result.last_val_loss},
                          {"final_val_perplexity", std::exp(result.last_val_loss)},
-                         {"seed", f.seed}};
+                         {"seed", f.seed},
+                         {"depth_scaled_init", f.train.depth_scaled_init},
+                         {"warmup_steps", f.train.lr.warmup_steps},
+                         {"peak_lr", f.train.lr.peak_lr}};
   RETURN_IF_ERROR(
       WriteStringToFile((fs::path(f.out) / "training.json").string(), info.dump(2) + "\n"));
   std::fprintf(stderr, "done: %s (val ppl %.2f)\n", f.out.c_str(), std::exp(result.last_val_loss));
@@ -139,6 +142,8 @@ int RunTrainLm(const std::vector<std::string>& args) {
   flags.AddInt("max-steps-this-run", &f.train.max_steps_this_run,
                "stop after N steps (resume later)");
   flags.AddInt("seed", &f.seed, "seed for init and data order");
+  flags.AddBool("depth-scaled-init", &f.train.depth_scaled_init,
+                "scale the residual projections' init by 1/sqrt(2 * layers) (GPT-2)");
   flags.AddInt("threads", &f.threads, "intra-op CPU threads (0 = LibTorch default)");
   return RunCommand(flags, args, [&] { return Run(f); });
 }
