@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <ATen/ATen.h>
+
 #include <map>
 #include <random>
 #include <set>
@@ -116,6 +118,49 @@ class ScriptedDrafter : public Drafter {
   int32_t vocab_;
   std::map<SeqId, std::vector<int32_t>> history_;
   std::mt19937 rng_{7};
+};
+
+// Records the tokens and target hidden states it observes, and proposes random chains, so that
+// the hidden rows of accepted and rejected positions are exercised.
+class HiddenRecordingDrafter : public Drafter {
+ public:
+  std::string name() const override { return "hidden"; }
+  std::vector<int64_t> hidden_layers() const override { return {0, 1, 2}; }
+  Status AddSequence(SeqId seq, const SamplingParams&) override {
+    seen_[seq] = {};
+    return OkStatus();
+  }
+  void ReleaseSequence(SeqId seq) override { finished_.push_back(std::move(seen_.at(seq))); }
+  Status Observe(const std::vector<DrafterObservation>& observations) override {
+    for (const auto& o : observations) {
+      Seen& s = seen_.at(o.seq);
+      s.tokens.insert(s.tokens.end(), o.tokens.begin(), o.tokens.end());
+      if (o.hidden.size() != 3) return InternalError("expected 3 hidden layers");
+      for (size_t l = 0; l < 3; ++l) s.hidden[l].push_back(o.hidden[l].to(at::kFloat));
+    }
+    return OkStatus();
+  }
+  StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override {
+    std::vector<CandidateTree> trees;
+    for (const auto& r : requests) {
+      CandidateTree t;
+      for (int32_t i = 0; i < std::min(r.max_nodes, r.max_depth); ++i) {
+        t.AddNode(i - 1, static_cast<int32_t>(rng_() % 64));
+      }
+      trees.push_back(std::move(t));
+    }
+    return trees;
+  }
+
+  struct Seen {
+    std::vector<int32_t> tokens;
+    std::vector<at::Tensor> hidden[3];
+  };
+  std::vector<Seen> finished_;
+
+ private:
+  std::map<SeqId, Seen> seen_;
+  std::mt19937 rng_{3};
 };
 
 class SpecEngineTest : public ::testing::Test {
@@ -435,6 +480,49 @@ TEST_F(SpecEngineTest, RejectsBadRequestsNamingTheField) {
                                                         std::vector<std::vector<int32_t>>{}, 64))
           .code(),
       StatusCode::kAlreadyExists);
+}
+
+TEST_F(SpecEngineTest, DraftersObserveTheTargetsHiddenStatesOfCommittedPositions) {
+  const auto requests = Prompts(4, 16, 31);
+  const auto plain = Plain(requests);
+  auto drafter = std::make_unique<HiddenRecordingDrafter>();
+  HiddenRecordingDrafter* raw = drafter.get();
+  SpecEngine engine(target_.get());
+  ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+  auto results = GenerateAll(engine, WithDrafter(requests, "hidden", 3));
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ(Tokens(*results), plain);
+  ASSERT_EQ(raw->finished_.size(), requests.size());
+  for (const auto& seen : raw->finished_) {
+    // Which request: the observed tokens start with its prompt.
+    size_t i = 0;
+    while (i < requests.size() &&
+           !std::equal(requests[i].prompt.begin(), requests[i].prompt.end(), seen.tokens.begin())) {
+      ++i;
+    }
+    ASSERT_LT(i, requests.size());
+    std::vector<int32_t> full = requests[i].prompt;
+    full.insert(full.end(), plain[i].begin(), plain[i].end());
+    // Every observed token is the sequence's, in order; hidden rows cover all but the pending one.
+    ASSERT_LE(seen.tokens.size(), full.size());
+    EXPECT_TRUE(std::equal(seen.tokens.begin(), seen.tokens.end(), full.begin()));
+    auto reference = ModelRunner::FromModule(target_->module(), {});
+    ASSERT_TRUE(reference.ok());
+    ASSERT_TRUE((*reference)->AddSequence(1).ok());
+    auto out =
+        (*reference)->Forward({.seqs = {{.seq = 1, .tokens = full}}, .hidden_layers = {0, 1, 2}});
+    ASSERT_TRUE(out.ok()) << out.status();
+    for (int l = 0; l < 3; ++l) {
+      at::Tensor got = at::cat(seen.hidden[l], 0);
+      EXPECT_EQ(got.size(0), static_cast<int64_t>(seen.tokens.size()) - 1) << "layer " << l;
+      at::Tensor want = out->hidden[l].slice(0, 0, got.size(0)).to(at::kFloat);
+      // Relative to the layer's scale (weight_scale 10 makes activations large); a wrong row would
+      // be off by O(1).
+      const float scale = want.abs().max().item<float>();
+      const float diff = (got - want).abs().max().item<float>();
+      EXPECT_LT(diff, 1e-4f * scale) << "layer " << l << " max diff " << diff << " scale " << scale;
+    }
+  }
 }
 
 TEST_F(SpecEngineTest, LossyVerificationChangesOutputOnlyWhenEnabled) {
