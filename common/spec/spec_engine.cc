@@ -374,6 +374,7 @@ StatusOr<StepReport> SpecEngine::Step() {
         }
         ++s.stats.draft_steps;
         s.stats.draft_tokens += tree.size();
+        s.stats.draft_depth += tree.max_depth();
         const int64_t accepted = static_cast<int64_t>(verified->accepted_nodes.size());
         s.stats.accepted_tokens += accepted;
         if (static_cast<int64_t>(s.stats.accepted_per_position.size()) < tree.max_depth()) {

@@ -41,6 +41,7 @@ struct SpecRequestStats {
   int64_t steps = 0;            // verification steps after prefill
   int64_t draft_steps = 0;      // steps that verified a non-empty tree
   int64_t draft_tokens = 0;     // tree nodes proposed
+  int64_t draft_depth = 0;      // sum over drafting steps of the tree's depth
   int64_t accepted_tokens = 0;  // draft tokens accepted (bonus tokens not counted)
   // accepted_per_position[d]: draft tokens accepted at depth d + 1.
   std::vector<int64_t> accepted_per_position;

@@ -52,6 +52,7 @@ struct RunResult {
   int64_t steps = 0;  // verification steps, summed over requests
   int64_t draft_steps = 0;
   int64_t draft_tokens = 0;
+  int64_t draft_depth = 0;
   int64_t accepted_tokens = 0;
   int64_t mismatches = 0;  // requests whose output differs from the baseline's
   double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0; }
@@ -59,6 +60,8 @@ struct RunResult {
   double a() const { return steps ? double(accepted_tokens + steps) / steps : 0; }
   // Draft tokens per drafting step.
   double k() const { return draft_steps ? double(draft_tokens) / draft_steps : 0; }
+  // Draft positions per drafting step (the tree's depth; a chain's length).
+  double l_d() const { return draft_steps ? double(draft_depth) / draft_steps : 0; }
 };
 
 double Median(std::vector<double> v) {
@@ -88,6 +91,7 @@ StatusOr<RunResult> RunOnce(SpecEngine& engine, const std::vector<SpecRequest>& 
     r.steps += x.stats.steps;
     r.draft_steps += x.stats.draft_steps;
     r.draft_tokens += x.stats.draft_tokens;
+    r.draft_depth += x.stats.draft_depth;
     r.accepted_tokens += x.stats.accepted_tokens;
     if (baseline && (*baseline)[i] != x.result.tokens) ++r.mismatches;
     outputs->push_back(x.result.tokens);
@@ -160,7 +164,7 @@ Status Run(const BenchFlags& f) {
     }
     for (size_t s = 0; s < settings.size(); ++s) {
       std::vector<double> tps, speedups, draft_share, verify_share;
-      double a = 0, k = 0;
+      double a = 0, k = 0, l_d = 0;
       int64_t mismatches = 0;
       nlohmann::json reps = nlohmann::json::array();
       for (int64_t rep = 0; rep < f.repeats; ++rep) {
@@ -171,6 +175,7 @@ Status Run(const BenchFlags& f) {
         verify_share.push_back(r.verify_seconds / r.seconds);
         a += r.a() / f.repeats;
         k += r.k() / f.repeats;
+        l_d += r.l_d() / f.repeats;
         mismatches += r.mismatches;
         reps.push_back({{"seconds", r.seconds},
                         {"tokens", r.tokens},
@@ -178,14 +183,14 @@ Status Run(const BenchFlags& f) {
                         {"speedup", speedups.back()},
                         {"steps", r.steps},
                         {"draft_tokens", r.draft_tokens},
+                        {"draft_depth", r.draft_depth},
                         {"accepted_tokens", r.accepted_tokens},
                         {"draft_seconds", r.draft_seconds},
                         {"verify_seconds", r.verify_seconds},
                         {"mismatches", r.mismatches}});
       }
-      // kappa = a * l_d / k: accepted length per draft token spent, scaled by the draft positions
-      // (chains: l_d = k, so kappa = a).
-      const double l_d = static_cast<double>(settings[s].draft_len);
+      // kappa = a * l_d / k (SpecFormer): accepted length per draft token spent, scaled by the
+      // draft positions l_d (the tree's depth). Chains have l_d = k, so kappa = a.
       const double kappa = k > 0 ? a * l_d / k : 0;
       std::printf("%-6lld %-18s %10.1f %10.1f %8.2fx %8.2fx %6.2f %6.2f %6.1f%% %6.1f%% %lld\n",
                   static_cast<long long>(bs), settings[s].label().c_str(), Median(tps), Min(tps),
@@ -200,6 +205,7 @@ Status Run(const BenchFlags& f) {
                          {"speedup_min", Min(speedups)},
                          {"mean_accepted_len", a},
                          {"mean_draft_tokens", k},
+                         {"mean_draft_depth", l_d},
                          {"kappa", kappa},
                          {"draft_share_median", Median(draft_share)},
                          {"verify_share_median", Median(verify_share)},

@@ -22,18 +22,28 @@ StatusOr<std::vector<std::vector<int32_t>>> HeldOutPrompts(const Tokenizer& toke
     if (e.is_regular_file() && e.path().extension() == ".py") files.push_back(e.path());
   }
   std::sort(files.begin(), files.end());
-  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<int32_t>> tokens;
   for (const auto& f : files) {
-    if (static_cast<int64_t>(prompts.size()) >= count) break;
     ASSIGN_OR_RETURN(std::string text, ReadFileToString(f.string()));
-    std::vector<int32_t> ids = tokenizer.Encode(text, /*add_special_tokens=*/false);
-    if (static_cast<int64_t>(ids.size()) < prompt_tokens) continue;
-    ids.resize(prompt_tokens);
-    prompts.push_back(std::move(ids));
+    tokens.push_back(tokenizer.Encode(text, /*add_special_tokens=*/false));
+  }
+  // Round-robin over files: every file's first window, then every file's second, ... Windows start
+  // 2 * prompt_tokens apart, so prompts come from different places in the file.
+  std::vector<std::vector<int32_t>> prompts;
+  bool any = true;
+  for (int64_t w = 0; any && static_cast<int64_t>(prompts.size()) < count; ++w) {
+    any = false;
+    for (const auto& ids : tokens) {
+      if (static_cast<int64_t>(prompts.size()) >= count) break;
+      const int64_t start = w * 2 * prompt_tokens;
+      if (start + prompt_tokens > static_cast<int64_t>(ids.size())) continue;
+      any = true;
+      prompts.emplace_back(ids.begin() + start, ids.begin() + start + prompt_tokens);
+    }
   }
   if (static_cast<int64_t>(prompts.size()) < count) {
-    return NotFoundError(StrCat("only ", prompts.size(), " files under ", dir, " have ",
-                                prompt_tokens, " tokens; asked for ", count, " prompts"));
+    return NotFoundError(StrCat("the .py files under ", dir, " give only ", prompts.size(),
+                                " prompts of ", prompt_tokens, " tokens; asked for ", count));
   }
   return prompts;
 }

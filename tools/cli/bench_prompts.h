@@ -14,8 +14,8 @@ namespace specula::cli {
 // The default held-out prompt source (the Python test suite, excluded from every training set).
 inline constexpr char kHeldOutPromptDir[] = "/usr/lib/python3.11/test";
 
-// `count` prompts of `prompt_tokens` tokens: the .py files under `dir` in sorted order, each giving
-// the prefix of its first `prompt_tokens` tokens (files shorter than that are skipped).
+// `count` prompts of `prompt_tokens` tokens cut from the .py files under `dir` (sorted): the first
+// window of every file, then the second, ... (windows 2 * prompt_tokens apart).
 StatusOr<std::vector<std::vector<int32_t>>> HeldOutPrompts(const Tokenizer& tokenizer,
                                                            const std::string& dir, int64_t count,
                                                            int64_t prompt_tokens);
