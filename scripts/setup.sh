@@ -10,7 +10,7 @@ PACKAGES=(
   libabsl-dev prometheus-cpp-dev
   libpcre2-dev nlohmann-json3-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-torch python3-numpy python3-grpcio   # reference checks, run with /usr/bin/python3
+  python3 python3-torch python3-numpy python3-grpcio python3-protobuf   # reference checks and the Python client example, run with /usr/bin/python3
   libjemalloc2                                       # training runs (scripts/train_models.sh)
   libpython3.11-stdlib                               # the training corpus (/usr/lib/python3.11)
 )

@@ -21,6 +21,8 @@ constexpr char kUsage[] =
     "  train-lm        train a Llama-style LM (bundled target or draft LM) on a prepared corpus\n"
     "  eval-lm         perplexity of a model on a token file (e.g. the held-out split)\n"
     "  distill         self-distillation dataset: target continuations of training-split prompts\n"
+    "  serve           gRPC server: the Generation API with speculative decoding, health checks,\n"
+    "                  reflection and Prometheus metrics (builds with -DSPECULA_WITH_GRPC=ON)\n"
     "\n"
     "Run 'specula <command> --help' for the flags of a command.\n";
 
@@ -40,6 +42,16 @@ int main(int argc, char** argv) {
   if (command == "train-lm") return specula::cli::RunTrainLm(args);
   if (command == "eval-lm") return specula::cli::RunEvalLm(args);
   if (command == "distill") return specula::cli::RunDistill(args);
+  if (command == "serve") {
+#ifdef SPECULA_HAVE_SERVE
+    return specula::cli::RunServe(args);
+#else
+    std::fputs(
+        "specula serve: this build has no gRPC support; rebuild with -DSPECULA_WITH_GRPC=ON\n",
+        stderr);
+    return 1;
+#endif
+  }
   std::fprintf(stderr, "specula: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

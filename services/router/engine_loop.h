@@ -1,0 +1,169 @@
+// The router's one use of the engine: a background thread that owns a SpecEngine (with its target
+// model and drafters) and the tokenizer, and serves requests submitted from any thread.
+//
+// The loop thread repeatedly
+//   1. takes newly submitted requests from a mutex-protected inbox and submits them to the engine
+//      (the engine's full validation, e.g. KV capacity, runs here: an error ends only that
+//      request);
+//   2. cancels requests whose handler asked for it (client gone) or whose deadline passed:
+//      SpecEngine::Cancel frees their KV blocks at the next step;
+//   3. runs one SpecEngine::Step when there is work, and turns each request's new tokens into a
+//      LoopEvent on its RequestChannel: incremental detokenization (StreamDecoder), stop strings
+//      (StopStringMatcher; a match cancels the rest of the request), and on the last event the
+//      finish reason, usage and speculation stats;
+//   4. publishes load (running, waiting, KV usage) and metrics;
+// and sleeps on a condition variable when there is nothing to do (no polling).
+//
+// When the three-process split arrives (router, target, drafter), this class is the piece that
+// changes: the RPC layer talks only to Submit/Cancel/info/load.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/model/model_runner.h"
+#include "common/spec/spec_engine.h"
+#include "common/tokenizer/tokenizer.h"
+#include "common/util/status.h"
+#include "services/router/metrics.h"
+#include "services/router/request_channel.h"
+
+namespace specula::router {
+
+using Clock = std::chrono::steady_clock;
+
+// What the loop serves. `engine` drives `target`; every drafter is already added to it.
+struct ServedModel {
+  std::string name;  // e.g. "pyllama-6m"
+  std::string path;  // the model directory as given
+  std::unique_ptr<ModelRunner> target;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<SpecEngine> engine;
+};
+
+struct EngineLoopOptions {
+  // Requests waiting or running at once (including those still in the inbox); beyond it Submit
+  // returns RESOURCE_EXHAUSTED.
+  int32_t max_queue = 256;
+  // The engine's SpecEngineOptions::max_batch_size (reported in info()).
+  int32_t max_batch_size = 64;
+  // Used for requests that leave the drafter empty: a drafter added to the engine, or "none".
+  std::string default_drafter = "none";
+  // Used for requests that leave max_draft_tokens at 0.
+  int32_t default_max_draft_tokens = 4;
+  // Parameters of the lossy rules (specdec beta/tau, typical epsilon/delta) for requests that ask
+  // for a lossy rule without giving them; `mode` is ignored (requests choose it).
+  VerifyParams verify_defaults;
+};
+
+// Facts about the served model and configuration; fixed once the loop is created.
+struct EngineInfo {
+  std::string model_name;
+  std::string model_path;
+  std::string model_type;
+  int32_t vocab_size = 0;
+  int32_t context_length = 0;
+  std::vector<int32_t> eos_token_ids;
+  std::vector<std::string> drafters;  // besides "none"
+  std::string default_drafter;
+  int32_t default_max_draft_tokens = 0;
+  VerifyParams verify_defaults;  // mode is kLossless
+  int32_t max_queue = 0;
+  int32_t max_batch_size = 0;
+  int64_t kv_cache_blocks = 0;
+};
+
+// A snapshot of the loop's load, published after every iteration.
+struct LoadSnapshot {
+  int32_t running = 0;    // in the engine's batch
+  int32_t waiting = 0;    // accepted, not yet in the batch (inbox + engine queue)
+  int32_t in_flight = 0;  // accepted and not yet finished (what max_queue limits)
+  int64_t kv_cache_blocks_used = 0;
+  int64_t kv_cache_blocks_total = 0;
+};
+
+// A request as the engine will run it: speculation defaults already resolved.
+struct LoopRequest {
+  SpecRequest spec;
+  std::vector<std::string> stop_strings;  // non-empty strings
+  Clock::time_point deadline = Clock::time_point::max();
+  Clock::time_point arrival = Clock::now();  // for latency metrics
+};
+
+class EngineLoop {
+ public:
+  // Starts the loop thread. INVALID_ARGUMENT for an unknown default drafter or a negative limit.
+  // `metrics` (may be null) must outlive the loop.
+  static StatusOr<std::unique_ptr<EngineLoop>> Create(ServedModel model, EngineLoopOptions options,
+                                                      RouterMetrics* metrics = nullptr);
+  // Shutdown(), then releases the engine and the model.
+  ~EngineLoop();
+  EngineLoop(const EngineLoop&) = delete;
+  EngineLoop& operator=(const EngineLoop&) = delete;
+
+  // Checks what can be checked without the engine's state (request fields, sampling, drafter
+  // name, verification parameters: INVALID_ARGUMENT / OUT_OF_RANGE naming the field), then
+  // queues the request: RESOURCE_EXHAUSTED when max_queue requests are in flight, UNAVAILABLE
+  // after Shutdown. Thread-safe. The returned channel receives the request's events.
+  StatusOr<std::shared_ptr<RequestChannel>> Submit(LoopRequest request);
+  // Cancels the request of `channel` (the loop ends it with CANCELLED and frees its KV blocks).
+  // Thread-safe; no-op for a finished request.
+  void Cancel(RequestChannel& channel);
+
+  // Refuses new requests (UNAVAILABLE) while those already accepted keep running. Idempotent.
+  void StopAccepting();
+  // Ends every request with UNAVAILABLE and stops the loop thread. Idempotent.
+  void Shutdown();
+
+  const EngineInfo& info() const { return info_; }
+  const Tokenizer& tokenizer() const { return *model_.tokenizer; }
+  LoadSnapshot load() const;
+
+ private:
+  struct Active;
+  struct Pending {
+    LoopRequest request;
+    std::shared_ptr<RequestChannel> channel;
+  };
+
+  EngineLoop(ServedModel model, EngineLoopOptions options, RouterMetrics* metrics);
+  void Run();
+  void AdmitInbox(std::vector<Pending> incoming);
+  void CheckCancellations();
+  void ProcessStep();
+  // Delivers the request's last event (filling the totals) and stops counting it as in flight.
+  void Deliver(Active& a, LoopEvent event);
+  void FailAll(const Status& status);
+  void PublishLoad();
+
+  ServedModel model_;
+  EngineLoopOptions options_;
+  RouterMetrics* metrics_;
+  EngineInfo info_;
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::vector<Pending> inbox_;  // guarded by mu_
+  bool accepting_ = true;       // guarded by mu_
+  bool stopping_ = false;       // guarded by mu_
+  std::atomic<int32_t> in_flight_{0};
+
+  // Loop thread only.
+  std::map<RequestId, std::unique_ptr<Active>> active_;
+
+  std::atomic<int32_t> running_{0};
+  std::atomic<int32_t> waiting_{0};
+  std::atomic<int64_t> kv_blocks_used_{0};
+
+  std::thread thread_;
+};
+
+}  // namespace specula::router

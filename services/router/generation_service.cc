@@ -1,0 +1,113 @@
+#include "services/router/generation_service.h"
+
+#include "services/router/request_convert.h"
+
+namespace specula::router {
+namespace {
+
+// The call's deadline on the steady clock (gRPC reports it on the system clock).
+Clock::time_point SteadyDeadline(const grpc::ServerContext& context) {
+  const auto deadline = context.deadline();
+  const auto now = std::chrono::system_clock::now();
+  if (deadline >= now + std::chrono::hours(24 * 365)) return Clock::time_point::max();
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(deadline - now);
+}
+
+}  // namespace
+
+GenerationService::GenerationService(EngineLoop* loop, RouterMetrics* metrics)
+    : loop_(loop), metrics_(metrics) {}
+
+StatusOr<GenerationService::Started> GenerationService::Start(grpc::ServerContext* context,
+                                                              const v1::GenerateRequest& request) {
+  Started started;
+  started.request_id = request.request_id().empty() ? StrCat("req-", next_request_id_.fetch_add(1))
+                                                    : request.request_id();
+  auto resolved = ToLoopRequest(request, loop_->info(), loop_->tokenizer());
+  if (resolved.ok()) {
+    resolved->deadline = SteadyDeadline(*context);
+    started.speculation = resolved->spec.speculation;
+    auto channel = loop_->Submit(std::move(*resolved));
+    if (channel.ok()) {
+      started.channel = std::move(*channel);
+      return started;
+    }
+    resolved = channel.status();
+  }
+  if (metrics_) metrics_->Rejected(resolved.status().code());
+  return resolved.status();
+}
+
+grpc::Status GenerationService::Drain(grpc::ServerContext* context, RequestChannel& channel,
+                                      const std::function<bool(const LoopEvent&)>& on_event) {
+  while (true) {
+    for (const LoopEvent& event : channel.Wait(kPollInterval)) {
+      if (!on_event(event)) {
+        loop_->Cancel(channel);
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+      }
+      if (event.finished) return ToGrpcStatus(event.status);
+    }
+    if (context->IsCancelled()) {
+      loop_->Cancel(channel);
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled");
+    }
+  }
+}
+
+grpc::Status GenerationService::Generate(grpc::ServerContext* context,
+                                         const v1::GenerateRequest* request,
+                                         v1::GenerateResponse* response) {
+  auto started = Start(context, *request);
+  if (!started.ok()) return ToGrpcStatus(started.status());
+  response->set_request_id(started->request_id);
+  std::string* text = response->mutable_text();
+  return Drain(context, *started->channel, [&](const LoopEvent& event) {
+    text->append(event.text);
+    for (int32_t id : event.token_ids) response->add_token_ids(id);
+    if (event.finished) {
+      response->set_finish_reason(ToProto(event.finish_reason));
+      response->set_stop_string(event.stop_string);
+      response->mutable_usage()->set_prompt_tokens(static_cast<int32_t>(event.prompt_tokens));
+      response->mutable_usage()->set_completion_tokens(
+          static_cast<int32_t>(event.completion_tokens));
+      FillSpecStats(started->speculation, event.stats, response->mutable_spec());
+    }
+    return true;
+  });
+}
+
+grpc::Status GenerationService::GenerateStream(
+    grpc::ServerContext* context, const v1::GenerateRequest* request,
+    grpc::ServerWriter<v1::GenerateStreamResponse>* writer) {
+  auto started = Start(context, *request);
+  if (!started.ok()) return ToGrpcStatus(started.status());
+  return Drain(context, *started->channel, [&](const LoopEvent& event) {
+    v1::GenerateStreamResponse message;
+    message.set_request_id(started->request_id);
+    if (!event.token_ids.empty() || !event.text.empty()) {
+      v1::TokenDelta* delta = message.mutable_delta();
+      for (int32_t id : event.token_ids) delta->add_token_ids(id);
+      delta->set_text(event.text);
+      if (!writer->Write(message)) return false;
+    }
+    // A request that failed ends with its error status instead of a GenerationFinished.
+    if (!event.finished || !event.status.ok()) return true;
+    v1::GenerationFinished* finished = message.mutable_finished();
+    finished->set_finish_reason(ToProto(event.finish_reason));
+    finished->set_stop_string(event.stop_string);
+    finished->mutable_usage()->set_prompt_tokens(static_cast<int32_t>(event.prompt_tokens));
+    finished->mutable_usage()->set_completion_tokens(static_cast<int32_t>(event.completion_tokens));
+    FillSpecStats(started->speculation, event.stats, finished->mutable_spec());
+    return writer->Write(message);
+  });
+}
+
+grpc::Status GenerationService::GetServerInfo(grpc::ServerContext* context,
+                                              const v1::GetServerInfoRequest* request,
+                                              v1::ServerInfo* response) {
+  FillServerInfo(loop_->info(), loop_->load(), response);
+  return grpc::Status::OK;
+}
+
+}  // namespace specula::router

@@ -1,0 +1,192 @@
+#include "services/router/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <map>
+#include <vector>
+
+#include "services/router/metrics_endpoint.h"
+
+namespace specula::router {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Counter;
+using prometheus::Family;
+using prometheus::Gauge;
+using prometheus::Histogram;
+
+// Bucket boundaries follow vLLM's.
+const Histogram::BucketBoundaries kTtftBuckets = {
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+    1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+const Histogram::BucketBoundaries kItlBuckets = {0.001, 0.005, 0.01, 0.025, 0.05, 0.075,
+                                                 0.1,   0.15,  0.2,  0.3,   0.4,  0.5,
+                                                 0.75,  1.0,   2.5,  5.0,   7.5,  10.0};
+const Histogram::BucketBoundaries kE2eBuckets = {0.05, 0.1,  0.3,  0.5,  0.8,   1.0,   1.5,
+                                                 2.0,  2.5,  5.0,  10.0, 15.0,  20.0,  30.0,
+                                                 40.0, 50.0, 60.0, 120., 240.0, 480.0, 960.0};
+
+}  // namespace
+
+struct RouterMetrics::Impl {
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<MetricsEndpoint> endpoint;
+
+  Counter& num_drafts = BuildCounter()
+                            .Name("specula_spec_decode_num_drafts_total")
+                            .Help("Speculative steps that verified a non-empty draft.")
+                            .Register(*registry)
+                            .Add({});
+  Counter& num_draft_tokens = BuildCounter()
+                                  .Name("specula_spec_decode_num_draft_tokens_total")
+                                  .Help("Draft tokens proposed.")
+                                  .Register(*registry)
+                                  .Add({});
+  Counter& num_accepted_tokens = BuildCounter()
+                                     .Name("specula_spec_decode_num_accepted_tokens_total")
+                                     .Help("Draft tokens accepted by verification.")
+                                     .Register(*registry)
+                                     .Add({});
+  Family<Counter>& accepted_per_pos =
+      BuildCounter()
+          .Name("specula_spec_decode_num_accepted_tokens_per_pos_total")
+          .Help("Draft tokens accepted at each draft position (0 = first draft token).")
+          .Register(*registry);
+  Counter& lossy_requests =
+      BuildCounter()
+          .Name("specula_spec_decode_lossy_requests_total")
+          .Help("Requests verified with a LOSSY rule (specdec, typical) at their own request.")
+          .Register(*registry)
+          .Add({});
+  Histogram& ttft = BuildHistogram()
+                        .Name("specula_time_to_first_token_seconds")
+                        .Help("Time from request arrival to its first token.")
+                        .Register(*registry)
+                        .Add({}, kTtftBuckets);
+  Histogram& itl = BuildHistogram()
+                       .Name("specula_inter_token_latency_seconds")
+                       .Help(
+                           "Time between two deliveries of tokens to a request (one per engine "
+                           "step; a step may deliver several tokens).")
+                       .Register(*registry)
+                       .Add({}, kItlBuckets);
+  Histogram& e2e = BuildHistogram()
+                       .Name("specula_e2e_request_latency_seconds")
+                       .Help("Time from request arrival to its end.")
+                       .Register(*registry)
+                       .Add({}, kE2eBuckets);
+  Gauge& running = BuildGauge()
+                       .Name("specula_num_requests_running")
+                       .Help("Requests in the engine's batch.")
+                       .Register(*registry)
+                       .Add({});
+  Gauge& waiting = BuildGauge()
+                       .Name("specula_num_requests_waiting")
+                       .Help("Requests accepted but not yet in the engine's batch.")
+                       .Register(*registry)
+                       .Add({});
+  Gauge& kv_usage = BuildGauge()
+                        .Name("specula_kv_cache_usage_perc")
+                        .Help("Fraction of the target's KV cache blocks in use (0..1).")
+                        .Register(*registry)
+                        .Add({});
+  Family<Counter>& success = BuildCounter()
+                                 .Name("specula_request_success_total")
+                                 .Help("Finished requests by finish reason.")
+                                 .Register(*registry);
+  Family<Counter>& rejected =
+      BuildCounter()
+          .Name("specula_request_rejected_total")
+          .Help("Requests refused before reaching the engine, by gRPC code.")
+          .Register(*registry);
+  Counter& prompt_tokens = BuildCounter()
+                               .Name("specula_prompt_tokens_total")
+                               .Help("Prompt tokens of requests that entered the engine.")
+                               .Register(*registry)
+                               .Add({});
+  Counter& generation_tokens = BuildCounter()
+                                   .Name("specula_generation_tokens_total")
+                                   .Help("Generated tokens delivered to clients.")
+                                   .Register(*registry)
+                                   .Add({});
+
+  Impl() {
+    // Every finish reason is listed from the start, so dashboards see zeros rather than gaps.
+    for (FinishReason r : {FinishReason::kStop, FinishReason::kLength, FinishReason::kStopString,
+                           FinishReason::kCancelled, FinishReason::kError}) {
+      success.Add({{"finished_reason", FinishReasonName(r)}});
+    }
+  }
+};
+
+RouterMetrics::RouterMetrics() : impl_(std::make_unique<Impl>()) {}
+RouterMetrics::~RouterMetrics() {
+  impl_->endpoint.reset();  // its thread renders from the registry
+}
+
+StatusOr<int> RouterMetrics::Expose(const std::string& host, int port) {
+  if (impl_->endpoint) return FailedPreconditionError("metrics are already exposed");
+  auto endpoint = MetricsEndpoint::Start(host, port, [this] { return Text(); });
+  if (!endpoint.ok()) return endpoint.status().WithContext("--metrics-port");
+  impl_->endpoint = std::move(*endpoint);
+  return impl_->endpoint->port();
+}
+
+std::string RouterMetrics::Text() const {
+  return prometheus::TextSerializer().Serialize(impl_->registry->Collect());
+}
+
+void RouterMetrics::DeclareDraftPositions(int n) {
+  for (int d = 0; d < n; ++d) impl_->accepted_per_pos.Add({{"position", std::to_string(d)}});
+}
+
+void RouterMetrics::Rejected(StatusCode code) {
+  impl_->rejected.Add({{"code", std::string(StatusCodeName(code))}}).Increment();
+}
+
+void RouterMetrics::Admitted(int64_t prompt_tokens, bool lossy) {
+  impl_->prompt_tokens.Increment(static_cast<double>(prompt_tokens));
+  if (lossy) impl_->lossy_requests.Increment();
+}
+
+void RouterMetrics::TokensDelivered(int64_t tokens, bool first, double seconds_since_previous) {
+  impl_->generation_tokens.Increment(static_cast<double>(tokens));
+  (first ? impl_->ttft : impl_->itl).Observe(seconds_since_previous);
+}
+
+void RouterMetrics::SpecProgress(const SpecRequestStats& before, const SpecRequestStats& after) {
+  auto add = [](Counter& c, int64_t delta) {
+    if (delta > 0) c.Increment(static_cast<double>(delta));
+  };
+  add(impl_->num_drafts, after.draft_steps - before.draft_steps);
+  add(impl_->num_draft_tokens, after.draft_tokens - before.draft_tokens);
+  add(impl_->num_accepted_tokens, after.accepted_tokens - before.accepted_tokens);
+  for (size_t d = 0; d < after.accepted_per_position.size(); ++d) {
+    const int64_t was =
+        d < before.accepted_per_position.size() ? before.accepted_per_position[d] : 0;
+    if (after.accepted_per_position[d] > was) {
+      add(impl_->accepted_per_pos.Add({{"position", std::to_string(d)}}),
+          after.accepted_per_position[d] - was);
+    }
+  }
+}
+
+void RouterMetrics::Finished(FinishReason reason, double e2e_seconds) {
+  impl_->success.Add({{"finished_reason", FinishReasonName(reason)}}).Increment();
+  impl_->e2e.Observe(e2e_seconds);
+}
+
+void RouterMetrics::SetLoad(int64_t running, int64_t waiting, double kv_cache_usage) {
+  impl_->running.Set(static_cast<double>(running));
+  impl_->waiting.Set(static_cast<double>(waiting));
+  impl_->kv_usage.Set(kv_cache_usage);
+}
+
+}  // namespace specula::router

@@ -1,0 +1,50 @@
+// The router's Prometheus metrics (names mirror vLLM's, prefixed specula_) and the HTTP endpoint
+// that serves them.
+//
+// Recording methods are called by the engine loop thread; scraping (Text(), the endpoint's HTTP
+// thread) may happen concurrently (prometheus-cpp metrics are thread-safe).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/spec/spec_engine.h"
+#include "common/util/status.h"
+#include "services/router/request_channel.h"
+
+namespace specula::router {
+
+class RouterMetrics {
+ public:
+  RouterMetrics();
+  ~RouterMetrics();
+  RouterMetrics(const RouterMetrics&) = delete;
+  RouterMetrics& operator=(const RouterMetrics&) = delete;
+
+  // Serves GET /metrics on host:port (port 0 = any free port) until destruction. Returns the bound
+  // port; UNAVAILABLE if it cannot bind. At most once.
+  StatusOr<int> Expose(const std::string& host, int port);
+  // Every metric in Prometheus text format, as /metrics returns it.
+  std::string Text() const;
+
+  // Lists the per-position acceptance counters of positions [0, n) at zero from the start.
+  void DeclareDraftPositions(int n);
+  // A request was refused before reaching the engine (bad field, queue full): counted by code.
+  void Rejected(StatusCode code);
+  // A request entered the engine with this many prompt tokens.
+  void Admitted(int64_t prompt_tokens, bool lossy);
+  // Tokens delivered to a request: the first delivery observes time to first token, later ones the
+  // inter-token latency (one observation per engine step, as vLLM does with speculation).
+  void TokensDelivered(int64_t tokens, bool first, double seconds_since_previous);
+  // Speculation progress of one request between two engine reports (running totals).
+  void SpecProgress(const SpecRequestStats& before, const SpecRequestStats& after);
+  void Finished(FinishReason reason, double e2e_seconds);
+  void SetLoad(int64_t running, int64_t waiting, double kv_cache_usage);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace specula::router

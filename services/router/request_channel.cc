@@ -1,0 +1,38 @@
+#include "services/router/request_channel.h"
+
+namespace specula::router {
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStopString:
+      return "stop_string";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "unknown";
+}
+
+void RequestChannel::Push(LoopEvent event) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(event));
+  }
+  cv_.notify_one();
+}
+
+std::vector<LoopEvent> RequestChannel::Wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return !events_.empty(); });
+  std::vector<LoopEvent> out(std::make_move_iterator(events_.begin()),
+                             std::make_move_iterator(events_.end()));
+  events_.clear();
+  return out;
+}
+
+}  // namespace specula::router

@@ -1,0 +1,264 @@
+// EngineLoop without gRPC: served greedy output equals plain decoding for every drafter, events
+// carry incremental text, cancellation and deadlines free KV blocks, the queue limit, requests
+// that can never fit the KV cache, and shutdown.
+#include "services/router/engine_loop.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "tests/services/served_test_model.h"
+
+namespace specula::router {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Collected {
+  std::vector<int32_t> tokens;
+  std::string text;
+  LoopEvent last;
+  int events = 0;
+};
+
+Collected Collect(RequestChannel& channel, std::chrono::seconds timeout = 120s) {
+  Collected c;
+  const auto end = Clock::now() + timeout;
+  while (Clock::now() < end) {
+    for (LoopEvent& e : channel.Wait(50ms)) {
+      ++c.events;
+      c.tokens.insert(c.tokens.end(), e.token_ids.begin(), e.token_ids.end());
+      c.text += e.text;
+      if (e.finished) {
+        c.last = std::move(e);
+        return c;
+      }
+    }
+  }
+  ADD_FAILURE() << "no final event within the timeout";
+  return c;
+}
+
+// Waits until nothing is in flight and the KV cache is empty again.
+bool WaitIdle(const EngineLoop& loop, std::chrono::seconds timeout = 30s) {
+  const auto end = Clock::now() + timeout;
+  while (Clock::now() < end) {
+    LoadSnapshot s = loop.load();
+    if (s.in_flight == 0 && s.running == 0 && s.waiting == 0 && s.kv_cache_blocks_used == 0) {
+      return true;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+LoopRequest Greedy(std::vector<int32_t> prompt, int64_t max_new_tokens, std::string drafter) {
+  LoopRequest r;
+  r.spec.generation.prompt = std::move(prompt);
+  r.spec.generation.max_new_tokens = max_new_tokens;
+  r.spec.speculation.drafter = std::move(drafter);
+  r.spec.speculation.max_draft_tokens = 4;
+  return r;
+}
+
+class EngineLoopTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { reference_ = new ReferenceDecoder(TinyServedModelDirs().target); }
+  static void TearDownTestSuite() {
+    delete reference_;
+    reference_ = nullptr;
+  }
+
+  std::unique_ptr<EngineLoop> MakeLoop(EngineLoopOptions options = {}, KvCacheOptions kv = {}) {
+    const TestModelDirs& dirs = TinyServedModelDirs();
+    auto loop =
+        EngineLoop::Create(LoadServedModel(dirs.target, dirs.draft, {}, kv), options, &metrics_);
+    EXPECT_TRUE(loop.ok()) << loop.status();
+    return loop.ok() ? std::move(*loop) : nullptr;
+  }
+
+  static ReferenceDecoder* reference_;
+  RouterMetrics metrics_;
+};
+
+ReferenceDecoder* EngineLoopTest::reference_ = nullptr;
+
+TEST_F(EngineLoopTest, ServedGreedyEqualsPlainDecodingForEveryDrafter) {
+  auto loop = MakeLoop();
+  ASSERT_TRUE(loop);
+  const Tokenizer& tok = reference_->tokenizer();
+  struct Case {
+    std::vector<int32_t> prompt;
+    int64_t max_new;
+    std::string drafter;
+  };
+  std::vector<Case> cases;
+  const std::vector<std::string> prompts = {"def f(x):\n    return x", "import os\n", "class A:"};
+  for (const std::string drafter : {"none", "ngram", "draft-model"}) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      cases.push_back({tok.Encode(prompts[i]), 10 + 13 * static_cast<int64_t>(i), drafter});
+    }
+  }
+  // All submitted at once, so they share engine steps.
+  std::vector<std::shared_ptr<RequestChannel>> channels;
+  for (const Case& c : cases) {
+    auto ch = loop->Submit(Greedy(c.prompt, c.max_new, c.drafter));
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    channels.push_back(*ch);
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Collected got = Collect(*channels[i]);
+    const std::vector<int32_t> expected = reference_->Greedy(cases[i].prompt, cases[i].max_new);
+    EXPECT_EQ(got.tokens, expected) << cases[i].drafter << " case " << i;
+    EXPECT_EQ(got.text, tok.Decode(expected, /*skip_special_tokens=*/true).value());
+    EXPECT_TRUE(got.last.status.ok()) << got.last.status;
+    EXPECT_EQ(got.last.finish_reason, FinishReason::kLength);
+    EXPECT_EQ(got.last.completion_tokens, cases[i].max_new);
+    EXPECT_EQ(got.last.prompt_tokens, static_cast<int64_t>(cases[i].prompt.size()));
+    if (cases[i].drafter != "none") {
+      EXPECT_GT(got.last.stats.draft_tokens, 0);
+    }
+    EXPECT_GT(got.events, 1);  // streamed step by step, not in one piece
+  }
+  EXPECT_TRUE(WaitIdle(*loop));
+}
+
+TEST_F(EngineLoopTest, StopStringEndsTheRequestAndFreesItsBlocks) {
+  auto loop = MakeLoop();
+  ASSERT_TRUE(loop);
+  const Tokenizer& tok = reference_->tokenizer();
+  const std::vector<int32_t> prompt = tok.Encode("def f(x):");
+  const std::vector<int32_t> full = reference_->Greedy(prompt, 60);
+  const std::string text = tok.Decode(full, true).value();
+  ASSERT_GT(text.size(), 12u);
+  size_t begin = text.size() / 2;  // two bytes from the middle, widened to whole characters
+  while ((static_cast<unsigned char>(text[begin]) & 0xC0) == 0x80) ++begin;
+  size_t end = begin + 2;
+  while (end < text.size() && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) ++end;
+  const std::string stop = text.substr(begin, end - begin);
+  const size_t at = text.find(stop);
+  for (const std::string drafter : {"none", "ngram"}) {
+    LoopRequest r = Greedy(prompt, 60, drafter);
+    r.stop_strings = {stop, "never-generated-stop"};
+    auto ch = loop->Submit(std::move(r));
+    ASSERT_TRUE(ch.ok());
+    Collected got = Collect(**ch);
+    EXPECT_EQ(got.last.finish_reason, FinishReason::kStopString) << drafter;
+    EXPECT_EQ(got.last.stop_string, stop);
+    EXPECT_EQ(got.text, text.substr(0, at)) << drafter;
+    ASSERT_LE(got.tokens.size(), full.size());
+    EXPECT_TRUE(std::equal(got.tokens.begin(), got.tokens.end(), full.begin()));
+    EXPECT_EQ(got.last.completion_tokens, static_cast<int64_t>(got.tokens.size()));
+  }
+  EXPECT_TRUE(WaitIdle(*loop));
+}
+
+TEST_F(EngineLoopTest, CancelledAndExpiredRequestsFreeTheirBlocksWithoutDisturbingOthers) {
+  auto loop = MakeLoop();
+  ASSERT_TRUE(loop);
+  const std::vector<int32_t> prompt = {5, 6, 7, 8, 9};
+  auto long_one = loop->Submit(Greedy(prompt, 1000, "none"));
+  LoopRequest expiring = Greedy(prompt, 1000, "none");
+  expiring.deadline = Clock::now() + 200ms;
+  auto expired = loop->Submit(std::move(expiring));
+  auto normal = loop->Submit(Greedy({10, 11, 12}, 40, "ngram"));
+  ASSERT_TRUE(long_one.ok() && expired.ok() && normal.ok());
+  // Wait for the long request's first tokens: it holds KV blocks now.
+  std::vector<LoopEvent> first;
+  while (first.empty()) first = (*long_one)->Wait(1s);
+  EXPECT_GT(loop->load().kv_cache_blocks_used, 0);
+  loop->Cancel(**long_one);
+  Collected cancelled = Collect(**long_one);
+  EXPECT_EQ(cancelled.last.finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(cancelled.last.status.code(), StatusCode::kCancelled);
+  Collected deadline = Collect(**expired);
+  EXPECT_EQ(deadline.last.status.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_LT(deadline.tokens.size(), 1000u);
+  Collected ok = Collect(**normal);
+  EXPECT_EQ(ok.tokens, reference_->Greedy({10, 11, 12}, 40));
+  EXPECT_TRUE(WaitIdle(*loop));
+  EXPECT_NE(metrics_.Text().find("specula_request_success_total{finished_reason=\"cancelled\"} 2"),
+            std::string::npos);
+}
+
+TEST_F(EngineLoopTest, QueueLimitCountsWaitingAndRunningRequests) {
+  auto loop = MakeLoop({.max_queue = 2});
+  ASSERT_TRUE(loop);
+  auto a = loop->Submit(Greedy({5, 6}, 1000, "none"));
+  auto b = loop->Submit(Greedy({5, 7}, 1000, "none"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto c = loop->Submit(Greedy({5, 8}, 4, "none"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(c.status().message().find("max_queue"), std::string::npos) << c.status();
+  loop->Cancel(**a);
+  loop->Cancel(**b);
+  Collect(**a);
+  Collect(**b);
+  auto d = loop->Submit(Greedy({5, 8}, 4, "none"));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(Collect(**d).tokens.size(), 4u);
+}
+
+TEST_F(EngineLoopTest, ValidationNamesTheFieldAndNeverReachesTheEngine) {
+  auto loop = MakeLoop();
+  ASSERT_TRUE(loop);
+  auto expect_error = [&](LoopRequest r, StatusCode code, const std::string& text) {
+    auto ch = loop->Submit(std::move(r));
+    ASSERT_FALSE(ch.ok()) << text;
+    EXPECT_EQ(ch.status().code(), code) << ch.status();
+    EXPECT_NE(ch.status().message().find(text), std::string::npos) << ch.status();
+  };
+  expect_error(Greedy({}, 4, "none"), StatusCode::kInvalidArgument, "prompt is empty");
+  expect_error(Greedy({1, 100000}, 4, "none"), StatusCode::kInvalidArgument, "vocabulary");
+  expect_error(Greedy({1}, 0, "none"), StatusCode::kInvalidArgument, "max_new_tokens");
+  expect_error(Greedy({1}, 5000, "none"), StatusCode::kOutOfRange, "max_new_tokens");
+  expect_error(Greedy({1}, 4, "medusa"), StatusCode::kInvalidArgument, "unknown drafter 'medusa'");
+  LoopRequest bad_stop = Greedy({1}, 4, "none");
+  bad_stop.stop_strings = {""};
+  expect_error(std::move(bad_stop), StatusCode::kInvalidArgument, "stop[0] is empty");
+  LoopRequest bad_verify = Greedy({1}, 4, "ngram");
+  bad_verify.spec.speculation.verify.specdec_beta = 0;
+  expect_error(std::move(bad_verify), StatusCode::kInvalidArgument, "specdec_beta");
+  EXPECT_EQ(loop->load().in_flight, 0);
+}
+
+TEST_F(EngineLoopTest, RequestThatCanNeverFitTheKvCacheFailsAlone) {
+  // 40 blocks of 16 positions: a request needing 1000 positions can never be admitted.
+  auto loop = MakeLoop({}, {.block_size = 16, .num_blocks = 40});
+  ASSERT_TRUE(loop);
+  auto huge = loop->Submit(Greedy({5, 6, 7}, 1000, "none"));
+  auto small = loop->Submit(Greedy({5, 6, 7}, 20, "ngram"));
+  ASSERT_TRUE(huge.ok() && small.ok());
+  Collected h = Collect(**huge);
+  EXPECT_EQ(h.last.status.code(), StatusCode::kResourceExhausted) << h.last.status;
+  EXPECT_TRUE(h.tokens.empty());
+  EXPECT_EQ(Collect(**small).tokens, reference_->Greedy({5, 6, 7}, 20));
+}
+
+TEST_F(EngineLoopTest, ShutdownEndsEveryRequestAndRefusesNewOnes) {
+  auto loop = MakeLoop();
+  ASSERT_TRUE(loop);
+  auto running = loop->Submit(Greedy({5, 6, 7}, 1000, "none"));
+  ASSERT_TRUE(running.ok());
+  while ((*running)->Wait(1s).empty()) {
+  }
+  loop->Shutdown();
+  Collected c = Collect(**running, 5s);
+  EXPECT_EQ(c.last.status.code(), StatusCode::kUnavailable);
+  auto after = loop->Submit(Greedy({5}, 4, "none"));
+  ASSERT_FALSE(after.ok());
+  EXPECT_EQ(after.status().code(), StatusCode::kUnavailable);
+}
+
+TEST_F(EngineLoopTest, CreateRejectsAnUnknownDefaultDrafter) {
+  const TestModelDirs& dirs = TinyServedModelDirs();
+  auto loop =
+      EngineLoop::Create(LoadServedModel(dirs.target, ""), {.default_drafter = "draft-model"});
+  ASSERT_FALSE(loop.ok());
+  EXPECT_NE(loop.status().message().find("default drafter 'draft-model'"), std::string::npos)
+      << loop.status();
+}
+
+}  // namespace
+}  // namespace specula::router

@@ -1,0 +1,97 @@
+#include "tests/services/served_test_model.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "common/drafters/draft_model_drafter.h"
+#include "common/drafters/ngram_drafter.h"
+#include "common/tokenizer/bpe_trainer.h"
+#include "common/util/mapped_file.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/tiny_model.h"
+
+namespace specula {
+
+namespace fs = std::filesystem;
+
+const TestModelDirs& TinyServedModelDirs() {
+  static TempDir dir;  // removed at exit
+  static const TestModelDirs* dirs = [] {
+    auto* out = new TestModelDirs{dir.File("target"), dir.File("draft")};
+    fs::create_directories(out->target);
+    fs::create_directories(out->draft);
+    BpeTrainerOptions to;
+    to.vocab_size = 300;
+    to.show_progress = false;
+    auto tok_json =
+        TrainByteLevelBpe({"def f(x):\n    return x + 1\n", "import os\nprint(os.getcwd())\n",
+                           "class A:\n    def __init__(self):\n        self.x = []\n"},
+                          to);
+    EXPECT_TRUE(tok_json.ok()) << tok_json.status();
+    auto tok = Tokenizer::FromJson(*tok_json, "test");
+    EXPECT_TRUE(tok.ok()) << tok.status();
+    ModelConfig c = TinyModelConfig();
+    c.vocab_size = (*tok)->vocab_size();
+    c.max_position_embeddings = 1024;
+    c.tie_word_embeddings = true;
+    for (const auto& [path, seed] : {std::pair{out->target, 5}, std::pair{out->draft, 6}}) {
+      EXPECT_TRUE(WriteStringToFile(path + "/tokenizer.json", *tok_json).ok());
+      auto lm = MakeTinyModel(c, seed, /*weight_scale=*/4.0);  // sharper, less tie-prone logits
+      EXPECT_TRUE(SaveModelDir(*lm, c, path).ok());
+    }
+    return out;
+  }();
+  return *dirs;
+}
+
+router::ServedModel LoadServedModel(const std::string& target_dir, const std::string& draft_dir,
+                                    SpecEngineOptions engine, KvCacheOptions kv) {
+  router::ServedModel m;
+  m.path = target_dir;
+  m.name = fs::path(target_dir).filename().string();
+  auto tok = Tokenizer::FromFile(target_dir + "/tokenizer.json");
+  EXPECT_TRUE(tok.ok()) << tok.status();
+  m.tokenizer = std::move(*tok);
+  ModelRunnerOptions options;
+  options.kv = kv;
+  auto target = ModelRunner::Load(target_dir, options);
+  EXPECT_TRUE(target.ok()) << target.status();
+  m.target = std::move(*target);
+  m.engine = std::make_unique<SpecEngine>(m.target.get(), engine);
+  auto ngram = NgramDrafter::Create();
+  EXPECT_TRUE(ngram.ok());
+  EXPECT_TRUE(m.engine->AddDrafter(std::move(*ngram)).ok());
+  if (!draft_dir.empty()) {
+    auto draft_runner = ModelRunner::Load(draft_dir, {});
+    EXPECT_TRUE(draft_runner.ok()) << draft_runner.status();
+    auto draft = DraftModelDrafter::Create(std::move(*draft_runner),
+                                           static_cast<int32_t>(m.target->config().vocab_size));
+    EXPECT_TRUE(draft.ok()) << draft.status();
+    EXPECT_TRUE(m.engine->AddDrafter(std::move(*draft)).ok());
+  }
+  return m;
+}
+
+ReferenceDecoder::ReferenceDecoder(const std::string& dir) {
+  auto runner = ModelRunner::Load(dir, {});
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  runner_ = std::move(*runner);
+  auto tok = Tokenizer::FromFile(dir + "/tokenizer.json");
+  EXPECT_TRUE(tok.ok()) << tok.status();
+  tokenizer_ = std::move(*tok);
+}
+
+std::vector<int32_t> ReferenceDecoder::Greedy(const std::vector<int32_t>& prompt,
+                                              int64_t max_new_tokens,
+                                              const std::vector<int32_t>& stop_token_ids) {
+  GenerationRequest r;
+  r.prompt = prompt;
+  r.max_new_tokens = max_new_tokens;
+  r.stop_token_ids = stop_token_ids;
+  auto out = DecodeBatch(*runner_, {r});
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? (*out)[0].tokens : std::vector<int32_t>{};
+}
+
+}  // namespace specula

@@ -1,0 +1,230 @@
+// Black-box tests of `specula serve`: the real binary on 127.0.0.1 with ephemeral ports. Greedy
+// output on the bundled model equals plain decoding, gRPC health checking reports SERVING,
+// reflection lists the Generation service, the metrics endpoint counts requests, SIGTERM stops
+// the server cleanly, and flag errors are clear.
+#include <google/protobuf/descriptor.pb.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+
+#include "common/util/mapped_file.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "specula/v1/generation.grpc.pb.h"
+#include "tests/services/http_get.h"
+#include "tests/services/served_test_model.h"
+#include "tests/services/server_process.h"
+#include "tests/testing/temp_dir.h"
+
+namespace specula {
+namespace {
+
+const std::string kBundled = std::string(SPECULA_SOURCE_DIR) + "/models/pyllama-6m";
+
+std::shared_ptr<grpc::Channel> Channel(int port) {
+  return grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                             grpc::InsecureChannelCredentials());
+}
+
+class SpeculaServeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess;
+    ASSERT_TRUE(server_->Start({"--model", kBundled, "--drafter", "ngram", "--port", "0",
+                                "--metrics-port", "-1", "--max-queue", "16"}))
+        << server_->error();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  static ServerProcess* server_;
+};
+
+ServerProcess* SpeculaServeTest::server_ = nullptr;
+
+TEST_F(SpeculaServeTest, PrintsWhereItListens) {
+  EXPECT_NE(server_->line().find("specula serve: listening on 127.0.0.1:"), std::string::npos);
+  EXPECT_NE(server_->line().find("pyllama-6m"), std::string::npos) << server_->line();
+  EXPECT_NE(server_->line().find("drafters ngram"), std::string::npos) << server_->line();
+  EXPECT_GT(server_->metrics_port(), 0) << server_->line();
+}
+
+TEST_F(SpeculaServeTest, BundledModelServedGreedyEqualsPlainDecoding) {
+  ReferenceDecoder reference(kBundled);
+  auto stub = v1::Generation::NewStub(Channel(server_->port()));
+  for (const std::string prompt : {"import os\n", "def main(argv):\n", "class Parser(object):\n"}) {
+    // The server stops at the model's EOS unless asked not to; so does the reference here.
+    const std::vector<int32_t> expected = reference.Greedy(reference.tokenizer().Encode(prompt), 40,
+                                                           reference.config().eos_token_ids);
+    for (const std::string drafter : {"none", "ngram"}) {
+      v1::GenerateRequest request;
+      request.set_text(prompt);
+      request.set_max_new_tokens(40);
+      request.mutable_speculation()->set_drafter(drafter);
+      grpc::ClientContext context;
+      v1::GenerateResponse response;
+      grpc::Status status = stub->Generate(&context, request, &response);
+      ASSERT_TRUE(status.ok()) << status.error_message();
+      EXPECT_EQ(std::vector<int32_t>(response.token_ids().begin(), response.token_ids().end()),
+                expected)
+          << drafter << " / " << prompt;
+      EXPECT_EQ(response.text(), reference.tokenizer().Decode(expected, true).value());
+
+      grpc::ClientContext stream_context;
+      auto reader = stub->GenerateStream(&stream_context, request);
+      v1::GenerateStreamResponse m;
+      std::vector<int32_t> streamed;
+      bool finished = false;
+      while (reader->Read(&m)) {
+        streamed.insert(streamed.end(), m.delta().token_ids().begin(), m.delta().token_ids().end());
+        finished |= m.has_finished();
+      }
+      ASSERT_TRUE(reader->Finish().ok());
+      EXPECT_TRUE(finished);
+      EXPECT_EQ(streamed, expected) << drafter << " / " << prompt;
+    }
+  }
+}
+
+TEST_F(SpeculaServeTest, HealthCheckReportsServing) {
+  auto health = grpc::health::v1::Health::NewStub(Channel(server_->port()));
+  for (const std::string service : {"", "specula.v1.Generation"}) {
+    grpc::ClientContext context;
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service(service);
+    grpc::health::v1::HealthCheckResponse response;
+    grpc::Status status = health->Check(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << service << ": " << status.error_message();
+    EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING) << service;
+  }
+  grpc::ClientContext context;
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service("no.such.Service");
+  grpc::health::v1::HealthCheckResponse response;
+  EXPECT_EQ(health->Check(&context, request, &response).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(SpeculaServeTest, ReflectionListsTheGenerationService) {
+  namespace refl = grpc::reflection::v1alpha;
+  auto stub = refl::ServerReflection::NewStub(Channel(server_->port()));
+  grpc::ClientContext context;
+  auto stream = stub->ServerReflectionInfo(&context);
+  refl::ServerReflectionRequest list;
+  list.set_list_services("");
+  ASSERT_TRUE(stream->Write(list));
+  refl::ServerReflectionResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  std::vector<std::string> services;
+  for (const auto& s : response.list_services_response().service()) services.push_back(s.name());
+  EXPECT_NE(std::find(services.begin(), services.end(), "specula.v1.Generation"), services.end());
+  EXPECT_NE(std::find(services.begin(), services.end(), "grpc.health.v1.Health"), services.end());
+
+  refl::ServerReflectionRequest symbol;
+  symbol.set_file_containing_symbol("specula.v1.Generation");
+  ASSERT_TRUE(stream->Write(symbol));
+  ASSERT_TRUE(stream->Read(&response));
+  ASSERT_GT(response.file_descriptor_response().file_descriptor_proto_size(), 0);
+  google::protobuf::FileDescriptorProto file;
+  ASSERT_TRUE(file.ParseFromString(response.file_descriptor_response().file_descriptor_proto(0)));
+  EXPECT_EQ(file.name(), "specula/v1/generation.proto");
+  ASSERT_GT(file.service_size(), 0);
+  EXPECT_EQ(file.service(0).method_size(), 3);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(SpeculaServeTest, MetricsEndpointCountsRequests) {
+  HttpResponse before = HttpGet(server_->metrics_port(), "/metrics");
+  ASSERT_EQ(before.status, 200);
+  auto stub = v1::Generation::NewStub(Channel(server_->port()));
+  v1::GenerateRequest request;
+  request.mutable_token_ids()->add_ids(100);
+  request.mutable_token_ids()->add_ids(200);
+  request.set_max_new_tokens(8);
+  request.set_ignore_eos(true);
+  grpc::ClientContext context;
+  v1::GenerateResponse response;
+  ASSERT_TRUE(stub->Generate(&context, request, &response).ok());
+  HttpResponse after = HttpGet(server_->metrics_port(), "/metrics");
+  ASSERT_EQ(after.status, 200);
+  auto value = [](const std::string& text, const std::string& name) {
+    const size_t at = text.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::atof(text.c_str() + at + name.size() + 2);
+  };
+  EXPECT_EQ(value(after.body, "specula_generation_tokens_total") -
+                value(before.body, "specula_generation_tokens_total"),
+            8);
+  EXPECT_EQ(value(after.body, "specula_request_success_total{finished_reason=\"length\"}") -
+                value(before.body, "specula_request_success_total{finished_reason=\"length\"}"),
+            1);
+  EXPECT_NE(after.body.find("specula_spec_decode_num_drafts_total"), std::string::npos);
+  EXPECT_NE(after.body.find("specula_kv_cache_usage_perc 0"), std::string::npos);
+}
+
+TEST(SpeculaServeProcessTest, SigtermAndSigintStopTheServerCleanly) {
+  const TestModelDirs& dirs = TinyServedModelDirs();
+  for (int signal : {SIGTERM, SIGINT}) {
+    ServerProcess server;
+    ASSERT_TRUE(server.Start({"--model", dirs.target, "--drafter", "ngram,draft-model",
+                              "--drafter-model", dirs.draft, "--default-drafter", "draft-model",
+                              "--port", "0", "--metrics-port", "0"}))
+        << server.error();
+    EXPECT_NE(server.line().find("metrics off"), std::string::npos) << server.line();
+    EXPECT_NE(server.line().find("default drafter draft-model"), std::string::npos)
+        << server.line();
+    auto stub = v1::Generation::NewStub(Channel(server.port()));
+    v1::GenerateRequest request;
+    request.mutable_token_ids()->add_ids(5);
+    request.set_max_new_tokens(6);
+    grpc::ClientContext context;
+    v1::GenerateResponse response;
+    ASSERT_TRUE(stub->Generate(&context, request, &response).ok());
+    EXPECT_EQ(response.spec().drafter(), "draft-model");
+    EXPECT_EQ(server.Stop(signal), 0) << server.Stderr();
+    EXPECT_NE(server.Stderr().find("shutting down"), std::string::npos) << server.Stderr();
+  }
+}
+
+struct RunResult {
+  int exit_code = -1;
+  std::string err;
+};
+
+RunResult RunServe(const std::string& args) {
+  TempDir dir;
+  const std::string err = dir.File("err.txt");
+  const std::string cmd =
+      std::string(SPECULA_BINARY_DIR) + "/bin/specula serve " + args + " > /dev/null 2> " + err;
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadFileToString(err).value()};
+}
+
+TEST(SpeculaServeFlagsTest, ClearErrors) {
+  const TestModelDirs& dirs = TinyServedModelDirs();
+  RunResult r = RunServe("--role target");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("UNIMPLEMENTED: --role target is not yet available"), std::string::npos)
+      << r.err;
+  r = RunServe("--role banana");
+  EXPECT_NE(r.err.find("INVALID_ARGUMENT: --role must be"), std::string::npos) << r.err;
+  r = RunServe("--model " + dirs.target +
+               " --drafter ngram --default-drafter draft-model --port 0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--default-drafter: 'draft-model' is not loaded"), std::string::npos)
+      << r.err;
+  r = RunServe("--model " + dirs.target + " --verify specdec --port 0");
+  EXPECT_NE(r.err.find("--verify: requests choose"), std::string::npos) << r.err;
+  r = RunServe("--model " + dirs.target + " --port 70000");
+  EXPECT_NE(r.err.find("--port must be in [0, 65535]"), std::string::npos) << r.err;
+  r = RunServe("--model " + dirs.target + " --drafter medusa");
+  EXPECT_NE(r.err.find("unknown drafter 'medusa'"), std::string::npos) << r.err;
+  r = RunServe("--model /nonexistent/model --port 0");
+  EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace specula
