@@ -147,6 +147,16 @@ StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::FromModule(std::shared_ptr<C
 
 const ModelConfig& ModelRunner::config() const { return impl_->config; }
 std::string ModelRunner::device_name() const { return impl_->device.str(); }
+std::string ModelRunner::dtype_name() const {
+  switch (impl_->dtype) {
+    case torch::kBFloat16:
+      return "bfloat16";
+    case torch::kHalf:
+      return "float16";
+    default:
+      return "float32";
+  }
+}
 std::shared_ptr<CausalLMImpl> ModelRunner::module() const { return impl_->module; }
 
 Status ModelRunner::AddSequence(SeqId seq) { return impl_->kv->allocator().AddSequence(seq); }

@@ -47,6 +47,8 @@ class ModelRunner {
 
   const ModelConfig& config() const;
   std::string device_name() const;
+  // The weights' (and hidden states') dtype: "float32", "bfloat16" or "float16".
+  std::string dtype_name() const;
 
   // ALREADY_EXISTS if the id is in use.
   Status AddSequence(SeqId seq);

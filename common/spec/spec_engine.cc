@@ -16,9 +16,6 @@ double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Drafts are bounded so a misconfigured request cannot make one step's forward arbitrarily large.
-constexpr int32_t kMaxDraftTokens = 256;
-
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
@@ -37,6 +34,7 @@ struct SpecEngine::Sequence {
   std::vector<int32_t> generated;
   Drafter* drafter = nullptr;  // null: no speculation (off, or the drafter failed)
   int64_t reserved_blocks = 0;
+  int32_t draft_budget = 0;  // tree nodes per step (the step plan's budget)
   SpecRequestStats stats;
   // This step's draft.
   CandidateTree tree;
@@ -81,13 +79,13 @@ Drafter* SpecEngine::drafter(const std::string& name) const {
   return it == drafters_.end() ? nullptr : it->second.get();
 }
 
-int64_t SpecEngine::ReservedBlocks(const SpecRequest& r) const {
+int64_t KvBlocksReserved(const SpecRequest& r, int64_t block_size) {
   // The most positions a sequence ever holds: its prompt and every generated token, plus one
   // step's pending token and draft tree.
   const int64_t draft = r.speculation.enabled() ? r.speculation.max_draft_tokens : 0;
   const int64_t positions =
       static_cast<int64_t>(r.generation.prompt.size()) + r.generation.max_new_tokens + draft + 1;
-  return CeilDiv(positions, target_->kv_stats().block_size);
+  return CeilDiv(positions, block_size);
 }
 
 Status SpecEngine::Validate(const SpecRequest& r) const {
@@ -104,7 +102,7 @@ Status SpecEngine::Validate(const SpecRequest& r) const {
                                        known.empty() ? "" : ", ", known, ")"));
   }
   RETURN_IF_ERROR(spec.verify.Validate());
-  const int64_t need = ReservedBlocks(r);
+  const int64_t need = KvBlocksReserved(r, target_->kv_stats().block_size);
   const int64_t have = target_->kv_stats().num_blocks;
   if (need > have) {
     return ResourceExhaustedError(StrCat("the request needs ", need,
@@ -123,7 +121,8 @@ StatusOr<RequestId> SpecEngine::Submit(SpecRequest request) {
   s->rng = SequenceRng(request.generation.sampling.seed);
   s->stats.lossy = request.speculation.enabled() && request.speculation.verify.lossy();
   s->request = std::move(request);
-  s->reserved_blocks = ReservedBlocks(s->request);
+  s->reserved_blocks = KvBlocksReserved(s->request, target_->kv_stats().block_size);
+  s->draft_budget = s->request.speculation.enabled() ? s->request.speculation.max_draft_tokens : 0;
   const RequestId id = s->id;
   sequences_[id] = std::move(s);
   waiting_.push_back(id);
@@ -137,6 +136,16 @@ Status SpecEngine::Cancel(RequestId id) {
     return NotFoundError(StrCat("request ", id, " is not running or waiting"));
   }
   cancelled_.push_back(id);
+  return OkStatus();
+}
+
+Status SpecEngine::SetDraftBudget(RequestId id, int32_t max_draft_tokens) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end())
+    return NotFoundError(StrCat("request ", id, " is not running or waiting"));
+  Sequence& s = *it->second;
+  const int32_t cap = s.request.speculation.enabled() ? s.request.speculation.max_draft_tokens : 0;
+  s.draft_budget = std::clamp(max_draft_tokens, 0, cap);
   return OkStatus();
 }
 
@@ -245,12 +254,9 @@ StatusOr<StepReport> SpecEngine::Step() {
       const int64_t room =
           std::min<int64_t>(g.max_new_tokens - static_cast<int64_t>(s->generated.size()) - 1,
                             config.max_position_embeddings - length);
-      const int32_t max_depth =
-          static_cast<int32_t>(std::min<int64_t>(room, s->request.speculation.max_draft_tokens));
+      const int32_t max_depth = static_cast<int32_t>(std::min<int64_t>(room, s->draft_budget));
       if (max_depth <= 0) continue;
-      requests.push_back({.seq = s->seq,
-                          .max_nodes = s->request.speculation.max_draft_tokens,
-                          .max_depth = max_depth});
+      requests.push_back({.seq = s->seq, .max_nodes = s->draft_budget, .max_depth = max_depth});
       asked.push_back(s);
     }
     if (requests.empty()) continue;

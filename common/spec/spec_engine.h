@@ -71,6 +71,14 @@ struct StepReport {
   double verify_seconds = 0;  // target forward + verification + KV commit
 };
 
+// KV blocks a request holds at most: its prompt and every generated token, plus one step's pending
+// token and draft tree. The engine admits a request only while the sum over running requests fits
+// the cache; a router that plans admissions (services/router) uses the same rule.
+int64_t KvBlocksReserved(const SpecRequest& request, int64_t block_size);
+
+// Largest per-step draft (tree nodes) a request may ask for.
+inline constexpr int32_t kMaxDraftTokens = 256;
+
 struct SpecEngineOptions {
   int32_t max_batch_size = 64;        // running sequences
   int64_t max_prefill_tokens = 8192;  // prompt tokens admitted per step (at least one request)
@@ -87,6 +95,7 @@ class SpecEngine {
   Status AddDrafter(std::unique_ptr<Drafter> drafter);
   std::vector<std::string> drafter_names() const;
   const ModelRunner& target() const { return *target_; }
+  const SpecEngineOptions& options() const { return options_; }
   Drafter* drafter(const std::string& name) const;
 
   // INVALID_ARGUMENT naming the field (request fields, drafter name, draft budget, verification
@@ -98,6 +107,10 @@ class SpecEngine {
   // Finishes the request with reason "cancelled" in the next report and frees its KV blocks.
   // NOT_FOUND if unknown or already finished.
   Status Cancel(RequestId id);
+  // The step plan's per-sequence draft budget: tree nodes for the request's next steps, clamped to
+  // [0, the request's max_draft_tokens] (the KV reservation is sized for that). 0 = no draft.
+  // NOT_FOUND if unknown or finished.
+  Status SetDraftBudget(RequestId id, int32_t max_draft_tokens);
 
   // Runs one step. Per-request failures (a drafter error, an invalid tree) degrade that request to
   // no speculation for the step and are counted in its stats; a failed target forward finishes
@@ -112,7 +125,6 @@ class SpecEngine {
   struct Sequence;
   Status AdmitWaiting(std::vector<Sequence*>* prefills, StepReport* report);
   void Finish(Sequence& s, const std::string& reason, Status error, StepReport* report);
-  int64_t ReservedBlocks(const SpecRequest& r) const;
 
   ModelRunner* target_;
   SpecEngineOptions options_;
