@@ -1,4 +1,4 @@
-#include "services/router/metrics_endpoint.h"
+#include "services/common/metrics_endpoint.h"
 
 #include <netdb.h>
 #include <netinet/in.h>
@@ -11,7 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
-namespace specula::router {
+namespace specula::services {
 namespace {
 
 constexpr size_t kMaxRequestBytes = 16 * 1024;
@@ -137,4 +137,4 @@ void MetricsEndpoint::Handle(int fd) {
   }
 }
 
-}  // namespace specula::router
+}  // namespace specula::services

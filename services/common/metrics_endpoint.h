@@ -15,7 +15,7 @@
 
 #include "common/util/status.h"
 
-namespace specula::router {
+namespace specula::services {
 
 class MetricsEndpoint {
  public:
@@ -42,4 +42,4 @@ class MetricsEndpoint {
   std::thread thread_;
 };
 
-}  // namespace specula::router
+}  // namespace specula::services

@@ -1,0 +1,171 @@
+#include "services/target/remote_drafter.h"
+
+#include <ATen/ATen.h>
+
+#include <utility>
+
+#include "services/common/channel.h"
+#include "services/common/engine_codec.h"
+#include "services/common/grpc_status.h"
+#include "services/common/tensor_codec.h"
+
+namespace specula::target {
+
+StatusOr<std::shared_ptr<DrafterConnection>> DrafterConnection::Connect(
+    const std::string& address, std::chrono::milliseconds timeout, int32_t vocab_size,
+    int32_t hidden_size, const std::string& dtype) {
+  std::shared_ptr<DrafterConnection> c(
+      new DrafterConnection(address, services::MakeServiceChannel(address)));
+  grpc::Status got = services::RetryUntil(timeout, [&] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    c->info_.Clear();
+    return c->stub_->GetDrafterInfo(&context, v1::GetDrafterInfoRequest(), &c->info_);
+  });
+  if (!got.ok()) {
+    return services::FromGrpcStatus(got).WithContext(
+        StrCat("drafter service at ", address, " (--drafter-address)"));
+  }
+  const v1::DrafterInfo& info = c->info_;
+  if (info.vocab_size() != vocab_size || info.hidden_size() != hidden_size ||
+      info.hidden_dtype() != services::DTypeFromName(dtype)) {
+    return InvalidArgumentError(
+        StrCat("the drafter service at ", address, " serves a target of vocabulary ",
+               info.vocab_size(), ", hidden size ", info.hidden_size(), " and dtype ",
+               services::DTypeName(info.hidden_dtype()), "; this target has ", vocab_size, ", ",
+               hidden_size, " and ", dtype));
+  }
+  return c;
+}
+
+DrafterConnection::DrafterConnection(std::string address, std::shared_ptr<grpc::Channel> channel)
+    : address_(std::move(address)),
+      channel_(std::move(channel)),
+      stub_(v1::Drafter::NewStub(channel_)) {}
+
+DrafterConnection::~DrafterConnection() {
+  std::lock_guard<std::mutex> lock(mu_);
+  DropStream();
+}
+
+bool DrafterConnection::connected() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stream_ != nullptr;
+}
+
+Status DrafterConnection::OpenStream() {
+  context_ = std::make_unique<grpc::ClientContext>();
+  stream_ = stub_->Session(context_.get());
+  if (!stream_) return UnavailableError(StrCat("drafter service at ", address_, ": no stream"));
+  ++session_;
+  return OkStatus();
+}
+
+void DrafterConnection::DropStream() {
+  if (!stream_) return;
+  context_->TryCancel();
+  (void)stream_->Finish();
+  stream_.reset();
+  context_.reset();
+}
+
+StatusOr<v1::DrafterReply> DrafterConnection::Call(const v1::DrafterCall& call, uint64_t* session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!stream_) RETURN_IF_ERROR(OpenStream());
+  *session = session_;
+  v1::DrafterReply reply;
+  if (!stream_->Write(call) || !stream_->Read(&reply)) {
+    context_->TryCancel();
+    grpc::Status why = stream_->Finish();
+    stream_.reset();
+    context_.reset();
+    return UnavailableError(StrCat("drafter service at ", address_, " is unreachable: ",
+                                   why.ok() ? "stream closed" : why.error_message()));
+  }
+  RETURN_IF_ERROR(services::StatusFromCode(reply.code(), reply.message()));
+  return reply;
+}
+
+RemoteDrafter::RemoteDrafter(std::shared_ptr<DrafterConnection> connection,
+                             const v1::DrafterSpec& spec)
+    : connection_(std::move(connection)),
+      name_(spec.name()),
+      hidden_layers_(spec.hidden_layers().begin(), spec.hidden_layers().end()) {}
+
+bool RemoteDrafter::Live(SeqId seq) const {
+  auto it = sessions_.find(seq);
+  return it != sessions_.end() && it->second == connection_->session() && connection_->connected();
+}
+
+Status RemoteDrafter::AddSequence(SeqId seq, const SamplingParams& sampling) {
+  v1::DrafterCall call;
+  call.set_drafter(name_);
+  call.mutable_add()->set_seq(seq);
+  services::ToProto(sampling, call.mutable_add()->mutable_sampling());
+  uint64_t session = 0;
+  RETURN_IF_ERROR(connection_->Call(call, &session).status());
+  sessions_[seq] = session;
+  return OkStatus();
+}
+
+void RemoteDrafter::ReleaseSequence(SeqId seq) {
+  const bool live = Live(seq);
+  sessions_.erase(seq);
+  if (!live) return;
+  v1::DrafterCall call;
+  call.set_drafter(name_);
+  call.mutable_release()->set_seq(seq);
+  uint64_t session = 0;
+  (void)connection_->Call(call, &session);  // a service that is gone has released it already
+}
+
+Status RemoteDrafter::Observe(const std::vector<DrafterObservation>& observations) {
+  v1::DrafterCall call;
+  call.set_drafter(name_);
+  for (const DrafterObservation& o : observations) {
+    if (!Live(o.seq)) continue;  // added in an earlier session: the service no longer has it
+    v1::Observation* m = call.mutable_observe()->add_observations();
+    m->set_seq(o.seq);
+    m->mutable_tokens()->Assign(o.tokens.begin(), o.tokens.end());
+    for (const at::Tensor& h : o.hidden)
+      RETURN_IF_ERROR(services::EncodeTensor(h, m->add_hidden()));
+  }
+  if (call.observe().observations().empty()) return OkStatus();
+  uint64_t session = 0;
+  return connection_->Call(call, &session).status();
+}
+
+StatusOr<std::vector<CandidateTree>> RemoteDrafter::Propose(
+    const std::vector<DraftRequest>& requests) {
+  std::vector<CandidateTree> trees(requests.size());
+  v1::DrafterCall call;
+  call.set_drafter(name_);
+  std::vector<size_t> asked;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (!Live(requests[i].seq)) continue;  // empty tree: no speculation for it
+    v1::DraftRequest* m = call.mutable_propose()->add_requests();
+    m->set_seq(requests[i].seq);
+    m->set_max_nodes(requests[i].max_nodes);
+    m->set_max_depth(requests[i].max_depth);
+    asked.push_back(i);
+  }
+  if (asked.empty()) return trees;
+  uint64_t session = 0;
+  ASSIGN_OR_RETURN(v1::DrafterReply reply, connection_->Call(call, &session));
+  if (reply.trees_size() != static_cast<int>(asked.size())) {
+    return InternalError(StrCat("drafter service at ", connection_->address(), " returned ",
+                                reply.trees_size(), " trees for ", asked.size(), " requests"));
+  }
+  for (size_t k = 0; k < asked.size(); ++k) {
+    auto tree = services::FromProto(reply.trees(static_cast<int>(k)), connection_->vocab_size(),
+                                    StrCat("trees[", k, "]"));
+    if (!tree.ok()) {
+      return Status(StatusCode::kInternal, StrCat("drafter service at ", connection_->address(),
+                                                  ": ", tree.status().message()));
+    }
+    trees[asked[k]] = std::move(*tree);
+  }
+  return trees;
+}
+
+}  // namespace specula::target

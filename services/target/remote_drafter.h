@@ -1,0 +1,90 @@
+// The target's side of the Drafter service: every drafter a drafter service holds appears to the
+// target's SpecEngine as an ordinary Drafter, so the engine code is the same in one process and
+// across machines. One DrafterConnection (one bidirectional stream) carries the calls of all of a
+// service's drafters; the engine calls them one at a time.
+//
+// When the drafter service dies, calls fail with UNAVAILABLE and the engine runs the affected
+// sequences without speculation. The next call opens a new stream; sequences of the old one are
+// unknown to the new session, so they get empty trees and their observations are skipped, while
+// sequences added after the reconnect speculate again.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/spec/drafter.h"
+#include "specula/v1/drafter.grpc.pb.h"
+
+namespace specula::target {
+
+class DrafterConnection {
+ public:
+  // Fetches the service's info, retrying for up to `timeout` while it is unreachable (it may still
+  // be starting). UNAVAILABLE after that; INVALID_ARGUMENT if its vocabulary, hidden size or dtype
+  // differ from the target's.
+  static StatusOr<std::shared_ptr<DrafterConnection>> Connect(const std::string& address,
+                                                              std::chrono::milliseconds timeout,
+                                                              int32_t vocab_size,
+                                                              int32_t hidden_size,
+                                                              const std::string& dtype);
+  ~DrafterConnection();
+
+  const std::string& address() const { return address_; }
+  const v1::DrafterInfo& info() const { return info_; }
+  int32_t vocab_size() const { return info_.vocab_size(); }
+  // Incremented whenever a new stream (a new session on the service) is opened.
+  uint64_t session() const { return session_; }
+  // A stream is open (false after the service went away, until the next call reconnects).
+  bool connected() const;
+
+  // One call and its reply. Opens the stream if none is open; UNAVAILABLE (and the stream is
+  // dropped) if the service cannot be reached or the stream breaks; the reply's own error
+  // otherwise. `session` receives the session the call ran in.
+  StatusOr<v1::DrafterReply> Call(const v1::DrafterCall& call, uint64_t* session);
+
+ private:
+  DrafterConnection(std::string address, std::shared_ptr<grpc::Channel> channel);
+  Status OpenStream();
+  void DropStream();
+
+  std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Drafter::Stub> stub_;
+  v1::DrafterInfo info_;
+  mutable std::mutex mu_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::DrafterCall, v1::DrafterReply>> stream_;
+  std::atomic<uint64_t> session_{0};
+};
+
+class RemoteDrafter : public Drafter {
+ public:
+  // `name` must be one of the connection's drafters.
+  RemoteDrafter(std::shared_ptr<DrafterConnection> connection, const v1::DrafterSpec& spec);
+
+  std::string name() const override { return name_; }
+  std::vector<int64_t> hidden_layers() const override { return hidden_layers_; }
+  Status AddSequence(SeqId seq, const SamplingParams& sampling) override;
+  void ReleaseSequence(SeqId seq) override;
+  Status Observe(const std::vector<DrafterObservation>& observations) override;
+  StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override;
+
+ private:
+  // Sequences added in the connection's current session.
+  bool Live(SeqId seq) const;
+
+  std::shared_ptr<DrafterConnection> connection_;
+  std::string name_;
+  std::vector<int64_t> hidden_layers_;
+  std::unordered_map<SeqId, uint64_t> sessions_;  // seq -> the session it was added in
+};
+
+}  // namespace specula::target
