@@ -36,15 +36,17 @@ struct EngineLoop::Active {
   // Status to report once the engine confirms a cancellation we asked for.
   Status cancel_status;
   bool cancelling = false;
-  // The last event is delivered (a stop string matched); the engine still has to drop the request.
+  // The last event is delivered (a stop string matched); the target still has to drop the request.
   bool delivered = false;
+  bool admitted = false;  // in the target's batch
+  int64_t reserved_blocks = 0;
 };
 
 StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Create(ServedModel model,
                                                          EngineLoopOptions options,
                                                          RouterMetrics* metrics) {
-  if (!model.target || !model.tokenizer || !model.engine) {
-    return InvalidArgumentError("the served model needs a target, a tokenizer and an engine");
+  if (!model.tokenizer || !model.backend) {
+    return InvalidArgumentError("the served model needs a tokenizer and a target backend");
   }
   if (options.max_queue < 1) {
     return InvalidArgumentError(StrCat("max_queue must be at least 1, got ", options.max_queue));
@@ -55,10 +57,20 @@ StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Create(ServedModel model,
   }
   options.verify_defaults.mode = VerifyMode::kLossless;
   RETURN_IF_ERROR(options.verify_defaults.Validate());
+  if (options.max_batch_size < 1) {
+    return InvalidArgumentError(
+        StrCat("max_batch_size must be at least 1, got ", options.max_batch_size));
+  }
+  const TargetInfo target = model.backend->info();
+  if (target.max_batch_size > 0) {
+    options.max_batch_size = std::min(options.max_batch_size, target.max_batch_size);
+  }
   if (options.default_drafter.empty()) options.default_drafter = "none";
-  if (options.default_drafter != "none" && !model.engine->drafter(options.default_drafter)) {
+  if (options.default_drafter != "none" &&
+      std::find(target.drafters.begin(), target.drafters.end(), options.default_drafter) ==
+          target.drafters.end()) {
     std::string known = "none";
-    for (const std::string& d : model.engine->drafter_names()) known += ", " + d;
+    for (const std::string& d : target.drafters) known += ", " + d;
     return InvalidArgumentError(StrCat("default drafter '", options.default_drafter,
                                        "' is not loaded (loaded: ", known, ")"));
   }
@@ -67,20 +79,23 @@ StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Create(ServedModel model,
 
 EngineLoop::EngineLoop(ServedModel model, EngineLoopOptions options, RouterMetrics* metrics)
     : model_(std::move(model)), options_(std::move(options)), metrics_(metrics) {
-  const ModelConfig& config = model_.target->config();
+  const TargetInfo target = model_.backend->info();
   info_.model_name = model_.name;
   info_.model_path = model_.path;
-  info_.model_type = config.model_type;
-  info_.vocab_size = static_cast<int32_t>(config.vocab_size);
-  info_.context_length = static_cast<int32_t>(config.max_position_embeddings);
-  info_.eos_token_ids = config.eos_token_ids;
-  info_.drafters = model_.engine->drafter_names();
+  info_.model_type = target.model_type;
+  info_.vocab_size = target.vocab_size;
+  info_.context_length = target.context_length;
+  info_.eos_token_ids = target.eos_token_ids;
+  info_.drafters = target.drafters;
   info_.default_drafter = options_.default_drafter;
   info_.default_max_draft_tokens = options_.default_max_draft_tokens;
   info_.verify_defaults = options_.verify_defaults;
   info_.max_queue = options_.max_queue;
   info_.max_batch_size = options_.max_batch_size;
-  info_.kv_cache_blocks = model_.target->kv_stats().num_blocks;
+  info_.kv_cache_blocks = target.kv_cache_blocks;
+  info_.kv_block_size = target.kv_block_size;
+  limits_.vocab_size = target.vocab_size;
+  limits_.max_position_embeddings = target.context_length;
   if (metrics_) metrics_->DeclareDraftPositions(std::max(options_.default_max_draft_tokens, 1));
   PublishLoad();
   thread_ = std::thread([this] { Run(); });
@@ -92,7 +107,13 @@ StatusOr<std::shared_ptr<RequestChannel>> EngineLoop::Submit(LoopRequest request
   // Everything here is a pure function of the request and fixed facts, so it is safe on the
   // caller's thread while the loop thread drives the engine.
   const SpecRequest& spec = request.spec;
-  RETURN_IF_ERROR(ValidateRequest(model_.target->config(), spec.generation));
+  RETURN_IF_ERROR(ValidateRequest(limits_, spec.generation));
+  if (spec.speculation.max_draft_tokens < 0 ||
+      spec.speculation.max_draft_tokens > kMaxDraftTokens) {
+    return InvalidArgumentError(StrCat("speculation.max_draft_tokens must be in [0, ",
+                                       kMaxDraftTokens, "], got ",
+                                       spec.speculation.max_draft_tokens));
+  }
   const std::string& drafter = spec.speculation.drafter;
   if (!drafter.empty() && drafter != "none" &&
       std::find(info_.drafters.begin(), info_.drafters.end(), drafter) == info_.drafters.end()) {
@@ -145,7 +166,7 @@ void EngineLoop::Shutdown() {
 LoadSnapshot EngineLoop::load() const {
   LoadSnapshot s;
   s.running = running_.load();
-  s.waiting = waiting_.load();
+  s.waiting = waiting_count_.load();
   s.in_flight = in_flight_.load();
   s.kv_cache_blocks_used = kv_blocks_used_.load();
   s.kv_cache_blocks_total = info_.kv_cache_blocks;
@@ -157,7 +178,8 @@ void EngineLoop::Run() {
     std::vector<Pending> incoming;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || !inbox_.empty() || model_.engine->HasWork(); });
+      // active_ is the loop thread's own; reading it here is safe.
+      wake_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !active_.empty(); });
       if (stopping_) {
         incoming.swap(inbox_);
         lock.unlock();
@@ -166,7 +188,7 @@ void EngineLoop::Run() {
           Active a(*model_.tokenizer, std::move(p.request), std::move(p.channel));
           Deliver(a, {.finish_reason = FinishReason::kCancelled, .status = down});
         }
-        FailAll(down);
+        FailAll(down, /*include_waiting=*/true);
         PublishLoad();
         return;
       }
@@ -174,7 +196,7 @@ void EngineLoop::Run() {
     }
     AdmitInbox(std::move(incoming));
     CheckCancellations();
-    if (model_.engine->HasWork()) ProcessStep();
+    if (!active_.empty()) ProcessStep();
     PublishLoad();
   }
 }
@@ -185,24 +207,29 @@ void EngineLoop::AdmitInbox(std::vector<Pending> incoming) {
         std::make_unique<Active>(*model_.tokenizer, std::move(p.request), std::move(p.channel));
     a->stats.lossy =
         a->request.spec.speculation.enabled() && a->request.spec.speculation.verify.lossy();
-    const int64_t prompt = static_cast<int64_t>(a->request.spec.generation.prompt.size());
     if (a->channel->cancel_requested()) {
       Deliver(*a, {.finish_reason = FinishReason::kCancelled,
                    .status = CancelledError("the request was cancelled")});
       continue;
     }
-    auto id = model_.engine->Submit(a->request.spec);
-    if (!id.ok()) {  // e.g. RESOURCE_EXHAUSTED: the request could never fit the KV cache
-      Deliver(*a, {.finish_reason = FinishReason::kError, .status = id.status()});
+    a->reserved_blocks = KvBlocksReserved(a->request.spec, info_.kv_block_size);
+    if (a->reserved_blocks > info_.kv_cache_blocks) {
+      Deliver(*a, {.finish_reason = FinishReason::kError,
+                   .status = ResourceExhaustedError(
+                       StrCat("the request needs ", a->reserved_blocks,
+                              " KV blocks (prompt + max_new_tokens + draft) but the cache has ",
+                              info_.kv_cache_blocks))});
       continue;
     }
-    if (metrics_) metrics_->Admitted(prompt, a->stats.lossy);
-    active_[*id] = std::move(a);
+    const RequestId id = next_id_++;
+    waiting_.push_back(id);
+    active_[id] = std::move(a);
   }
 }
 
 void EngineLoop::CheckCancellations() {
   const Clock::time_point now = Clock::now();
+  std::vector<RequestId> ended;
   for (auto& [id, a] : active_) {
     if (a->cancelling || a->delivered) continue;
     if (a->channel->cancel_requested()) {
@@ -212,26 +239,77 @@ void EngineLoop::CheckCancellations() {
     } else {
       continue;
     }
-    a->cancelling = model_.engine->Cancel(id).ok();
+    if (a->admitted) {
+      a->cancelling = true;
+      to_cancel_.push_back(id);
+    } else {  // never reached the target
+      Deliver(*a, {.finish_reason = FinishReason::kCancelled, .status = a->cancel_status});
+      ended.push_back(id);
+    }
   }
+  for (RequestId id : ended) Erase(id);
+}
+
+StepPlan EngineLoop::PlanStep() {
+  StepPlan plan;
+  plan.cancel.swap(to_cancel_);
+  int64_t prefill_tokens = 0;
+  while (!waiting_.empty()) {
+    Active& a = *active_.at(waiting_.front());
+    const int64_t prompt = static_cast<int64_t>(a.request.spec.generation.prompt.size());
+    if (admitted_ >= options_.max_batch_size) break;
+    if (reserved_blocks_ + a.reserved_blocks > info_.kv_cache_blocks) break;  // FIFO: no overtaking
+    if (!plan.admit.empty() && prefill_tokens + prompt > options_.max_prefill_tokens) break;
+    plan.admit.push_back({.id = waiting_.front(), .request = a.request.spec});
+    a.admitted = true;
+    ++admitted_;
+    reserved_blocks_ += a.reserved_blocks;
+    prefill_tokens += prompt;
+    if (metrics_) metrics_->Admitted(prompt, a.stats.lossy);
+    waiting_.pop_front();
+  }
+  // The draft budget is per sequence and per step; for now each request's own draft length.
+  for (const auto& [id, a] : active_) {
+    const SpeculationSettings& spec = a->request.spec.speculation;
+    if (a->admitted && !a->cancelling && spec.enabled()) {
+      plan.budgets.push_back({.id = id, .max_draft_tokens = spec.max_draft_tokens});
+    }
+  }
+  return plan;
+}
+
+void EngineLoop::Erase(RequestId id) {
+  auto it = active_.find(id);
+  if (it == active_.end()) return;
+  if (it->second->admitted) {
+    --admitted_;
+    reserved_blocks_ -= it->second->reserved_blocks;
+  }
+  active_.erase(it);
 }
 
 void EngineLoop::ProcessStep() {
-  auto report = model_.engine->Step();
-  if (!report.ok()) {
-    FailAll(report.status().WithContext("engine step"));
+  StepPlan plan = PlanStep();
+  if (admitted_ == 0 && plan.empty()) return;
+  const Clock::time_point started = Clock::now();
+  auto outcome = model_.backend->Step(plan);
+  if (!outcome.ok()) {
+    // The step did not run: the target lost every admitted request (or never got this plan's).
+    FailAll(outcome.status().WithContext("engine step"), /*include_waiting=*/false);
     return;
   }
+  kv_blocks_used_now_ = outcome->kv_blocks_used;
+  if (metrics_) metrics_->StepTimed(SecondsBetween(started, Clock::now()), outcome->step_seconds);
   PublishLoad();  // before any event, so a client that saw tokens sees their KV blocks in load()
   const Clock::time_point now = Clock::now();
-  for (RequestUpdate& u : report->updates) {
+  for (RequestUpdate& u : outcome->report.updates) {
     auto it = active_.find(u.id);
     if (it == active_.end()) continue;
     Active& a = *it->second;
     if (metrics_) metrics_->SpecProgress(a.stats, u.stats);
     a.stats = u.stats;
-    if (a.delivered) {  // ended by a stop string; the engine has now dropped it too
-      if (u.finished) active_.erase(it);
+    if (a.delivered) {  // ended by a stop string; the target has now dropped it too
+      if (u.finished) Erase(u.id);
       continue;
     }
 
@@ -264,9 +342,10 @@ void EngineLoop::ProcessStep() {
       event.stop_string = a.stops.matched_stop();
       Deliver(a, std::move(event));
       if (u.finished) {
-        active_.erase(it);
-      } else if (!model_.engine->Cancel(u.id).ok()) {
-        active_.erase(it);
+        Erase(u.id);
+      } else {
+        a.cancelling = true;
+        to_cancel_.push_back(u.id);
       }
       continue;
     }
@@ -290,7 +369,7 @@ void EngineLoop::ProcessStep() {
               : u.error;
     }
     Deliver(a, std::move(event));
-    active_.erase(it);
+    Erase(u.id);
   }
 }
 
@@ -307,28 +386,35 @@ void EngineLoop::Deliver(Active& a, LoopEvent event) {
   in_flight_.fetch_sub(1);
 }
 
-void EngineLoop::FailAll(const Status& status) {
+void EngineLoop::FailAll(const Status& status, bool include_waiting) {
   const FinishReason reason =
       status.code() == StatusCode::kUnavailable ? FinishReason::kCancelled : FinishReason::kError;
+  std::vector<RequestId> failed;
   for (auto& [id, a] : active_) {
+    if (!a->admitted && !include_waiting) continue;
     if (!a->delivered) Deliver(*a, {.finish_reason = reason, .status = status});
-    (void)model_.engine->Cancel(id);
+    failed.push_back(id);
   }
-  active_.clear();
+  for (RequestId id : failed) Erase(id);
+  to_cancel_.clear();
+  if (admitted_ == 0) kv_blocks_used_now_ = 0;
 }
 
 void EngineLoop::PublishLoad() {
-  const SpecEngine& engine = *model_.engine;
   int32_t inbox = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     inbox = static_cast<int32_t>(inbox_.size());
   }
-  const KvCacheStats kv = model_.target->kv_stats();
-  running_.store(engine.num_running());
-  waiting_.store(engine.num_waiting() + inbox);
-  kv_blocks_used_.store(kv.num_blocks - kv.free_blocks);
-  if (metrics_) metrics_->SetLoad(running_.load(), waiting_.load(), kv.usage());
+  running_.store(admitted_);
+  waiting_count_.store(static_cast<int32_t>(waiting_.size()) + inbox);
+  kv_blocks_used_.store(kv_blocks_used_now_);
+  if (metrics_) {
+    metrics_->SetLoad(running_.load(), waiting_count_.load(),
+                      info_.kv_cache_blocks > 0 ? static_cast<double>(kv_blocks_used_now_) /
+                                                      static_cast<double>(info_.kv_cache_blocks)
+                                                : 0.0);
+  }
 }
 
 }  // namespace specula::router

@@ -1,21 +1,23 @@
-// The router's one use of the engine: a background thread that owns a SpecEngine (with its target
-// model and drafters) and the tokenizer, and serves requests submitted from any thread.
+// The router's continuous batching: a background thread that plans every engine step and drives
+// the target through a TargetBackend (in process for `--role all`, the Target service over gRPC
+// for `--role router`), serving requests submitted from any thread.
 //
 // The loop thread repeatedly
-//   1. takes newly submitted requests from a mutex-protected inbox and submits them to the engine
-//      (the engine's full validation, e.g. KV capacity, runs here: an error ends only that
-//      request);
-//   2. cancels requests whose handler asked for it (client gone) or whose deadline passed:
-//      SpecEngine::Cancel frees their KV blocks at the next step;
-//   3. runs one SpecEngine::Step when there is work, and turns each request's new tokens into a
-//      LoopEvent on its RequestChannel: incremental detokenization (StreamDecoder), stop strings
+//   1. takes newly submitted requests from a mutex-protected inbox into its FIFO queue (a request
+//      that could never fit the target's KV cache ends here with RESOURCE_EXHAUSTED);
+//   2. ends waiting requests whose handler cancelled them (client gone) or whose deadline passed,
+//      and plans the cancellation of running ones (the target frees their KV blocks);
+//   3. admits waiting requests in FIFO order while the batch has room (max_batch_size), the
+//      target's KV cache can hold each one's worst case (KvBlocksReserved) and the step's prefill
+//      budget allows; gives every running speculative request its draft budget for the step;
+//   4. runs the step (TargetBackend::Step) and turns each request's new tokens into a LoopEvent on
+//      its RequestChannel: incremental detokenization (StreamDecoder), stop strings
 //      (StopStringMatcher; a match cancels the rest of the request), and on the last event the
 //      finish reason, usage and speculation stats;
-//   4. publishes load (running, waiting, KV usage) and metrics;
-// and sleeps on a condition variable when there is nothing to do (no polling).
-//
-// When the three-process split arrives (router, target, drafter), this class is the piece that
-// changes: the RPC layer talks only to Submit/Cancel/info/load.
+//   5. publishes load (running, waiting, KV usage) and metrics;
+// and sleeps on a condition variable when there is nothing to do (no polling). A step that fails
+// (the target unreachable: UNAVAILABLE) ends every request the target held with that status;
+// waiting requests stay queued for the next step, which reconnects.
 #pragma once
 
 #include <atomic>
@@ -29,8 +31,9 @@
 #include <thread>
 #include <vector>
 
-#include "common/model/model_runner.h"
-#include "common/spec/spec_engine.h"
+#include <deque>
+
+#include "common/spec/target_backend.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/util/status.h"
 #include "services/router/metrics.h"
@@ -40,21 +43,22 @@ namespace specula::router {
 
 using Clock = std::chrono::steady_clock;
 
-// What the loop serves. `engine` drives `target`; every drafter is already added to it.
+// What the loop serves: the target (with its drafters) behind a backend, and the tokenizer.
 struct ServedModel {
   std::string name;  // e.g. "pyllama-6m"
   std::string path;  // the model directory as given
-  std::unique_ptr<ModelRunner> target;
   std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<SpecEngine> engine;
+  std::unique_ptr<TargetBackend> backend;
 };
 
 struct EngineLoopOptions {
   // Requests waiting or running at once (including those still in the inbox); beyond it Submit
   // returns RESOURCE_EXHAUSTED.
   int32_t max_queue = 256;
-  // The engine's SpecEngineOptions::max_batch_size (reported in info()).
+  // Sequences in one step's batch; at most the target's own limit.
   int32_t max_batch_size = 64;
+  // Prompt tokens admitted per step (at least one request per step is admitted regardless).
+  int64_t max_prefill_tokens = 8192;
   // Used for requests that leave the drafter empty: a drafter added to the engine, or "none".
   std::string default_drafter = "none";
   // Used for requests that leave max_draft_tokens at 0.
@@ -79,6 +83,7 @@ struct EngineInfo {
   int32_t max_queue = 0;
   int32_t max_batch_size = 0;
   int64_t kv_cache_blocks = 0;
+  int32_t kv_block_size = 0;
 };
 
 // A snapshot of the loop's load, published after every iteration.
@@ -138,10 +143,15 @@ class EngineLoop {
   void Run();
   void AdmitInbox(std::vector<Pending> incoming);
   void CheckCancellations();
+  StepPlan PlanStep();
   void ProcessStep();
   // Delivers the request's last event (filling the totals) and stops counting it as in flight.
   void Deliver(Active& a, LoopEvent event);
-  void FailAll(const Status& status);
+  // Forgets a request the target no longer holds (or never held).
+  void Erase(RequestId id);
+  // Ends every admitted request with `status` (the target lost them, or shutdown); with
+  // `include_waiting`, waiting ones too.
+  void FailAll(const Status& status, bool include_waiting);
   void PublishLoad();
 
   ServedModel model_;
@@ -157,10 +167,17 @@ class EngineLoop {
   std::atomic<int32_t> in_flight_{0};
 
   // Loop thread only.
-  std::map<RequestId, std::unique_ptr<Active>> active_;
+  ModelConfig limits_;  // vocabulary and context, for request validation
+  std::map<RequestId, std::unique_ptr<Active>> active_;  // waiting and admitted
+  std::deque<RequestId> waiting_;                        // FIFO, not yet admitted
+  std::vector<RequestId> to_cancel_;                     // admitted; cancel in the next plan
+  RequestId next_id_ = 1;
+  int32_t admitted_ = 0;
+  int64_t reserved_blocks_ = 0;
+  int64_t kv_blocks_used_now_ = 0;
 
   std::atomic<int32_t> running_{0};
-  std::atomic<int32_t> waiting_{0};
+  std::atomic<int32_t> waiting_count_{0};
   std::atomic<int64_t> kv_blocks_used_{0};
 
   std::thread thread_;

@@ -6,10 +6,11 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <algorithm>
 #include <map>
 #include <vector>
 
-#include "services/router/metrics_endpoint.h"
+#include "services/common/metrics_registry.h"
 
 namespace specula::router {
 namespace {
@@ -36,8 +37,8 @@ const Histogram::BucketBoundaries kE2eBuckets = {0.05, 0.1,  0.3,  0.5,  0.8,   
 }  // namespace
 
 struct RouterMetrics::Impl {
-  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
-  std::unique_ptr<MetricsEndpoint> endpoint;
+  services::MetricsRegistry metrics;
+  prometheus::Registry* registry = &metrics.registry();
 
   Counter& num_drafts = BuildCounter()
                             .Name("specula_spec_decode_num_drafts_total")
@@ -63,6 +64,26 @@ struct RouterMetrics::Impl {
       BuildCounter()
           .Name("specula_spec_decode_lossy_requests_total")
           .Help("Requests verified with a LOSSY rule (specdec, typical) at their own request.")
+          .Register(*registry)
+          .Add({});
+  Counter& steps = BuildCounter()
+                       .Name("specula_engine_steps_total")
+                       .Help("Engine steps the router ran (one target forward each).")
+                       .Register(*registry)
+                       .Add({});
+  Histogram& step_seconds =
+      BuildHistogram()
+          .Name("specula_engine_step_seconds")
+          .Help("One engine step as the router sees it, transport to the target included.")
+          .Register(*registry)
+          .Add({}, Histogram::BucketBoundaries{0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16,
+                                               0.32, 0.64, 1.28, 2.56});
+  Counter& transport_seconds =
+      BuildCounter()
+          .Name("specula_engine_step_transport_seconds_total")
+          .Help(
+              "Step time outside the target's own step: the router-target path (0 in one "
+              "process).")
           .Register(*registry)
           .Add({});
   Histogram& ttft = BuildHistogram()
@@ -127,20 +148,18 @@ struct RouterMetrics::Impl {
 };
 
 RouterMetrics::RouterMetrics() : impl_(std::make_unique<Impl>()) {}
-RouterMetrics::~RouterMetrics() {
-  impl_->endpoint.reset();  // its thread renders from the registry
-}
+RouterMetrics::~RouterMetrics() = default;  // MetricsRegistry stops its endpoint first
 
 StatusOr<int> RouterMetrics::Expose(const std::string& host, int port) {
-  if (impl_->endpoint) return FailedPreconditionError("metrics are already exposed");
-  auto endpoint = MetricsEndpoint::Start(host, port, [this] { return Text(); });
-  if (!endpoint.ok()) return endpoint.status().WithContext("--metrics-port");
-  impl_->endpoint = std::move(*endpoint);
-  return impl_->endpoint->port();
+  return impl_->metrics.Expose(host, port);
 }
 
-std::string RouterMetrics::Text() const {
-  return prometheus::TextSerializer().Serialize(impl_->registry->Collect());
+std::string RouterMetrics::Text() const { return impl_->metrics.Text(); }
+
+void RouterMetrics::StepTimed(double router_seconds, double target_seconds) {
+  impl_->steps.Increment();
+  impl_->step_seconds.Observe(router_seconds);
+  impl_->transport_seconds.Increment(std::max(0.0, router_seconds - target_seconds));
 }
 
 void RouterMetrics::DeclareDraftPositions(int n) {

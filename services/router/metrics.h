@@ -41,6 +41,9 @@ class RouterMetrics {
   void SpecProgress(const SpecRequestStats& before, const SpecRequestStats& after);
   void Finished(FinishReason reason, double e2e_seconds);
   void SetLoad(int64_t running, int64_t waiting, double kv_cache_usage);
+  // One engine step: its wall time as the router saw it (transport included) and as the target
+  // measured it; the difference is the cost of the path between them (0 in one process).
+  void StepTimed(double router_seconds, double target_seconds);
 
  private:
   struct Impl;

@@ -148,18 +148,6 @@ v1::FinishReason ToProto(FinishReason reason) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
-v1::VerifyMode ToProto(VerifyMode mode) {
-  switch (mode) {
-    case VerifyMode::kLossless:
-      return v1::VERIFY_MODE_LOSSLESS;
-    case VerifyMode::kSpecDec:
-      return v1::VERIFY_MODE_SPECDEC;
-    case VerifyMode::kTypical:
-      return v1::VERIFY_MODE_TYPICAL;
-  }
-  return v1::VERIFY_MODE_UNSPECIFIED;
-}
-
 void FillSpecStats(const SpeculationSettings& settings, const SpecRequestStats& stats,
                    v1::SpecStats* out) {
   const bool on = settings.enabled();
@@ -204,11 +192,6 @@ void FillServerInfo(const EngineInfo& info, const LoadSnapshot& load, v1::Server
                                   static_cast<double>(load.kv_cache_blocks_total)
                             : 0.0);
   out->set_version(SPECULA_VERSION);
-}
-
-grpc::Status ToGrpcStatus(const Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message());
 }
 
 }  // namespace specula::router

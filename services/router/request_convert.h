@@ -6,6 +6,8 @@
 
 #include "common/tokenizer/tokenizer.h"
 #include "common/util/status.h"
+#include "services/common/engine_codec.h"
+#include "services/common/grpc_status.h"
 #include "services/router/engine_loop.h"
 #include "specula/v1/generation.pb.h"
 
@@ -22,12 +24,11 @@ StatusOr<LoopRequest> ToLoopRequest(const v1::GenerateRequest& request, const En
                                     const Tokenizer& tokenizer);
 
 v1::FinishReason ToProto(FinishReason reason);
-v1::VerifyMode ToProto(VerifyMode mode);
+using services::ToProto;  // VerifyMode
 void FillSpecStats(const SpeculationSettings& settings, const SpecRequestStats& stats,
                    v1::SpecStats* out);
 void FillServerInfo(const EngineInfo& info, const LoadSnapshot& load, v1::ServerInfo* out);
 
-// specula::Status codes are Abseil's canonical codes, which gRPC uses too: mapped 1:1.
-grpc::Status ToGrpcStatus(const Status& status);
+using services::ToGrpcStatus;
 
 }  // namespace specula::router

@@ -1,0 +1,73 @@
+#include "services/router/remote_target_backend.h"
+
+#include <utility>
+
+#include "services/common/channel.h"
+#include "services/common/engine_codec.h"
+#include "services/common/grpc_status.h"
+
+namespace specula::router {
+
+StatusOr<std::unique_ptr<RemoteTargetBackend>> RemoteTargetBackend::Connect(
+    const std::string& address, std::chrono::milliseconds timeout) {
+  std::unique_ptr<RemoteTargetBackend> b(
+      new RemoteTargetBackend(address, services::MakeServiceChannel(address)));
+  v1::TargetInfo info;
+  grpc::Status got = services::RetryUntil(timeout, [&] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    info.Clear();
+    return b->stub_->GetTargetInfo(&context, v1::GetTargetInfoRequest(), &info);
+  });
+  if (!got.ok()) {
+    return services::FromGrpcStatus(got).WithContext(
+        StrCat("target at ", address, " (--target-address)"));
+  }
+  b->info_ = services::FromProto(info);
+  if (b->info_.vocab_size <= 0 || b->info_.kv_cache_blocks <= 0 || b->info_.kv_block_size <= 0) {
+    return InvalidArgumentError(
+        StrCat("the target at ", address, " reported an empty vocabulary or KV cache"));
+  }
+  return b;
+}
+
+RemoteTargetBackend::RemoteTargetBackend(std::string address,
+                                         std::shared_ptr<grpc::Channel> channel)
+    : address_(std::move(address)),
+      channel_(std::move(channel)),
+      stub_(v1::Target::NewStub(channel_)) {}
+
+RemoteTargetBackend::~RemoteTargetBackend() { DropStream(); }
+
+void RemoteTargetBackend::DropStream() {
+  if (!stream_) return;
+  stream_->WritesDone();
+  context_->TryCancel();
+  (void)stream_->Finish();
+  stream_.reset();
+  context_.reset();
+}
+
+StatusOr<StepOutcome> RemoteTargetBackend::Step(const StepPlan& plan) {
+  if (!stream_) {
+    context_ = std::make_unique<grpc::ClientContext>();
+    stream_ = stub_->Run(context_.get());
+  }
+  v1::StepPlan message;
+  services::ToProto(plan, &message);
+  v1::StepResult result;
+  if (!stream_->Write(message) || !stream_->Read(&result)) {
+    grpc::Status why = stream_->Finish();
+    stream_.reset();
+    context_.reset();
+    Status status = services::FromGrpcStatus(why);
+    if (status.ok() || status.code() == StatusCode::kCancelled) {
+      status = UnavailableError("the stream closed");
+    }
+    // The target's own errors (a broken plan) keep their code; a lost connection is UNAVAILABLE.
+    return Status(status.code(), StrCat("target at ", address_, ": ", status.message()));
+  }
+  return services::FromProto(result);
+}
+
+}  // namespace specula::router

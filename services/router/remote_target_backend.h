@@ -1,0 +1,40 @@
+// The router's gRPC client of the Target service: a TargetBackend whose steps run in another
+// process (`specula serve --role router --target-address HOST:PORT`). One Run stream carries the
+// session; a step that cannot be sent or answered drops the stream and fails with UNAVAILABLE (the
+// router then fails the requests it held), and the next step opens a new session.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "common/spec/target_backend.h"
+#include "specula/v1/target.grpc.pb.h"
+
+namespace specula::router {
+
+class RemoteTargetBackend : public TargetBackend {
+ public:
+  // Fetches the target's info, retrying for up to `timeout` while it is unreachable.
+  static StatusOr<std::unique_ptr<RemoteTargetBackend>> Connect(const std::string& address,
+                                                                std::chrono::milliseconds timeout);
+  ~RemoteTargetBackend() override;
+
+  TargetInfo info() const override { return info_; }
+  StatusOr<StepOutcome> Step(const StepPlan& plan) override;
+
+ private:
+  RemoteTargetBackend(std::string address, std::shared_ptr<grpc::Channel> channel);
+  void DropStream();
+
+  std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Target::Stub> stub_;
+  TargetInfo info_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StepPlan, v1::StepResult>> stream_;
+};
+
+}  // namespace specula::router
