@@ -1,21 +1,35 @@
-// specula serve: the gRPC server. `--role all` (the default and, for now, the only role) runs the
-// router, the target and the drafters in one process: the public Generation API over an
-// in-process engine loop, with health checking, reflection and Prometheus metrics.
+// specula serve: the gRPC servers.
+//   --role all (default)  router + target + drafters in one process, in-process transport
+//   --role router         the public Generation API; steps run on --target-address
+//   --role target         the verifier (target model, KV cache); drafters from --drafter-address
+//                         (or loaded locally when it is empty)
+//   --role drafter        the drafter models for a remote target
+// Every server answers gRPC health checks and reflection; router, target and drafter alike stop
+// cleanly on SIGINT/SIGTERM.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 
-#include "common/spec/spec_engine.h"
+#include "common/model/model_config.h"
+#include "common/spec/local_target_backend.h"
 #include "common/tokenizer/tokenizer.h"
+#include "services/common/metrics_registry.h"
+#include "services/common/service_server.h"
+#include "services/drafter/drafter_service.h"
+#include "services/router/remote_target_backend.h"
 #include "services/router/router_server.h"
+#include "services/target/remote_drafter.h"
+#include "services/target/target_service.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/model_flags.h"
 #include "tools/cli/spec_flags.h"
@@ -37,17 +51,34 @@ struct ServeFlags {
   int64_t max_batch_size = 64;
   int64_t max_queue = 256;
   double shutdown_grace_s = 5;
+  std::string target_address;
+  std::string drafter_address;
+  double connect_timeout_s = 60;
 };
 
-Status CheckRole(const std::string& role) {
-  if (role == "all") return OkStatus();
-  if (role == "router" || role == "target" || role == "drafter") {
-    return UnimplementedError(StrCat("--role ", role,
-                                     " is not yet available: the router/target/drafter split is "
-                                     "planned; use --role all (every role in one process)"));
+Status CheckRole(const ServeFlags& f) {
+  if (f.role != "all" && f.role != "router" && f.role != "target" && f.role != "drafter") {
+    return InvalidArgumentError(
+        StrCat("--role must be all, router, target or drafter, got '", f.role, "'"));
   }
-  return InvalidArgumentError(
-      StrCat("--role must be all, router, target or drafter, got '", role, "'"));
+  if (f.role == "router" && f.target_address.empty()) {
+    return InvalidArgumentError("--role router needs --target-address HOST:PORT");
+  }
+  if (f.role != "router" && !f.target_address.empty()) {
+    return InvalidArgumentError("--target-address is for --role router");
+  }
+  if (f.role != "target" && !f.drafter_address.empty()) {
+    return InvalidArgumentError("--drafter-address is for --role target");
+  }
+  if (f.connect_timeout_s < 0) {
+    return InvalidArgumentError(
+        StrCat("--connect-timeout-s must be >= 0, got ", f.connect_timeout_s));
+  }
+  return OkStatus();
+}
+
+std::chrono::milliseconds ConnectTimeout(const ServeFlags& f) {
+  return std::chrono::milliseconds(static_cast<int64_t>(f.connect_timeout_s * 1000));
 }
 
 int g_signal_pipe[2] = {-1, -1};
@@ -87,8 +118,101 @@ std::string Join(const std::vector<std::string>& items) {
   return out.empty() ? "none" : out;
 }
 
+std::string ModelName(const std::string& dir) {
+  std::string name = dir;
+  while (name.size() > 1 && name.back() == '/') name.pop_back();
+  return std::filesystem::path(name).filename().string();
+}
+
+// The target model with its drafters: local ones from --drafter, or the drafter service's.
+StatusOr<std::unique_ptr<LocalTargetBackend>> LoadTarget(const ServeFlags& f) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> target, f.model.Load());
+  auto backend = std::make_unique<LocalTargetBackend>(
+      std::move(target),
+      SpecEngineOptions{.max_batch_size = static_cast<int32_t>(f.max_batch_size)});
+  if (f.drafter_address.empty()) {
+    RETURN_IF_ERROR(f.spec.AddDrafters(backend->engine(), f.model));
+    return backend;
+  }
+  const ModelConfig& config = backend->target().config();
+  ASSIGN_OR_RETURN(std::shared_ptr<target::DrafterConnection> connection,
+                   target::DrafterConnection::Connect(f.drafter_address, ConnectTimeout(f),
+                                                      static_cast<int32_t>(config.vocab_size),
+                                                      static_cast<int32_t>(config.hidden_size),
+                                                      backend->target().dtype_name()));
+  for (const v1::DrafterSpec& spec : connection->info().drafters()) {
+    RETURN_IF_ERROR(
+        backend->engine().AddDrafter(std::make_unique<target::RemoteDrafter>(connection, spec)));
+  }
+  return backend;
+}
+
+// Serves until SIGINT/SIGTERM, then shuts down with `stop`.
+void ServeUntilSignal(const std::function<void()>& stop) {
+  const int signal = WaitForShutdownSignal();
+  std::fprintf(stderr, "specula serve: %s, shutting down\n",
+               signal == SIGINT ? "SIGINT" : "SIGTERM");
+  stop();
+  std::fprintf(stderr, "specula serve: stopped\n");
+}
+
+Status RunInternalService(ServeFlags& f) {
+  std::unique_ptr<LocalTargetBackend> target;
+  std::unique_ptr<grpc::Service> service;
+  std::unique_ptr<target::TargetMetrics> target_metrics;
+  std::unique_ptr<drafter::DrafterMetrics> drafter_metrics;
+  services::MetricsRegistry* registry = nullptr;
+  std::string service_name;
+  std::string what;
+  if (f.role == "target") {
+    ASSIGN_OR_RETURN(target, LoadTarget(f));
+    target_metrics = std::make_unique<target::TargetMetrics>();
+    registry = &target_metrics->registry();
+    service = std::make_unique<target::TargetService>(target.get(), target_metrics.get());
+    service_name = v1::Target::service_full_name();
+    what = StrCat("drafters ", Join(target->engine().drafter_names()),
+                  f.drafter_address.empty() ? " (local)" : " at " + f.drafter_address);
+  } else {
+    ASSIGN_OR_RETURN(
+        ModelConfig config,
+        ModelConfig::FromFile((std::filesystem::path(f.model.model) / "config.json").string()));
+    ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Drafter>> drafters,
+                     f.spec.LoadDrafters(config, f.model));
+    std::vector<std::string> names;
+    for (const auto& d : drafters) names.push_back(d->name());
+    if (names.empty()) return InvalidArgumentError("--role drafter needs --drafter with a drafter");
+    drafter_metrics = std::make_unique<drafter::DrafterMetrics>();
+    registry = &drafter_metrics->registry();
+    service = std::make_unique<drafter::DrafterService>(
+        std::move(drafters),
+        drafter::DrafterServiceOptions{.vocab_size = static_cast<int32_t>(config.vocab_size),
+                                       .hidden_size = static_cast<int32_t>(config.hidden_size),
+                                       .dtype = f.model.dtype},
+        drafter_metrics.get());
+    service_name = v1::Drafter::service_full_name();
+    what = StrCat("drafters ", Join(names));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<services::ServiceServer> server,
+                   services::ServiceServer::Start(f.host, static_cast<int>(f.port), service.get(),
+                                                  service_name));
+  std::string metrics = "metrics off";
+  if (f.metrics_port != 0) {
+    ASSIGN_OR_RETURN(
+        int port,
+        registry->Expose(f.host, f.metrics_port < 0 ? 0 : static_cast<int>(f.metrics_port)));
+    metrics = StrCat("metrics on http://", f.host, ":", port, "/metrics");
+  }
+  std::printf("specula serve: listening on %s:%d (role %s, model %s, %s, %s)\n", f.host.c_str(),
+              server->port(), f.role.c_str(), f.model.model.c_str(), what.c_str(), metrics.c_str());
+  std::fflush(stdout);
+  ServeUntilSignal([&] {
+    server->Shutdown(std::chrono::milliseconds(static_cast<int64_t>(f.shutdown_grace_s * 1000)));
+  });
+  return OkStatus();
+}
+
 Status Run(ServeFlags& f) {
-  RETURN_IF_ERROR(CheckRole(f.role));
+  RETURN_IF_ERROR(CheckRole(f));
   if (f.port < 0 || f.port > 65535) {
     return InvalidArgumentError(StrCat("--port must be in [0, 65535], got ", f.port));
   }
@@ -110,25 +234,25 @@ Status Run(ServeFlags& f) {
   }
   if (f.draft_len < 0)
     return InvalidArgumentError(StrCat("--draft-len must be >= 0, got ", f.draft_len));
+  if (f.model.model.empty()) return InvalidArgumentError("--model is required");
 
   // SIGINT/SIGTERM may land on any thread (libraries start threads of their own at load time), so
   // the handler only writes the signal number to a pipe; this thread reads it and shuts down.
   RETURN_IF_ERROR(InstallShutdownSignals());
+  if (f.role == "target" || f.role == "drafter") return RunInternalService(f);
 
-  if (f.model.model.empty()) return InvalidArgumentError("--model is required");
   router::ServedModel served;
   served.path = f.model.model;
-  std::string name = f.model.model;
-  while (name.size() > 1 && name.back() == '/') name.pop_back();
-  served.name = std::filesystem::path(name).filename().string();
+  served.name = ModelName(f.model.model);
   const std::string tok_path = (std::filesystem::path(f.model.model) / "tokenizer.json").string();
   ASSIGN_OR_RETURN(served.tokenizer, Tokenizer::FromFile(tok_path));
-  ASSIGN_OR_RETURN(served.target, f.model.Load());
-  served.engine = std::make_unique<SpecEngine>(
-      served.target.get(),
-      SpecEngineOptions{.max_batch_size = static_cast<int32_t>(f.max_batch_size)});
-  RETURN_IF_ERROR(f.spec.AddDrafters(*served.engine, f.model));
-  const std::vector<std::string> drafters = served.engine->drafter_names();
+  if (f.role == "router") {
+    ASSIGN_OR_RETURN(served.backend,
+                     router::RemoteTargetBackend::Connect(f.target_address, ConnectTimeout(f)));
+  } else {
+    ASSIGN_OR_RETURN(served.backend, LoadTarget(f));
+  }
+  const std::vector<std::string> drafters = served.backend->info().drafters;
 
   router::RouterServerOptions options;
   options.host = f.host;
@@ -137,13 +261,20 @@ Status Run(ServeFlags& f) {
     options.metrics_port = f.metrics_port < 0 ? 0 : static_cast<int>(f.metrics_port);
   options.loop.max_queue = static_cast<int32_t>(f.max_queue);
   options.loop.max_batch_size = static_cast<int32_t>(f.max_batch_size);
-  // Default drafter: the flag, else the first drafter listed in --drafter.
-  ASSIGN_OR_RETURN(std::vector<std::string> listed, f.spec.DrafterNames());
-  options.loop.default_drafter = f.default_drafter.empty() ? listed.front() : f.default_drafter;
+  // Default drafter: the flag, else the first drafter listed in --drafter (all) or the first the
+  // target offers (router).
+  if (!f.default_drafter.empty()) {
+    options.loop.default_drafter = f.default_drafter;
+  } else if (f.role == "router") {
+    options.loop.default_drafter = drafters.empty() ? "none" : drafters.front();
+  } else {
+    ASSIGN_OR_RETURN(std::vector<std::string> listed, f.spec.DrafterNames());
+    options.loop.default_drafter = listed.front();
+  }
   if (options.loop.default_drafter != "none" &&
-      !served.engine->drafter(options.loop.default_drafter)) {
+      std::find(drafters.begin(), drafters.end(), options.loop.default_drafter) == drafters.end()) {
     return InvalidArgumentError(StrCat("--default-drafter: '", options.loop.default_drafter,
-                                       "' is not loaded (--drafter ", f.spec.drafter, ")"));
+                                       "' is not loaded (drafters: ", Join(drafters), ")"));
   }
   options.loop.default_max_draft_tokens = static_cast<int32_t>(f.draft_len);
   options.loop.verify_defaults.specdec_beta = static_cast<int32_t>(f.spec.beta);
@@ -158,18 +289,19 @@ Status Run(ServeFlags& f) {
   if (server->metrics_port() > 0) {
     metrics = StrCat("metrics on http://", f.host, ":", server->metrics_port(), "/metrics");
   }
+  const std::string target = f.role == "router" ? "target at " + f.target_address : "in process";
   std::printf(
-      "specula serve: listening on %s:%d (model %s, drafters %s, default drafter %s x%lld, %s)\n",
-      f.host.c_str(), server->port(), f.model.model.c_str(), Join(drafters).c_str(),
-      default_drafter.c_str(), static_cast<long long>(f.draft_len), metrics.c_str());
+      "specula serve: listening on %s:%d (role %s, model %s, %s, drafters %s, default drafter %s "
+      "x%lld, %s)\n",
+      f.host.c_str(), server->port(), f.role.c_str(), f.model.model.c_str(), target.c_str(),
+      Join(drafters).c_str(), default_drafter.c_str(), static_cast<long long>(f.draft_len),
+      metrics.c_str());
   std::fflush(stdout);
 
-  const int signal = WaitForShutdownSignal();
-  std::fprintf(stderr, "specula serve: %s, shutting down\n",
-               signal == SIGINT ? "SIGINT" : "SIGTERM");
-  server->Shutdown(std::chrono::milliseconds(static_cast<int64_t>(f.shutdown_grace_s * 1000)));
-  server.reset();
-  std::fprintf(stderr, "specula serve: stopped\n");
+  ServeUntilSignal([&] {
+    server->Shutdown(std::chrono::milliseconds(static_cast<int64_t>(f.shutdown_grace_s * 1000)));
+    server.reset();
+  });
   return OkStatus();
 }
 
@@ -182,8 +314,14 @@ int RunServe(const std::vector<std::string>& args) {
   f.spec.drafter_model = "models/pyllama-draft-1m";
   FlagSet flags(kCommand);
   flags.AddString("role", &f.role,
-                  "all = router, target and drafters in one process (router, target and drafter "
-                  "alone are not yet available)");
+                  "all = router, target and drafters in one process; router = the public API, "
+                  "steps on --target-address; target = the verifier, drafters on "
+                  "--drafter-address (or local); drafter = the drafter models");
+  flags.AddString("target-address", &f.target_address, "router: the target service, HOST:PORT");
+  flags.AddString("drafter-address", &f.drafter_address,
+                  "target: the drafter service, HOST:PORT (empty: load --drafter locally)");
+  flags.AddDouble("connect-timeout-s", &f.connect_timeout_s,
+                  "router/target: how long to wait at startup for the target/drafter service");
   flags.AddString(
       "host", &f.host,
       "address to listen on (127.0.0.1 = this machine only; 0.0.0.0 = every interface)");

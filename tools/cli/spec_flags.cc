@@ -42,15 +42,17 @@ StatusOr<std::vector<std::string>> SpecFlags::DrafterNames() const {
   return names;
 }
 
-Status SpecFlags::AddDrafters(SpecEngine& engine, const ModelFlags& model) const {
+StatusOr<std::vector<std::unique_ptr<Drafter>>> SpecFlags::LoadDrafters(
+    const ModelConfig& target, const ModelFlags& model) const {
   ASSIGN_OR_RETURN(std::vector<std::string> names, DrafterNames());
-  const int32_t vocab = static_cast<int32_t>(engine.target().config().vocab_size);
+  const int32_t vocab = static_cast<int32_t>(target.vocab_size);
+  std::vector<std::unique_ptr<Drafter>> drafters;
   for (const std::string& name : names) {
     if (name == "ngram") {
       ASSIGN_OR_RETURN(auto ngram,
                        NgramDrafter::Create({.min_ngram = static_cast<int32_t>(ngram_min),
                                              .max_ngram = static_cast<int32_t>(ngram_max)}));
-      RETURN_IF_ERROR(engine.AddDrafter(std::move(ngram)));
+      drafters.push_back(std::move(ngram));
     } else if (name == "draft-model") {
       if (drafter_model.empty()) {
         return InvalidArgumentError("--drafter draft-model needs --drafter-model DIR");
@@ -63,9 +65,16 @@ Status SpecFlags::AddDrafters(SpecEngine& engine, const ModelFlags& model) const
       ASSIGN_OR_RETURN(auto drafter,
                        DraftModelDrafter::Create(std::move(*runner), vocab,
                                                  {.tree_width = static_cast<int32_t>(tree_width)}));
-      RETURN_IF_ERROR(engine.AddDrafter(std::move(drafter)));
+      drafters.push_back(std::move(drafter));
     }
   }
+  return drafters;
+}
+
+Status SpecFlags::AddDrafters(SpecEngine& engine, const ModelFlags& model) const {
+  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Drafter>> drafters,
+                   LoadDrafters(engine.target().config(), model));
+  for (auto& d : drafters) RETURN_IF_ERROR(engine.AddDrafter(std::move(d)));
   return OkStatus();
 }
 

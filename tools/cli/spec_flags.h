@@ -28,8 +28,11 @@ struct SpecFlags {
   void Register(FlagSet& flags, bool many_drafters);
   // The drafter names in --drafter (validated: none, ngram, draft-model).
   StatusOr<std::vector<std::string>> DrafterNames() const;
-  // Loads every drafter named in --drafter into `engine` (the draft LM with `model`'s device,
-  // dtype and KV settings).
+  // Loads every drafter named in --drafter for a target of config `target` (the draft LM with
+  // `model`'s device, dtype and KV settings).
+  StatusOr<std::vector<std::unique_ptr<Drafter>>> LoadDrafters(const ModelConfig& target,
+                                                               const ModelFlags& model) const;
+  // LoadDrafters for the engine's target, added to `engine`.
   Status AddDrafters(SpecEngine& engine, const ModelFlags& model) const;
   // The per-request settings for one drafter and draft length; INVALID_ARGUMENT for a --verify
   // that contradicts the temperature (greedy verification of a sampled request).
