@@ -7,6 +7,7 @@
 
 #include <thread>
 
+#include "tests/services/served_stack.h"
 #include "tests/services/served_test_model.h"
 
 namespace specula::router {
@@ -61,7 +62,9 @@ LoopRequest Greedy(std::vector<int32_t> prompt, int64_t max_new_tokens, std::str
   return r;
 }
 
-class EngineLoopTest : public ::testing::Test {
+// Every test runs on both transports: the router, target and drafters in one process, and the
+// three talking gRPC over 127.0.0.1.
+class EngineLoopTest : public ::testing::TestWithParam<Transport> {
  protected:
   static void SetUpTestSuite() { reference_ = new ReferenceDecoder(TinyServedModelDirs().target); }
   static void TearDownTestSuite() {
@@ -71,11 +74,14 @@ class EngineLoopTest : public ::testing::Test {
 
   std::unique_ptr<EngineLoop> MakeLoop(EngineLoopOptions options = {}, KvCacheOptions kv = {}) {
     const TestModelDirs& dirs = TinyServedModelDirs();
-    auto loop =
-        EngineLoop::Create(LoadServedModel(dirs.target, dirs.draft, {}, kv), options, &metrics_);
+    stack_ =
+        std::make_unique<ServedStack>(GetParam(), dirs.target, dirs.draft, SpecEngineOptions{}, kv);
+    auto loop = EngineLoop::Create(stack_->TakeModel(), options, &metrics_);
     EXPECT_TRUE(loop.ok()) << loop.status();
     return loop.ok() ? std::move(*loop) : nullptr;
   }
+
+  std::unique_ptr<ServedStack> stack_;  // outlives the test's loop (a local of the test body)
 
   static ReferenceDecoder* reference_;
   RouterMetrics metrics_;
@@ -83,7 +89,7 @@ class EngineLoopTest : public ::testing::Test {
 
 ReferenceDecoder* EngineLoopTest::reference_ = nullptr;
 
-TEST_F(EngineLoopTest, ServedGreedyEqualsPlainDecodingForEveryDrafter) {
+TEST_P(EngineLoopTest, ServedGreedyEqualsPlainDecodingForEveryDrafter) {
   auto loop = MakeLoop();
   ASSERT_TRUE(loop);
   const Tokenizer& tok = reference_->tokenizer();
@@ -123,7 +129,7 @@ TEST_F(EngineLoopTest, ServedGreedyEqualsPlainDecodingForEveryDrafter) {
   EXPECT_TRUE(WaitIdle(*loop));
 }
 
-TEST_F(EngineLoopTest, StopStringEndsTheRequestAndFreesItsBlocks) {
+TEST_P(EngineLoopTest, StopStringEndsTheRequestAndFreesItsBlocks) {
   auto loop = MakeLoop();
   ASSERT_TRUE(loop);
   const Tokenizer& tok = reference_->tokenizer();
@@ -153,7 +159,7 @@ TEST_F(EngineLoopTest, StopStringEndsTheRequestAndFreesItsBlocks) {
   EXPECT_TRUE(WaitIdle(*loop));
 }
 
-TEST_F(EngineLoopTest, CancelledAndExpiredRequestsFreeTheirBlocksWithoutDisturbingOthers) {
+TEST_P(EngineLoopTest, CancelledAndExpiredRequestsFreeTheirBlocksWithoutDisturbingOthers) {
   auto loop = MakeLoop();
   ASSERT_TRUE(loop);
   const std::vector<int32_t> prompt = {5, 6, 7, 8, 9};
@@ -181,7 +187,7 @@ TEST_F(EngineLoopTest, CancelledAndExpiredRequestsFreeTheirBlocksWithoutDisturbi
             std::string::npos);
 }
 
-TEST_F(EngineLoopTest, QueueLimitCountsWaitingAndRunningRequests) {
+TEST_P(EngineLoopTest, QueueLimitCountsWaitingAndRunningRequests) {
   auto loop = MakeLoop({.max_queue = 2});
   ASSERT_TRUE(loop);
   auto a = loop->Submit(Greedy({5, 6}, 1000, "none"));
@@ -200,7 +206,7 @@ TEST_F(EngineLoopTest, QueueLimitCountsWaitingAndRunningRequests) {
   EXPECT_EQ(Collect(**d).tokens.size(), 4u);
 }
 
-TEST_F(EngineLoopTest, ValidationNamesTheFieldAndNeverReachesTheEngine) {
+TEST_P(EngineLoopTest, ValidationNamesTheFieldAndNeverReachesTheEngine) {
   auto loop = MakeLoop();
   ASSERT_TRUE(loop);
   auto expect_error = [&](LoopRequest r, StatusCode code, const std::string& text) {
@@ -223,7 +229,7 @@ TEST_F(EngineLoopTest, ValidationNamesTheFieldAndNeverReachesTheEngine) {
   EXPECT_EQ(loop->load().in_flight, 0);
 }
 
-TEST_F(EngineLoopTest, RequestThatCanNeverFitTheKvCacheFailsAlone) {
+TEST_P(EngineLoopTest, RequestThatCanNeverFitTheKvCacheFailsAlone) {
   // 40 blocks of 16 positions: a request needing 1000 positions can never be admitted.
   auto loop = MakeLoop({}, {.block_size = 16, .num_blocks = 40});
   ASSERT_TRUE(loop);
@@ -236,7 +242,7 @@ TEST_F(EngineLoopTest, RequestThatCanNeverFitTheKvCacheFailsAlone) {
   EXPECT_EQ(Collect(**small).tokens, reference_->Greedy({5, 6, 7}, 20));
 }
 
-TEST_F(EngineLoopTest, ShutdownEndsEveryRequestAndRefusesNewOnes) {
+TEST_P(EngineLoopTest, ShutdownEndsEveryRequestAndRefusesNewOnes) {
   auto loop = MakeLoop();
   ASSERT_TRUE(loop);
   auto running = loop->Submit(Greedy({5, 6, 7}, 1000, "none"));
@@ -251,14 +257,18 @@ TEST_F(EngineLoopTest, ShutdownEndsEveryRequestAndRefusesNewOnes) {
   EXPECT_EQ(after.status().code(), StatusCode::kUnavailable);
 }
 
-TEST_F(EngineLoopTest, CreateRejectsAnUnknownDefaultDrafter) {
+TEST_P(EngineLoopTest, CreateRejectsAnUnknownDefaultDrafter) {
   const TestModelDirs& dirs = TinyServedModelDirs();
-  auto loop =
-      EngineLoop::Create(LoadServedModel(dirs.target, ""), {.default_drafter = "draft-model"});
+  ServedStack stack(GetParam(), dirs.target, "");
+  auto loop = EngineLoop::Create(stack.TakeModel(), {.default_drafter = "draft-model"});
   ASSERT_FALSE(loop.ok());
   EXPECT_NE(loop.status().message().find("default drafter 'draft-model'"), std::string::npos)
       << loop.status();
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, EngineLoopTest,
+                         ::testing::Values(Transport::kInProcess, Transport::kGrpc),
+                         [](const auto& info) { return TransportName(info.param); });
 
 }  // namespace
 }  // namespace specula::router

@@ -45,6 +45,39 @@ const TestModelDirs& TinyServedModelDirs() {
   return *dirs;
 }
 
+std::unique_ptr<LocalTargetBackend> LoadTargetBackend(const std::string& target_dir,
+                                                      const std::string& draft_dir,
+                                                      SpecEngineOptions engine, KvCacheOptions kv) {
+  ModelRunnerOptions options;
+  options.kv = kv;
+  auto target = ModelRunner::Load(target_dir, options);
+  EXPECT_TRUE(target.ok()) << target.status();
+  auto backend = std::make_unique<LocalTargetBackend>(std::move(*target), engine);
+  for (auto& d : LoadTestDrafters(target_dir, draft_dir)) {
+    EXPECT_TRUE(backend->engine().AddDrafter(std::move(d)).ok());
+  }
+  return backend;
+}
+
+std::vector<std::unique_ptr<Drafter>> LoadTestDrafters(const std::string& target_dir,
+                                                       const std::string& draft_dir) {
+  std::vector<std::unique_ptr<Drafter>> drafters;
+  auto ngram = NgramDrafter::Create();
+  EXPECT_TRUE(ngram.ok());
+  drafters.push_back(std::move(*ngram));
+  if (!draft_dir.empty()) {
+    auto config = ModelConfig::FromFile(target_dir + "/config.json");
+    EXPECT_TRUE(config.ok()) << config.status();
+    auto draft_runner = ModelRunner::Load(draft_dir, {});
+    EXPECT_TRUE(draft_runner.ok()) << draft_runner.status();
+    auto draft = DraftModelDrafter::Create(std::move(*draft_runner),
+                                           static_cast<int32_t>(config->vocab_size));
+    EXPECT_TRUE(draft.ok()) << draft.status();
+    drafters.push_back(std::move(*draft));
+  }
+  return drafters;
+}
+
 router::ServedModel LoadServedModel(const std::string& target_dir, const std::string& draft_dir,
                                     SpecEngineOptions engine, KvCacheOptions kv) {
   router::ServedModel m;
@@ -53,23 +86,7 @@ router::ServedModel LoadServedModel(const std::string& target_dir, const std::st
   auto tok = Tokenizer::FromFile(target_dir + "/tokenizer.json");
   EXPECT_TRUE(tok.ok()) << tok.status();
   m.tokenizer = std::move(*tok);
-  ModelRunnerOptions options;
-  options.kv = kv;
-  auto target = ModelRunner::Load(target_dir, options);
-  EXPECT_TRUE(target.ok()) << target.status();
-  m.target = std::move(*target);
-  m.engine = std::make_unique<SpecEngine>(m.target.get(), engine);
-  auto ngram = NgramDrafter::Create();
-  EXPECT_TRUE(ngram.ok());
-  EXPECT_TRUE(m.engine->AddDrafter(std::move(*ngram)).ok());
-  if (!draft_dir.empty()) {
-    auto draft_runner = ModelRunner::Load(draft_dir, {});
-    EXPECT_TRUE(draft_runner.ok()) << draft_runner.status();
-    auto draft = DraftModelDrafter::Create(std::move(*draft_runner),
-                                           static_cast<int32_t>(m.target->config().vocab_size));
-    EXPECT_TRUE(draft.ok()) << draft.status();
-    EXPECT_TRUE(m.engine->AddDrafter(std::move(*draft)).ok());
-  }
+  m.backend = LoadTargetBackend(target_dir, draft_dir, engine, kv);
   return m;
 }
 

@@ -11,6 +11,7 @@
 
 #include "common/engine/plain_decoder.h"
 #include "common/model/model_runner.h"
+#include "common/spec/local_target_backend.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/engine_loop.h"
 
@@ -24,8 +25,15 @@ struct TestModelDirs {
 // Written on first use into a temporary directory that is removed when the process exits.
 const TestModelDirs& TinyServedModelDirs();
 
-// The model as `specula serve` loads it: target, tokenizer, and an engine with the n-gram and
-// draft-model drafters.
+// The n-gram drafter, plus the draft LM in `draft_dir` unless it is empty.
+std::vector<std::unique_ptr<Drafter>> LoadTestDrafters(const std::string& target_dir,
+                                                       const std::string& draft_dir);
+// The target in this process with LoadTestDrafters' drafters.
+std::unique_ptr<LocalTargetBackend> LoadTargetBackend(const std::string& target_dir,
+                                                      const std::string& draft_dir,
+                                                      SpecEngineOptions engine = {},
+                                                      KvCacheOptions kv = {});
+// The model as `specula serve --role all` loads it: tokenizer and LoadTargetBackend.
 router::ServedModel LoadServedModel(const std::string& target_dir, const std::string& draft_dir,
                                     SpecEngineOptions engine = {}, KvCacheOptions kv = {});
 

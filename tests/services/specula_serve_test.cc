@@ -205,10 +205,26 @@ RunResult RunServe(const std::string& args) {
 
 TEST(SpeculaServeFlagsTest, ClearErrors) {
   const TestModelDirs& dirs = TinyServedModelDirs();
-  RunResult r = RunServe("--role target");
+  RunResult r = RunServe("--role router --model " + dirs.target);
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("UNIMPLEMENTED: --role target is not yet available"), std::string::npos)
+  EXPECT_NE(r.err.find("INVALID_ARGUMENT: --role router needs --target-address"), std::string::npos)
       << r.err;
+  r = RunServe("--model " + dirs.target + " --target-address 127.0.0.1:1");
+  EXPECT_NE(r.err.find("--target-address is for --role router"), std::string::npos) << r.err;
+  r = RunServe("--role drafter --model " + dirs.target + " --drafter-address 127.0.0.1:1");
+  EXPECT_NE(r.err.find("--drafter-address is for --role target"), std::string::npos) << r.err;
+  // Nothing listens on port 1: the peer's address is named, after the connect timeout.
+  r = RunServe("--role router --model " + dirs.target +
+               " --target-address 127.0.0.1:1 --connect-timeout-s 0.3 --port 0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("UNAVAILABLE"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("target at 127.0.0.1:1 (--target-address)"), std::string::npos) << r.err;
+  r = RunServe("--role target --model " + dirs.target +
+               " --drafter-address 127.0.0.1:1 --connect-timeout-s 0.3 --port 0");
+  EXPECT_NE(r.err.find("drafter service at 127.0.0.1:1 (--drafter-address)"), std::string::npos)
+      << r.err;
+  r = RunServe("--role drafter --model " + dirs.target + " --drafter none --port 0");
+  EXPECT_NE(r.err.find("--role drafter needs --drafter"), std::string::npos) << r.err;
   r = RunServe("--role banana");
   EXPECT_NE(r.err.find("INVALID_ARGUMENT: --role must be"), std::string::npos) << r.err;
   r = RunServe("--model " + dirs.target +

@@ -1,0 +1,382 @@
+// The internal Target and Drafter services over real gRPC on 127.0.0.1: hidden states reach a
+// remote drafter bit for bit as an in-process drafter sees them; malformed peer messages (tensors
+// of the wrong dtype, shape or size, unknown sequences, broken trees, broken step plans) get errors
+// that name the field, and the services keep serving.
+#include <ATen/ATen.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+
+#include "common/spec/local_target_backend.h"
+#include "services/common/service_server.h"
+#include "services/common/tensor_codec.h"
+#include "services/drafter/drafter_service.h"
+#include "services/target/remote_drafter.h"
+#include "services/target/target_service.h"
+#include "tests/services/served_test_model.h"
+
+namespace specula {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Needs hidden layers 0 and 2, records what it observes, proposes its last token twice.
+class RecordingDrafter : public Drafter {
+ public:
+  struct Log {
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<std::vector<at::Tensor>> hidden;
+  };
+  explicit RecordingDrafter(std::shared_ptr<Log> log) : log_(std::move(log)) {}
+  std::string name() const override { return "recording"; }
+  std::vector<int64_t> hidden_layers() const override { return {0, 2}; }
+  Status AddSequence(SeqId seq, const SamplingParams&) override {
+    last_[seq] = 0;
+    return OkStatus();
+  }
+  void ReleaseSequence(SeqId seq) override { last_.erase(seq); }
+  Status Observe(const std::vector<DrafterObservation>& observations) override {
+    for (const DrafterObservation& o : observations) {
+      log_->tokens.push_back(o.tokens);
+      std::vector<at::Tensor> copies;
+      for (const at::Tensor& h : o.hidden) copies.push_back(h.clone());
+      log_->hidden.push_back(copies);
+      last_[o.seq] = o.tokens.back();
+    }
+    return OkStatus();
+  }
+  StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override {
+    std::vector<CandidateTree> trees;
+    for (const DraftRequest& r : requests) {
+      const int32_t t = last_.at(r.seq);
+      std::vector<int32_t> chain(std::min(2, r.max_depth), t);
+      trees.push_back(CandidateTree::Chain(chain));
+    }
+    return trees;
+  }
+
+ private:
+  std::shared_ptr<Log> log_;
+  std::map<SeqId, int32_t> last_;
+};
+
+std::string Address(int port) { return "127.0.0.1:" + std::to_string(port); }
+
+class InternalServicesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TinyServedModelDirs().target;
+    auto config = ModelConfig::FromFile(dir_ + "/config.json");
+    ASSERT_TRUE(config.ok());
+    config_ = *config;
+    std::vector<std::unique_ptr<Drafter>> drafters;
+    drafters.push_back(std::make_unique<RecordingDrafter>(remote_log_));
+    service_ = std::make_unique<drafter::DrafterService>(
+        std::move(drafters),
+        drafter::DrafterServiceOptions{.vocab_size = static_cast<int32_t>(config_.vocab_size),
+                                       .hidden_size = static_cast<int32_t>(config_.hidden_size),
+                                       .dtype = "float32"});
+    auto server = services::ServiceServer::Start("127.0.0.1", 0, service_.get(),
+                                                 v1::Drafter::service_full_name());
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+
+  std::unique_ptr<LocalTargetBackend> Target() {
+    auto runner = ModelRunner::Load(dir_, {});
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    return std::make_unique<LocalTargetBackend>(std::move(*runner));
+  }
+
+  static StepPlan Admit(RequestId id, std::vector<int32_t> prompt, int64_t max_new) {
+    StepPlan plan;
+    SpecRequest r;
+    r.generation.prompt = std::move(prompt);
+    r.generation.max_new_tokens = max_new;
+    r.speculation.drafter = "recording";
+    r.speculation.max_draft_tokens = 2;
+    plan.admit.push_back({.id = id, .request = r});
+    return plan;
+  }
+
+  // Steps until every request finished; returns the tokens of request 1.
+  static std::vector<int32_t> RunToEnd(LocalTargetBackend& target, StepPlan first) {
+    std::vector<int32_t> tokens;
+    StepPlan plan = std::move(first);
+    for (int step = 0; step < 200; ++step) {
+      auto out = target.Step(plan);
+      EXPECT_TRUE(out.ok()) << out.status();
+      if (!out.ok()) break;
+      bool done = false;
+      for (const RequestUpdate& u : out->report.updates) {
+        tokens.insert(tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
+        done |= u.finished;
+      }
+      if (done) break;
+      plan = {};
+    }
+    return tokens;
+  }
+
+  std::string dir_;
+  ModelConfig config_;
+  std::shared_ptr<RecordingDrafter::Log> remote_log_ = std::make_shared<RecordingDrafter::Log>();
+  std::unique_ptr<drafter::DrafterService> service_;
+  std::unique_ptr<services::ServiceServer> server_;
+};
+
+TEST_F(InternalServicesTest, HiddenStatesReachARemoteDrafterExactlyAsInProcess) {
+  auto local_log = std::make_shared<RecordingDrafter::Log>();
+  auto local = Target();
+  ASSERT_TRUE(local->engine().AddDrafter(std::make_unique<RecordingDrafter>(local_log)).ok());
+
+  auto remote = Target();
+  auto connection = target::DrafterConnection::Connect(
+      Address(server_->port()), 5s, static_cast<int32_t>(config_.vocab_size),
+      static_cast<int32_t>(config_.hidden_size), "float32");
+  ASSERT_TRUE(connection.ok()) << connection.status();
+  ASSERT_EQ((*connection)->info().drafters_size(), 1);
+  EXPECT_EQ((*connection)->info().drafters(0).hidden_layers_size(), 2);
+  ASSERT_TRUE(remote->engine()
+                  .AddDrafter(std::make_unique<target::RemoteDrafter>(
+                      *connection, (*connection)->info().drafters(0)))
+                  .ok());
+
+  const std::vector<int32_t> prompt = {5, 9, 13, 2, 7, 11};
+  const auto a = RunToEnd(*local, Admit(1, prompt, 12));
+  const auto b = RunToEnd(*remote, Admit(1, prompt, 12));
+  EXPECT_EQ(a, b);
+  ASSERT_EQ(local_log->tokens, remote_log_->tokens);
+  ASSERT_EQ(local_log->hidden.size(), remote_log_->hidden.size());
+  ASSERT_GE(local_log->hidden.size(), 2u);
+  EXPECT_EQ(local_log->hidden[0][0].size(0), static_cast<int64_t>(prompt.size()));
+  for (size_t i = 0; i < local_log->hidden.size(); ++i) {
+    ASSERT_EQ(local_log->hidden[i].size(), 2u);
+    for (size_t l = 0; l < 2; ++l) {
+      EXPECT_TRUE(at::equal(local_log->hidden[i][l], remote_log_->hidden[i][l]))
+          << "observation " << i << " layer " << l;
+    }
+  }
+  EXPECT_EQ(service_->num_sequences(), 0) << "finished sequences were not released";
+}
+
+class RawSession {
+ public:
+  explicit RawSession(int port)
+      : stub_(v1::Drafter::NewStub(
+            grpc::CreateChannel(Address(port), grpc::InsecureChannelCredentials()))),
+        stream_(stub_->Session(&context_)) {}
+  v1::DrafterReply Call(const v1::DrafterCall& call) {
+    v1::DrafterReply reply;
+    EXPECT_TRUE(stream_->Write(call));
+    EXPECT_TRUE(stream_->Read(&reply));
+    return reply;
+  }
+  ~RawSession() {
+    stream_->WritesDone();
+    (void)stream_->Finish();
+  }
+
+ private:
+  std::unique_ptr<v1::Drafter::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::DrafterCall, v1::DrafterReply>> stream_;
+};
+
+TEST_F(InternalServicesTest, MalformedObservationsNameTheFieldAndTheSessionGoesOn) {
+  RawSession session(server_->port());
+  const int64_t d = config_.hidden_size;
+  v1::DrafterCall add;
+  add.set_drafter("recording");
+  add.mutable_add()->set_seq(7);
+  ASSERT_EQ(session.Call(add).code(), 0);
+
+  // A valid first observation: 3 tokens = a 2-token prompt and the first generated token.
+  auto observe = [&](std::vector<int32_t> tokens, std::vector<at::Tensor> hidden) {
+    v1::DrafterCall call;
+    call.set_drafter("recording");
+    v1::Observation* o = call.mutable_observe()->add_observations();
+    o->set_seq(7);
+    for (int32_t t : tokens) o->add_tokens(t);
+    for (const at::Tensor& h : hidden) EXPECT_TRUE(services::EncodeTensor(h, o->add_hidden()).ok());
+    return call;
+  };
+  const at::Tensor good = at::randn({2, d});
+  struct Case {
+    v1::DrafterCall call;
+    int code;
+    std::string message;
+  };
+  std::vector<Case> cases;
+  cases.push_back({observe({1, 2, 3}, {good}), 3,
+                   "observe.observations[0].hidden: drafter 'recording' needs 2"});
+  cases.push_back({observe({1, 2, 3}, {good, good.to(at::kBFloat16)}), 3,
+                   "observe.observations[0].hidden[1].dtype: expected float32, got bfloat16"});
+  cases.push_back({observe({1, 2, 3}, {good, at::randn({2, d + 1})}), 3,
+                   "observe.observations[0].hidden[1].shape: expected [2, " + std::to_string(d) +
+                       "], got [2, " + std::to_string(d + 1) + "]"});
+  cases.push_back({observe({1, 2, 3, 4}, {good, good}), 3,
+                   "observe.observations[0].hidden[0].shape: expected [3, "});
+  Case short_data{observe({1, 2, 3}, {good, good}), 3, "observe.observations[0].hidden[0].data"};
+  short_data.call.mutable_observe()
+      ->mutable_observations(0)
+      ->mutable_hidden(0)
+      ->mutable_data()
+      ->resize(7);
+  cases.push_back(short_data);
+  cases.push_back({observe({1, 999999, 3}, {good, good}), 3,
+                   "observe.observations[0].tokens[1] = 999999 is outside the vocabulary"});
+  Case unknown_seq{observe({1, 2, 3}, {good, good}), 5, "observe.observations[0].seq: unknown"};
+  unknown_seq.call.mutable_observe()->mutable_observations(0)->set_seq(8);
+  cases.push_back(unknown_seq);
+  Case unknown_drafter{observe({1, 2, 3}, {good, good}), 3, "drafter: unknown drafter 'medusa'"};
+  unknown_drafter.call.set_drafter("medusa");
+  cases.push_back(unknown_drafter);
+  v1::DrafterCall empty;
+  empty.set_drafter("recording");
+  cases.push_back({empty, 3, "call: one of add, release, observe or propose"});
+
+  for (size_t i = 0; i < cases.size(); ++i) {
+    v1::DrafterReply reply = session.Call(cases[i].call);
+    EXPECT_EQ(reply.code(), cases[i].code) << i << ": " << reply.message();
+    EXPECT_NE(reply.message().find(cases[i].message), std::string::npos)
+        << i << ": " << reply.message();
+  }
+  EXPECT_TRUE(remote_log_->tokens.empty()) << "a rejected call reached the drafter";
+
+  // The session still works: the valid observation, then a proposal.
+  EXPECT_EQ(session.Call(observe({1, 2, 3}, {good, good})).code(), 0);
+  ASSERT_EQ(remote_log_->tokens.size(), 1u);
+  EXPECT_TRUE(at::equal(remote_log_->hidden[0][0], good));
+  v1::DrafterCall propose;
+  propose.set_drafter("recording");
+  v1::DraftRequest* r = propose.mutable_propose()->add_requests();
+  r->set_seq(7);
+  r->set_max_nodes(2);
+  r->set_max_depth(2);
+  v1::DrafterReply trees = session.Call(propose);
+  ASSERT_EQ(trees.code(), 0) << trees.message();
+  ASSERT_EQ(trees.trees_size(), 1);
+  EXPECT_EQ(trees.trees(0).tokens_size(), 2);
+  EXPECT_EQ(trees.trees(0).tokens(0), 3);
+}
+
+// A drafter service that answers every proposal with a tree whose arrays disagree.
+class BrokenTreeService final : public v1::Drafter::Service {
+ public:
+  grpc::Status GetDrafterInfo(grpc::ServerContext*, const v1::GetDrafterInfoRequest*,
+                              v1::DrafterInfo* info) override {
+    info->add_drafters()->set_name("broken");
+    info->set_vocab_size(vocab);
+    info->set_hidden_size(hidden);
+    info->set_hidden_dtype(v1::DTYPE_FLOAT32);
+    return grpc::Status::OK;
+  }
+  grpc::Status Session(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::DrafterReply, v1::DrafterCall>* stream) override {
+    v1::DrafterCall call;
+    while (stream->Read(&call)) {
+      v1::DrafterReply reply;
+      if (call.has_propose()) {
+        for (int i = 0; i < call.propose().requests_size(); ++i) {
+          v1::CandidateTree* t = reply.add_trees();
+          t->add_tokens(1);
+          t->add_tokens(2);
+          t->add_parents(-1);  // one parent for two tokens
+        }
+      }
+      stream->Write(reply);
+    }
+    return grpc::Status::OK;
+  }
+  int32_t vocab = 0;
+  int32_t hidden = 0;
+};
+
+TEST_F(InternalServicesTest, BrokenTreesFromADrafterPeerCostOnlySpeculation) {
+  BrokenTreeService broken;
+  broken.vocab = static_cast<int32_t>(config_.vocab_size);
+  broken.hidden = static_cast<int32_t>(config_.hidden_size);
+  auto server =
+      services::ServiceServer::Start("127.0.0.1", 0, &broken, v1::Drafter::service_full_name());
+  ASSERT_TRUE(server.ok());
+  auto connection = target::DrafterConnection::Connect(Address((*server)->port()), 5s, broken.vocab,
+                                                       broken.hidden, "float32");
+  ASSERT_TRUE(connection.ok()) << connection.status();
+  target::RemoteDrafter drafter(*connection, (*connection)->info().drafters(0));
+  ASSERT_TRUE(drafter.AddSequence(42, {}).ok());
+  auto trees = drafter.Propose({{.seq = 42, .max_nodes = 4, .max_depth = 4}});
+  ASSERT_FALSE(trees.ok());
+  EXPECT_EQ(trees.status().code(), StatusCode::kInternal);
+  EXPECT_NE(trees.status().message().find("trees[0]: tokens, parents"), std::string::npos)
+      << trees.status();
+
+  // Through the engine: the request completes with plain greedy output and counts the error.
+  auto target = Target();
+  ASSERT_TRUE(target->engine()
+                  .AddDrafter(std::make_unique<target::RemoteDrafter>(
+                      *connection, (*connection)->info().drafters(0)))
+                  .ok());
+  StepPlan plan = Admit(1, {5, 9, 13}, 8);
+  plan.admit[0].request.speculation.drafter = "broken";
+  const auto got = RunToEnd(*target, plan);
+  ReferenceDecoder reference(dir_);
+  EXPECT_EQ(got, reference.Greedy({5, 9, 13}, 8));
+}
+
+TEST_F(InternalServicesTest, TargetRejectsABrokenPlanNamingTheFieldAndFreesTheSession) {
+  auto target = Target();
+  target::TargetService service(target.get(), nullptr, 2s);
+  auto server =
+      services::ServiceServer::Start("127.0.0.1", 0, &service, v1::Target::service_full_name());
+  ASSERT_TRUE(server.ok());
+  auto stub = v1::Target::NewStub(
+      grpc::CreateChannel(Address((*server)->port()), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext context;
+    auto stream = stub->Run(&context);
+    v1::StepPlan plan;
+    v1::Admission* a = plan.add_admit();
+    a->set_request_id(1);
+    a->mutable_request()->add_prompt(5);
+    a->mutable_request()->set_max_new_tokens(100);
+    ASSERT_TRUE(stream->Write(plan));
+    v1::StepResult result;
+    ASSERT_TRUE(stream->Read(&result));  // admitted and prefilled
+    ASSERT_EQ(result.updates_size(), 1);
+    EXPECT_EQ(result.updates(0).new_tokens_size(), 1) << result.updates(0).error_message();
+    plan.mutable_admit(0)->set_request_id(2);
+    plan.mutable_admit(0)->mutable_request()->set_verify(static_cast<v1::VerifyMode>(99));
+    ASSERT_TRUE(stream->Write(plan));
+    EXPECT_FALSE(stream->Read(&result));
+    grpc::Status status = stream->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(status.error_message().find("admit[0].request.verify: unknown verification mode"),
+              std::string::npos)
+        << status.error_message();
+  }
+  EXPECT_EQ(service.num_requests(), 0) << "the ended session's requests still hold KV blocks";
+  EXPECT_EQ(target->target().kv_stats().free_blocks, target->target().kv_stats().num_blocks);
+  // A new session works.
+  grpc::ClientContext context;
+  auto stream = stub->Run(&context);
+  v1::StepPlan plan;
+  v1::Admission* a = plan.add_admit();
+  a->set_request_id(1);
+  a->mutable_request()->add_prompt(5);
+  a->mutable_request()->set_max_new_tokens(1);
+  ASSERT_TRUE(stream->Write(plan));
+  v1::StepResult result;
+  ASSERT_TRUE(stream->Read(&result));
+  ASSERT_EQ(result.updates_size(), 1);
+  EXPECT_TRUE(result.updates(0).finished());
+  EXPECT_EQ(result.updates(0).finish_reason(), "length");
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+}  // namespace
+}  // namespace specula
