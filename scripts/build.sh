@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS="${JOBS:-$(nproc)}"
+# Paths relative to the checkout in ccache's hashes, so clones and worktrees share cache hits.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 GENERATOR=()
 command -v ninja >/dev/null && GENERATOR=(-G Ninja)
 if [ -f build/CMakeCache.txt ] && ! grep -q "CMAKE_GENERATOR:INTERNAL=${GENERATOR[1]:-Unix Makefiles}" build/CMakeCache.txt; then

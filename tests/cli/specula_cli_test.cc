@@ -224,6 +224,41 @@ TEST_F(SpeculaCliTest, BenchComparesWithNoSpeculationAndWritesJson) {
   EXPECT_NE(r.err.find("line 1"), std::string::npos) << r.err;
 }
 
+TEST_F(SpeculaCliTest, TrainTargetPrintsProgressAndValidationAndWritesAModel) {
+  // A small source tree: a few Python files, and a test/ folder that must stay out of training.
+  const fs::path src = dir_->path() / "pysrc";
+  fs::create_directories(src / "pkg");
+  fs::create_directories(src / "test");
+  for (int i = 0; i < 12; ++i) {
+    std::string body;
+    for (int k = 0; k < 20; ++k) {
+      body += "def f" + std::to_string(i * 100 + k) + "(x):\n    return x + " + std::to_string(k) +
+              "\n\n";
+    }
+    ASSERT_TRUE(
+        WriteStringToFile((src / "pkg" / ("m" + std::to_string(i) + ".py")).string(), body).ok());
+  }
+  ASSERT_TRUE(WriteStringToFile((src / "test" / "test_x.py").string(), "assert True\n").ok());
+  const std::string data = dir_->File("corpus");
+  RunResult r = Run("prepare-corpus --source " + src.string() + " --out " + data + " --tokenizer " +
+                    model() + "/tokenizer.json --validation-percent 25");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string out = dir_->File("trained");
+  r = Run("train-target --data " + data + " --out " + out +
+          " --layers 1 --hidden 32 --heads 2 --kv-heads 1 --intermediate 64 --max-position 64"
+          " --batch-size 2 --seq-len 16 --steps 4 --warmup 1 --eval-every 2 --log-every 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const std::string piece :
+       {"step 1/4 | loss ", "tok/s", "ETA", "step 4/4", "step 2 | val loss ", "val ppl"}) {
+    EXPECT_NE(r.err.find(piece), std::string::npos) << piece << " missing from:\n" << r.err;
+  }
+  auto info = nlohmann::json::parse(ReadFileToString(out + "/training.json").value());
+  EXPECT_EQ(info["preset"], "target");
+  EXPECT_EQ(info["steps"], 4);
+  r = Run("generate --model " + out + " --prompt 'def f' --max-new-tokens 3 --json");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
 TEST_F(SpeculaCliTest, MissingModelDirectory) {
   RunResult r =
       Run("generate --model " + dir_->File("nope") + " --prompt-ids 1 --max-new-tokens 2");

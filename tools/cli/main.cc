@@ -19,6 +19,7 @@ constexpr char kUsage[] =
     "curve)\n"
     "  prepare-corpus  build the Python-sources corpus, train its tokenizer, write token files\n"
     "  train-lm        train a Llama-style LM (bundled target or draft LM) on a prepared corpus\n"
+    "  train-target    train-lm --preset target (the bundled target's shape)\n"
     "  eval-lm         perplexity of a model on a token file (e.g. the held-out split)\n"
     "  distill         self-distillation dataset: target continuations of training-split prompts\n"
     "  serve           gRPC server: the Generation API with speculative decoding, health checks,\n"
@@ -40,6 +41,10 @@ int main(int argc, char** argv) {
   if (command == "bench-forward") return specula::cli::RunBenchForward(args);
   if (command == "prepare-corpus") return specula::cli::RunPrepareCorpus(args);
   if (command == "train-lm") return specula::cli::RunTrainLm(args);
+  if (command == "train-target") {
+    args.insert(args.begin(), {"--preset", "target"});  // a later --preset still wins
+    return specula::cli::RunTrainLm(args);
+  }
   if (command == "eval-lm") return specula::cli::RunEvalLm(args);
   if (command == "distill") return specula::cli::RunDistill(args);
   if (command == "serve") {
