@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <ATen/ATen.h>
 
 #include <map>
@@ -544,6 +546,45 @@ TEST_F(SpecEngineTest, LossyVerificationChangesOutputOnlyWhenEnabled) {
   EXPECT_EQ(run({}), plain);
   // Accept any draft token within the target's top 8 and 4 nats of its top-1: random drafts get in.
   EXPECT_NE(run({.mode = VerifyMode::kSpecDec, .specdec_beta = 8, .specdec_tau = 4.0f}), plain);
+}
+
+TEST_F(SpecEngineTest, TypicalAcceptanceIsLossyOnlyWhenEnabled) {
+  const auto requests = Prompts(6, 24, 31);
+  const auto plain = Plain(requests);
+  auto run = [&](VerifyParams verify, float temperature) {
+    SpecEngine engine(target_.get());
+    EXPECT_TRUE(
+        engine
+            .AddDrafter(std::make_unique<ScriptedDrafter>(
+                "random", ScriptedDrafter::Kind::kRandomTree, References(requests, plain), 64))
+            .ok());
+    auto spec = WithDrafter(requests, "random", 6);
+    for (size_t i = 0; i < spec.size(); ++i) {
+      spec[i].speculation.verify = verify;
+      spec[i].generation.sampling.temperature = temperature;
+      spec[i].generation.sampling.seed = 100 + i;
+    }
+    auto results = GenerateAll(engine, spec);
+    EXPECT_TRUE(results.ok()) << results.status();
+    int64_t accepted = 0;
+    bool lossy = false;
+    for (const auto& r : *results) {
+      accepted += r.stats.accepted_tokens;
+      lossy |= r.stats.lossy;
+    }
+    return std::make_tuple(Tokens(*results), accepted, lossy);
+  };
+  const VerifyParams typical{
+      .mode = VerifyMode::kTypical, .typical_epsilon = 1e-6f, .typical_delta = 1e-6f};
+  // Greedy requests keep the lossless greedy rule even when typical is asked for.
+  EXPECT_EQ(std::get<0>(run(typical, 0.0f)), plain);
+  // Sampled: a near-zero threshold lets random drafts in, which lossless rejection does not.
+  const auto [lossless_tokens, lossless_accepted, lossless_lossy] = run({}, 1.0f);
+  const auto [typical_tokens, typical_accepted, typical_lossy] = run(typical, 1.0f);
+  EXPECT_FALSE(lossless_lossy);
+  EXPECT_TRUE(typical_lossy);
+  EXPECT_GT(typical_accepted, lossless_accepted);
+  EXPECT_NE(typical_tokens, lossless_tokens);
 }
 
 TEST_F(SpecEngineTest, LossyVerificationIsLabelled) {
