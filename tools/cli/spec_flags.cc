@@ -4,15 +4,20 @@
 
 #include "common/drafters/draft_model_drafter.h"
 #include "common/drafters/ngram_drafter.h"
+#include "common/drafters/specformer/specformer_drafter.h"
 
 namespace specula::cli {
 
 void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
   flags.AddString("drafter", &drafter,
                   many_drafters ? "comma-separated drafters to compare with no speculation: ngram, "
-                                  "draft-model"
-                                : "none, ngram or draft-model");
+                                  "draft-model, specformer"
+                                : "none, ngram, draft-model or specformer");
   flags.AddString("drafter-model", &drafter_model, "draft LM directory for --drafter draft-model");
+  flags.AddString("specformer-model", &specformer_model,
+                  "SpecFormer checkpoint directory for --drafter specformer");
+  flags.AddBool("specformer-tree", &specformer_tree,
+                "specformer: budgeted tree of the k most probable paths (false: argmax chain)");
   if (!many_drafters) flags.AddInt("draft-len", &draft_len, "draft tokens per step");
   flags.AddInt("tree-width", &tree_width, "draft-model: 1 = chain, w > 1 = tree of top-w children");
   flags.AddInt("ngram-min", &ngram_min, "ngram: shortest suffix to match");
@@ -32,9 +37,9 @@ StatusOr<std::vector<std::string>> SpecFlags::DrafterNames() const {
   std::string name;
   while (std::getline(in, name, ',')) {
     if (name.empty()) continue;
-    if (name != "none" && name != "ngram" && name != "draft-model") {
+    if (name != "none" && name != "ngram" && name != "draft-model" && name != "specformer") {
       return InvalidArgumentError(
-          StrCat("--drafter: unknown drafter '", name, "' (none, ngram, draft-model)"));
+          StrCat("--drafter: unknown drafter '", name, "' (none, ngram, draft-model, specformer)"));
     }
     names.push_back(name);
   }
@@ -64,6 +69,14 @@ Status SpecFlags::AddDrafters(SpecEngine& engine, const ModelFlags& model) const
                        DraftModelDrafter::Create(std::move(*runner), vocab,
                                                  {.tree_width = static_cast<int32_t>(tree_width)}));
       RETURN_IF_ERROR(engine.AddDrafter(std::move(drafter)));
+    } else if (name == "specformer") {
+      if (specformer_model.empty()) {
+        return InvalidArgumentError("--drafter specformer needs --specformer-model DIR");
+      }
+      auto drafter =
+          SpecFormerDrafter::Load(specformer_model, engine.target(), {.tree = specformer_tree});
+      if (!drafter.ok()) return drafter.status().WithContext("--specformer-model");
+      RETURN_IF_ERROR(engine.AddDrafter(std::move(*drafter)));
     }
   }
   return OkStatus();
