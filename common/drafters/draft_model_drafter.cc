@@ -3,55 +3,13 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cmath>
-#include <numeric>
 #include <span>
 #include <unordered_set>
 
+#include "common/drafters/draft_sampling.h"
+
 namespace specula {
 namespace {
-
-// Mixed into the request's seed so the drafter's random stream is independent of the target's.
-constexpr uint64_t kSeedSalt = 0xD1B54A32D192ED03ull;
-
-uint64_t DraftSeed(uint64_t seed) {
-  uint64_t x = seed ^ kSeedSalt;  // splitmix64
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// softmax(row) (what greedy requests rank and report draft probabilities with).
-std::vector<float> Softmax(std::span<const float> row) {
-  std::vector<float> probs(row.size(), 0.0f);
-  if (row.empty()) return probs;
-  const double max_logit = *std::max_element(row.begin(), row.end());
-  double total = 0.0;
-  for (float l : row) total += std::exp(static_cast<double>(l) - max_logit);
-  for (size_t i = 0; i < row.size(); ++i) {
-    probs[i] = static_cast<float>(std::exp(static_cast<double>(row[i]) - max_logit) / total);
-  }
-  return probs;
-}
-
-// The draft distribution of a request: the target's shaping for sampled requests, plain softmax
-// for greedy ones (whose shaped distribution is a one-hot).
-std::vector<float> DraftProbabilities(std::span<const float> row, const SamplingParams& sampling) {
-  return sampling.greedy() ? Softmax(row) : Probabilities(row, sampling);
-}
-
-// The `w` tokens with the largest logits, best first (ties to the lower id, like Argmax).
-std::vector<int32_t> TopTokens(std::span<const float> row, int32_t w) {
-  std::vector<int32_t> order(row.size());
-  std::iota(order.begin(), order.end(), 0);
-  const size_t k = std::min(order.size(), static_cast<size_t>(std::max(w, 0)));
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-    return row[a] > row[b] || (row[a] == row[b] && a < b);
-  });
-  order.resize(k);
-  return order;
-}
 
 // Per-sequence state (DraftModelDrafter::State is this; free helpers below work on it).
 struct SeqState {

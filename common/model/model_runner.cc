@@ -43,7 +43,7 @@ struct ModelRunner::Impl {
 ModelRunner::ModelRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ModelRunner::~ModelRunner() = default;
 
-Status LoadWeightsInto(CausalLMImpl& model, const std::string& model_dir) {
+Status LoadWeightsInto(torch::nn::Module& model, const std::string& model_dir) {
   ASSIGN_OR_RETURN(auto weights, LoadSafetensorsDir(model_dir));
   torch::NoGradGuard no_grad;
   for (auto& p : model.named_parameters()) {

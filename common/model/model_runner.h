@@ -33,6 +33,11 @@ struct ForwardOutput {
 };
 
 class CausalLMImpl;
+}  // namespace specula
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
+namespace specula {
 
 class ModelRunner {
  public:
@@ -80,9 +85,9 @@ class ModelRunner {
   std::unique_ptr<Impl> impl_;
 };
 
-// Loads a checkpoint's tensors into a CausalLM of the config's shape, converting dtype/device.
-// INVALID_ARGUMENT names a missing tensor or a shape mismatch.
-Status LoadWeightsInto(CausalLMImpl& model, const std::string& model_dir);
+// Loads a checkpoint's tensors into a module of the config's shape (a CausalLM, a drafter),
+// converting dtype. INVALID_ARGUMENT names a missing tensor or a shape mismatch.
+Status LoadWeightsInto(torch::nn::Module& model, const std::string& model_dir);
 
 // Writes an HF-layout model directory: model.safetensors (the module's parameters) and config.json.
 Status SaveModelDir(CausalLMImpl& model, const ModelConfig& config, const std::string& dir);

@@ -1,6 +1,7 @@
 // Greedy speculative decoding on the bundled target equals plain greedy decoding token for token:
-// held-out prompts of mixed lengths, every training-free drafter (n-gram, the draft LM as a chain
-// and as a tree), draft lengths 1-8, batch sizes 1 and 8.
+// held-out prompts of mixed lengths, every drafter (n-gram, the draft LM as a chain and as a tree,
+// the trained SpecFormer as a chain and as a budgeted tree), draft lengths 1-8, batch sizes 1
+// and 8.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 
 #include "common/drafters/draft_model_drafter.h"
 #include "common/drafters/ngram_drafter.h"
+#include "common/drafters/specformer/specformer_drafter.h"
 #include "common/engine/plain_decoder.h"
 #include "common/sampling/sampler.h"
 #include "common/spec/spec_engine.h"
@@ -22,6 +24,7 @@ namespace fs = std::filesystem;
 
 const std::string kTarget = std::string(SPECULA_SOURCE_DIR) + "/models/pyllama-6m";
 const std::string kDraft = std::string(SPECULA_SOURCE_DIR) + "/models/pyllama-draft-1m";
+const std::string kSpecFormer = std::string(SPECULA_SOURCE_DIR) + "/models/specformer-pyllama-6m";
 const std::string kHeldOut = "/usr/lib/python3.11/test";
 constexpr int kPrompts = 16;
 constexpr int64_t kMaxNewTokens = 40;
@@ -71,6 +74,11 @@ class BundledLosslessTest : public ::testing::Test {
     auto engine = std::make_unique<SpecEngine>(target_);
     if (drafter == "ngram") {
       EXPECT_TRUE(engine->AddDrafter(NgramDrafter::Create({}).value()).ok());
+    } else if (drafter.rfind("specformer", 0) == 0) {
+      auto specformer =
+          SpecFormerDrafter::Load(kSpecFormer, *target_, {.tree = drafter == "specformer-tree"});
+      EXPECT_TRUE(specformer.ok()) << specformer.status();
+      if (specformer.ok()) EXPECT_TRUE(engine->AddDrafter(std::move(*specformer)).ok());
     } else {
       auto draft = ModelRunner::Load(kDraft, {});
       EXPECT_TRUE(draft.ok()) << draft.status();
@@ -112,7 +120,9 @@ class BundledLosslessTest : public ::testing::Test {
 
   void CheckDrafter(const std::string& drafter) {
     auto engine = Engine(drafter);
-    const std::string name = drafter == "ngram" ? "ngram" : "draft-model";
+    const std::string name = drafter == "ngram"                    ? "ngram"
+                             : drafter.rfind("specformer", 0) == 0 ? "specformer"
+                                                                   : "draft-model";
     int64_t accepted = 0;
     for (int32_t k = 1; k <= 8; ++k) {
       // Batch 1: a few prompts one at a time.
@@ -161,6 +171,8 @@ int BundledLosslessTest::ties_ = 0;
 TEST_F(BundledLosslessTest, NgramEqualsPlainGreedy) { CheckDrafter("ngram"); }
 TEST_F(BundledLosslessTest, DraftModelChainEqualsPlainGreedy) { CheckDrafter("draft-model"); }
 TEST_F(BundledLosslessTest, DraftModelTreeEqualsPlainGreedy) { CheckDrafter("draft-model-tree"); }
+TEST_F(BundledLosslessTest, SpecFormerChainEqualsPlainGreedy) { CheckDrafter("specformer-chain"); }
+TEST_F(BundledLosslessTest, SpecFormerTreeEqualsPlainGreedy) { CheckDrafter("specformer-tree"); }
 
 }  // namespace
 }  // namespace specula

@@ -220,6 +220,8 @@ Status Run(const BenchFlags& f) {
     j["command"] = "bench";
     j["model"] = f.model.model;
     j["drafter_model"] = f.spec.drafter_model;
+    j["specformer_model"] = f.spec.specformer_model;
+    j["specformer_tree"] = f.spec.specformer_tree;
     j["device"] = runner->device_name();
     j["dtype"] = f.model.dtype;
     j["threads"] = f.model.threads;

@@ -14,6 +14,7 @@ int RunPrepareCorpus(const std::vector<std::string>& args);
 int RunTrainLm(const std::vector<std::string>& args);
 int RunDistill(const std::vector<std::string>& args);
 int RunEvalLm(const std::vector<std::string>& args);
+int RunTrainDrafter(const std::vector<std::string>& args);
 // Only in builds with -DSPECULA_WITH_GRPC=ON (SPECULA_HAVE_SERVE).
 int RunServe(const std::vector<std::string>& args);
 

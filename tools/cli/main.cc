@@ -22,6 +22,8 @@ constexpr char kUsage[] =
     "  train-target    train-lm --preset target (the bundled target's shape)\n"
     "  eval-lm         perplexity of a model on a token file (e.g. the held-out split)\n"
     "  distill         self-distillation dataset: target continuations of training-split prompts\n"
+    "  train-drafter   train a drafter for a frozen target (--kind specformer) on the distill "
+    "dataset\n"
     "  serve           gRPC server: the Generation API with speculative decoding, health checks,\n"
     "                  reflection and Prometheus metrics (builds with -DSPECULA_WITH_GRPC=ON)\n"
     "\n"
@@ -47,6 +49,7 @@ int main(int argc, char** argv) {
   }
   if (command == "eval-lm") return specula::cli::RunEvalLm(args);
   if (command == "distill") return specula::cli::RunDistill(args);
+  if (command == "train-drafter") return specula::cli::RunTrainDrafter(args);
   if (command == "serve") {
 #ifdef SPECULA_HAVE_SERVE
     return specula::cli::RunServe(args);

@@ -331,9 +331,10 @@ int RunServe(const std::vector<std::string>& args) {
   f.model.Register(flags);
   f.spec.Register(flags, /*many_drafters=*/true);
   // Same flag and target as SpecFlags', with serve's meaning in --help (FlagSet keeps the last).
-  flags.AddString("drafter", &f.spec.drafter,
-                  "comma-separated drafters to load: ngram, draft-model (requests pick one, or "
-                  "none)");
+  flags.AddString(
+      "drafter", &f.spec.drafter,
+      "comma-separated drafters to load: ngram, draft-model, specformer (requests pick one, or "
+      "none)");
   flags.AddString("default-drafter", &f.default_drafter,
                   "drafter for requests that name none: one of --drafter or none (default: the "
                   "first of --drafter)");

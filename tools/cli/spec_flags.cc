@@ -4,15 +4,20 @@
 
 #include "common/drafters/draft_model_drafter.h"
 #include "common/drafters/ngram_drafter.h"
+#include "common/drafters/specformer/specformer_drafter.h"
 
 namespace specula::cli {
 
 void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
   flags.AddString("drafter", &drafter,
                   many_drafters ? "comma-separated drafters to compare with no speculation: ngram, "
-                                  "draft-model"
-                                : "none, ngram or draft-model");
+                                  "draft-model, specformer"
+                                : "none, ngram, draft-model or specformer");
   flags.AddString("drafter-model", &drafter_model, "draft LM directory for --drafter draft-model");
+  flags.AddString("specformer-model", &specformer_model,
+                  "SpecFormer checkpoint directory for --drafter specformer");
+  flags.AddBool("specformer-tree", &specformer_tree,
+                "specformer: budgeted tree of the k most probable paths (false: argmax chain)");
   if (!many_drafters) flags.AddInt("draft-len", &draft_len, "draft tokens per step");
   flags.AddInt("tree-width", &tree_width, "draft-model: 1 = chain, w > 1 = tree of top-w children");
   flags.AddInt("ngram-min", &ngram_min, "ngram: shortest suffix to match");
@@ -32,9 +37,9 @@ StatusOr<std::vector<std::string>> SpecFlags::DrafterNames() const {
   std::string name;
   while (std::getline(in, name, ',')) {
     if (name.empty()) continue;
-    if (name != "none" && name != "ngram" && name != "draft-model") {
+    if (name != "none" && name != "ngram" && name != "draft-model" && name != "specformer") {
       return InvalidArgumentError(
-          StrCat("--drafter: unknown drafter '", name, "' (none, ngram, draft-model)"));
+          StrCat("--drafter: unknown drafter '", name, "' (none, ngram, draft-model, specformer)"));
     }
     names.push_back(name);
   }
@@ -43,7 +48,7 @@ StatusOr<std::vector<std::string>> SpecFlags::DrafterNames() const {
 }
 
 StatusOr<std::vector<std::unique_ptr<Drafter>>> SpecFlags::LoadDrafters(
-    const ModelConfig& target, const ModelFlags& model) const {
+    const ModelConfig& target, const ModelFlags& model, const ModelRunner* target_runner) const {
   ASSIGN_OR_RETURN(std::vector<std::string> names, DrafterNames());
   const int32_t vocab = static_cast<int32_t>(target.vocab_size);
   std::vector<std::unique_ptr<Drafter>> drafters;
@@ -66,6 +71,23 @@ StatusOr<std::vector<std::unique_ptr<Drafter>>> SpecFlags::LoadDrafters(
                        DraftModelDrafter::Create(std::move(*runner), vocab,
                                                  {.tree_width = static_cast<int32_t>(tree_width)}));
       drafters.push_back(std::move(drafter));
+    } else if (name == "specformer") {
+      if (specformer_model.empty()) {
+        return InvalidArgumentError("--drafter specformer needs --specformer-model DIR");
+      }
+      // SpecFormer shares the target's final norm and lm_head: a drafter process without the
+      // target loads it (the drafter keeps only the shared module alive).
+      std::unique_ptr<ModelRunner> own_target;
+      if (!target_runner) {
+        auto loaded = model.Load();
+        if (!loaded.ok()) return loaded.status().WithContext("--model (SpecFormer's target)");
+        own_target = std::move(*loaded);
+        target_runner = own_target.get();
+      }
+      auto drafter =
+          SpecFormerDrafter::Load(specformer_model, *target_runner, {.tree = specformer_tree});
+      if (!drafter.ok()) return drafter.status().WithContext("--specformer-model");
+      drafters.push_back(std::move(*drafter));
     }
   }
   return drafters;
@@ -73,7 +95,7 @@ StatusOr<std::vector<std::unique_ptr<Drafter>>> SpecFlags::LoadDrafters(
 
 Status SpecFlags::AddDrafters(SpecEngine& engine, const ModelFlags& model) const {
   ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Drafter>> drafters,
-                   LoadDrafters(engine.target().config(), model));
+                   LoadDrafters(engine.target().config(), model, &engine.target()));
   for (auto& d : drafters) RETURN_IF_ERROR(engine.AddDrafter(std::move(d)));
   return OkStatus();
 }

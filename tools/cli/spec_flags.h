@@ -15,6 +15,8 @@ namespace specula::cli {
 struct SpecFlags {
   std::string drafter = "none";  // generate: one name; bench: a comma-separated list
   std::string drafter_model;     // the draft LM's directory (draft-model)
+  std::string specformer_model;  // the SpecFormer checkpoint (specformer)
+  bool specformer_tree = true;   // specformer: budgeted tree of k nodes; false = a chain
   int64_t draft_len = 4;         // draft tokens per step (tree nodes)
   int64_t tree_width = 1;        // draft-model: 1 = chain, w > 1 = top-w tree
   int64_t ngram_min = 1;
@@ -26,12 +28,14 @@ struct SpecFlags {
   double typical_delta = 0.3;
 
   void Register(FlagSet& flags, bool many_drafters);
-  // The drafter names in --drafter (validated: none, ngram, draft-model).
+  // The drafter names in --drafter (validated: none, ngram, draft-model, specformer).
   StatusOr<std::vector<std::string>> DrafterNames() const;
   // Loads every drafter named in --drafter for a target of config `target` (the draft LM with
-  // `model`'s device, dtype and KV settings).
-  StatusOr<std::vector<std::unique_ptr<Drafter>>> LoadDrafters(const ModelConfig& target,
-                                                               const ModelFlags& model) const;
+  // `model`'s device, dtype and KV settings). SpecFormer shares `target_runner`'s head; without
+  // one (the drafter role) the target in `model` is loaded for it.
+  StatusOr<std::vector<std::unique_ptr<Drafter>>> LoadDrafters(
+      const ModelConfig& target, const ModelFlags& model,
+      const ModelRunner* target_runner = nullptr) const;
   // LoadDrafters for the engine's target, added to `engine`.
   Status AddDrafters(SpecEngine& engine, const ModelFlags& model) const;
   // The per-request settings for one drafter and draft length; INVALID_ARGUMENT for a --verify

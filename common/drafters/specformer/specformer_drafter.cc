@@ -1,0 +1,399 @@
+#include "common/drafters/specformer/specformer_drafter.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <queue>
+#include <span>
+#include <unordered_set>
+
+#include "common/drafters/draft_sampling.h"
+#include "common/drafters/specformer/specformer_model.h"
+#include "common/model/transformer.h"
+
+namespace specula {
+namespace {
+
+// One request's slot distributions: row j of `logits` ([l_d, V] float32, CPU) is slot j.
+struct SlotRows {
+  const float* data = nullptr;
+  int64_t vocab = 0;
+  std::span<const float> Row(int64_t j) const {
+    return {data + j * vocab, static_cast<size_t>(vocab)};
+  }
+};
+
+// A chain of `depth` nodes, one per slot: argmax (greedy) or sampled from the shaped slot
+// distribution with that distribution attached (sampled requests).
+CandidateTree DraftChain(const SlotRows& slots, int32_t depth, const SamplingParams& sampling,
+                         SequenceRng& rng) {
+  CandidateTree tree;
+  for (int32_t j = 0; j < depth; ++j) {
+    const auto row = slots.Row(j);
+    if (sampling.greedy()) {
+      const int32_t token = Argmax(row);
+      tree.AddNode(j - 1, token, Softmax(row)[token]);
+    } else {
+      std::vector<float> q = Probabilities(row, sampling);
+      const int32_t token = SampleFrom(q, rng);
+      const float p = q[token];
+      const int32_t dist = tree.AddDistribution(std::move(q));
+      tree.AddNode(j - 1, token, p, dist);
+    }
+  }
+  return tree;
+}
+
+// The `budget` nodes with the highest path probability (product of slot probabilities from the
+// root), for slot distributions that do not depend on the parent. Best-first enumeration: the best
+// node overall is slot 0's best token; after taking a node, the next candidates it opens are its
+// next-best sibling and its best child, both no more probable than itself, so nodes come out in
+// non-increasing path probability and every parent before its children. Ties keep discovery order.
+CandidateTree DraftBudgetedTree(const SlotRows& slots, int32_t depth, int32_t budget,
+                                const SamplingParams& sampling) {
+  CandidateTree tree;
+  if (depth <= 0 || budget <= 0) return tree;
+  // Per depth: probabilities and the tokens sorted by them (at most `budget` are ever used).
+  std::vector<std::vector<float>> probs(depth);
+  std::vector<std::vector<int32_t>> ranked(depth);
+  for (int32_t j = 0; j < depth; ++j) {
+    probs[j] = DraftProbabilities(slots.Row(j), sampling);
+    ranked[j] = TopTokens(probs[j], budget);
+    // Shaped distributions (top-k / top-p) give many tokens probability 0: never draft those.
+    while (!ranked[j].empty() && probs[j][ranked[j].back()] <= 0.0f) ranked[j].pop_back();
+  }
+  struct Candidate {
+    double path_prob;
+    int64_t order;   // discovery order (tie-break)
+    int32_t parent;  // node index, -1 = the pending token
+    int32_t depth;   // 0-based slot
+    int32_t rank;    // index into ranked[depth]
+    double parent_prob;
+  };
+  auto worse = [](const Candidate& a, const Candidate& b) {
+    return a.path_prob < b.path_prob || (a.path_prob == b.path_prob && a.order > b.order);
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, decltype(worse)> heap(worse);
+  int64_t order = 0;
+  auto push = [&](int32_t parent, int32_t d, int32_t rank, double parent_prob) {
+    if (d >= depth || rank >= static_cast<int32_t>(ranked[d].size())) return;
+    const double p = probs[d][ranked[d][rank]];
+    heap.push({parent_prob * p, order++, parent, d, rank, parent_prob});
+  };
+  push(-1, 0, 0, 1.0);
+  while (!heap.empty() && tree.size() < budget) {
+    const Candidate c = heap.top();
+    heap.pop();
+    const int32_t token = ranked[c.depth][c.rank];
+    const int32_t node = tree.AddNode(c.parent, token, probs[c.depth][token]);
+    push(c.parent, c.depth, c.rank + 1, c.parent_prob);  // next sibling
+    push(node, c.depth + 1, 0, c.path_prob);             // best child
+  }
+  return tree;
+}
+
+}  // namespace
+
+struct SpecFormerDrafter::State {
+  State(SeqId id, const SamplingParams& params)
+      : kv_seq(id), sampling(params), rng(DraftSeed(params.seed)) {}
+
+  SeqId kv_seq;  // the context cache's id for the sequence (process-unique)
+  SamplingParams sampling;
+  SequenceRng rng;
+  std::vector<int32_t> history;  // tokens observed; the last one is pending (no hidden state)
+  torch::Tensor last;  // [d] context output at the last observed position; undefined before one
+};
+
+StatusOr<std::unique_ptr<SpecFormerDrafter>> SpecFormerDrafter::Load(
+    const std::string& dir, const ModelRunner& target, SpecFormerDrafterOptions options) {
+  ASSIGN_OR_RETURN(std::shared_ptr<SpecFormerImpl> module, LoadSpecFormerDir(dir, target.config()));
+  return Create(std::move(module), target, std::move(options));
+}
+
+StatusOr<std::unique_ptr<SpecFormerDrafter>> SpecFormerDrafter::Create(
+    std::shared_ptr<SpecFormerImpl> module, const ModelRunner& target,
+    SpecFormerDrafterOptions options) {
+  if (!module) return InvalidArgumentError("SpecFormer module is null");
+  const SpecFormerConfig& config = module->config();
+  RETURN_IF_ERROR(config.Validate("SpecFormer config"));
+  RETURN_IF_ERROR(config.CheckTarget(target.config()));
+  if (options.name.empty() || options.name == "none") {
+    return InvalidArgumentError(StrCat("drafter name '", options.name, "' is reserved"));
+  }
+  std::shared_ptr<CausalLMImpl> target_module = target.module();
+  const torch::Tensor& head = target_module->lm_head_weight();
+  std::unique_ptr<PagedKvCache> kv;
+  try {
+    module->eval();
+    module->to(head.device(), head.scalar_type());
+    module->SetTargetHead(target_module->model->norm->weight, head, target.config().rms_norm_eps);
+    ASSIGN_OR_RETURN(kv, PagedKvCache::Create(1, config.num_key_value_heads, config.head_dim,
+                                              head.scalar_type(), head.device(), options.kv));
+  } catch (const c10::Error& e) {
+    return InternalError(StrCat("cannot place SpecFormer on ", head.device().str(), ": ",
+                                e.what_without_backtrace()));
+  }
+  auto drafter = std::unique_ptr<SpecFormerDrafter>(
+      new SpecFormerDrafter(std::move(module), std::move(kv), std::move(options)));
+  drafter->target_module_ = std::move(target_module);
+  return drafter;
+}
+
+SpecFormerDrafter::SpecFormerDrafter(std::shared_ptr<SpecFormerImpl> module,
+                                     std::unique_ptr<PagedKvCache> kv,
+                                     SpecFormerDrafterOptions options)
+    : module_(std::move(module)), kv_(std::move(kv)), options_(std::move(options)) {}
+
+SpecFormerDrafter::~SpecFormerDrafter() = default;
+
+const SpecFormerConfig& SpecFormerDrafter::config() const { return module_->config(); }
+
+std::vector<int64_t> SpecFormerDrafter::hidden_layers() const {
+  return module_->config().hidden_layers;
+}
+
+Status SpecFormerDrafter::AddSequence(SeqId seq, const SamplingParams& sampling) {
+  if (states_.count(seq)) return AlreadyExistsError(StrCat("sequence ", seq, " was already added"));
+  RETURN_IF_ERROR(sampling.Validate());
+  const SeqId kv_seq = NewSequenceId();
+  RETURN_IF_ERROR(kv_->allocator().AddSequence(kv_seq));
+  states_.emplace(seq, std::make_unique<State>(kv_seq, sampling));
+  return OkStatus();
+}
+
+void SpecFormerDrafter::ReleaseSequence(SeqId seq) {
+  auto it = states_.find(seq);
+  if (it == states_.end()) return;
+  (void)kv_->allocator().FreeSequence(it->second->kv_seq);
+  states_.erase(it);
+}
+
+Status SpecFormerDrafter::Observe(const std::vector<DrafterObservation>& observations) {
+  const SpecFormerConfig& config = module_->config();
+  const size_t K = config.hidden_layers.size();
+  const int64_t d = config.target_hidden_size;
+  BlockAllocator& alloc = kv_->allocator();
+
+  // Validate everything first: on error nothing changes.
+  std::unordered_set<SeqId> seen;
+  std::vector<size_t> with_rows;  // observations that carry hidden states
+  int64_t blocks_needed = 0;
+  for (size_t i = 0; i < observations.size(); ++i) {
+    const DrafterObservation& o = observations[i];
+    auto it = states_.find(o.seq);
+    if (it == states_.end()) return NotFoundError(StrCat("sequence ", o.seq, " was not added"));
+    if (!seen.insert(o.seq).second) {
+      return InvalidArgumentError(StrCat("sequence ", o.seq, " is observed twice in one call"));
+    }
+    for (size_t t = 0; t < o.tokens.size(); ++t) {
+      if (o.tokens[t] < 0 || o.tokens[t] >= config.target_vocab_size) {
+        return InvalidArgumentError(StrCat("sequence ", o.seq, ": tokens[", t, "] = ", o.tokens[t],
+                                           " is outside the vocabulary [0, ",
+                                           config.target_vocab_size, ")"));
+      }
+    }
+    int64_t m = 0;
+    if (!o.hidden.empty()) {
+      if (o.hidden.size() != K) {
+        return InvalidArgumentError(StrCat("sequence ", o.seq, ": ", o.hidden.size(),
+                                           " hidden-state tensors, the drafter hooks ", K,
+                                           " layers"));
+      }
+      m = o.hidden[0].dim() == 2 ? o.hidden[0].size(0) : -1;
+      for (size_t k = 0; k < K; ++k) {
+        const at::Tensor& h = o.hidden[k];
+        if (h.dim() != 2 || h.size(0) != m || h.size(1) != d) {
+          return InvalidArgumentError(StrCat("sequence ", o.seq, ": hidden[", k, "] has shape ",
+                                             h.sizes(), ", expected [", m < 0 ? 0 : m, ", ", d,
+                                             "]"));
+        }
+      }
+    }
+    const State& st = *it->second;
+    const int64_t cached = alloc.Length(st.kv_seq);
+    const int64_t tokens = static_cast<int64_t>(st.history.size() + o.tokens.size());
+    // Every token but the pending one has had its hidden state observed.
+    if (cached + m != tokens - 1) {
+      return InvalidArgumentError(StrCat("sequence ", o.seq, ": ", cached + m,
+                                         " hidden-state rows for ", tokens,
+                                         " tokens (expected one row per token but the last)"));
+    }
+    if (m > 0) {
+      with_rows.push_back(i);
+      blocks_needed += alloc.BlocksNeeded(st.kv_seq, m);
+    }
+  }
+  if (blocks_needed > alloc.num_free_blocks()) {
+    return ResourceExhaustedError(StrCat("SpecFormer context cache full: needs ", blocks_needed,
+                                         " blocks, ", alloc.num_free_blocks(), " free"));
+  }
+
+  if (!with_rows.empty()) {
+    // Packed layout of the new rows over each sequence's cached positions (as ModelRunner does for
+    // the target): queries [B, max_q], keys [B, max_k], causal within and over the cache.
+    const int64_t B = static_cast<int64_t>(with_rows.size());
+    std::vector<int64_t> old_len(B), q_index, writes, positions;
+    std::vector<std::vector<int64_t>> slots(B);
+    int64_t max_q = 0, max_k = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const DrafterObservation& o = observations[with_rows[b]];
+      const SeqId kv_seq = states_.at(o.seq)->kv_seq;
+      const int64_t m = o.hidden[0].size(0);
+      old_len[b] = alloc.Length(kv_seq);
+      auto appended = alloc.Append(kv_seq, m);
+      if (!appended.ok()) {  // validated to fit; roll back anyway
+        for (int64_t r = 0; r < b; ++r) {
+          (void)alloc.Truncate(states_.at(observations[with_rows[r]].seq)->kv_seq, old_len[r]);
+        }
+        return appended.status();
+      }
+      for (int64_t s : *appended) writes.push_back(s);
+      slots[b] = alloc.Slots(kv_seq);
+      max_q = std::max(max_q, m);
+      max_k = std::max(max_k, old_len[b] + m);
+    }
+    std::vector<int64_t> reads(B * max_k, 0);
+    std::vector<uint8_t> mask(static_cast<size_t>(B * max_q * max_k), 0);
+    std::vector<int64_t> last_row(B);
+    int64_t row = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t m = static_cast<int64_t>(slots[b].size()) - old_len[b];
+      std::copy(slots[b].begin(), slots[b].end(), reads.begin() + b * max_k);
+      for (int64_t i = 0; i < m; ++i) {
+        q_index.push_back(b * max_q + i);
+        positions.push_back(old_len[b] + i);
+        uint8_t* mrow = &mask[static_cast<size_t>((b * max_q + i) * max_k)];
+        for (int64_t j = 0; j <= old_len[b] + i; ++j) mrow[j] = 1;
+      }
+      for (int64_t i = m; i < max_q; ++i) mask[static_cast<size_t>((b * max_q + i) * max_k)] = 1;
+      row += m;
+      last_row[b] = row - 1;
+    }
+
+    try {
+      torch::NoGradGuard no_grad;
+      const auto& w = module_->downsampler->weight;
+      auto long_opts = torch::TensorOptions().dtype(torch::kLong);
+      auto to_dev = [&](std::vector<int64_t>& v) {
+        return torch::from_blob(v.data(), {static_cast<int64_t>(v.size())}, long_opts)
+            .to(w.device());
+      };
+      std::vector<torch::Tensor> hidden(K);
+      for (size_t k = 0; k < K; ++k) {
+        std::vector<torch::Tensor> parts;
+        for (size_t i : with_rows) parts.push_back(observations[i].hidden[k]);
+        hidden[k] = torch::cat(parts, 0).to(w.device(), w.scalar_type());
+      }
+      AttentionInputs in;
+      in.batch = B;
+      in.max_q = max_q;
+      in.max_k = max_k;
+      auto cs = module_->RopeFor(to_dev(positions));
+      in.cos = cs.first;
+      in.sin = cs.second;
+      in.q_index = to_dev(q_index);
+      in.write_slots = to_dev(writes);
+      in.read_slots = to_dev(reads);
+      in.mask = torch::from_blob(mask.data(), {B, 1, 1, max_q, max_k},
+                                 torch::TensorOptions().dtype(torch::kBool))
+                    .to(w.device());
+      LayerKvCache layer{kv_->keys(0), kv_->values(0)};
+      torch::Tensor c = module_->Context(module_->Hook(hidden), in, &layer);  // [N, d]
+      for (int64_t b = 0; b < B; ++b) {
+        states_.at(observations[with_rows[b]].seq)->last = c[last_row[b]].clone();
+      }
+    } catch (const c10::Error& e) {
+      for (int64_t b = 0; b < B; ++b) {
+        (void)alloc.Truncate(states_.at(observations[with_rows[b]].seq)->kv_seq, old_len[b]);
+      }
+      return InternalError(
+          StrCat("SpecFormer context forward failed: ", e.what_without_backtrace()));
+    }
+  }
+  for (const DrafterObservation& o : observations) {
+    auto& history = states_.at(o.seq)->history;
+    history.insert(history.end(), o.tokens.begin(), o.tokens.end());
+  }
+  return OkStatus();
+}
+
+StatusOr<at::Tensor> SpecFormerDrafter::DraftLogits(const std::vector<State*>& states) {
+  try {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> rows;
+    for (State* st : states) rows.push_back(st->last);
+    torch::Tensor c = torch::stack(rows, 0);  // [M, d]
+    return module_->Logits(module_->Slots(c)).to(torch::kFloat).to(torch::kCPU).contiguous();
+  } catch (const c10::Error& e) {
+    return InternalError(StrCat("SpecFormer draft forward failed: ", e.what_without_backtrace()));
+  }
+}
+
+StatusOr<std::vector<CandidateTree>> SpecFormerDrafter::Propose(
+    const std::vector<DraftRequest>& requests) {
+  std::unordered_set<SeqId> seen;
+  for (const auto& r : requests) {
+    if (!states_.count(r.seq)) return NotFoundError(StrCat("sequence ", r.seq, " was not added"));
+    if (!seen.insert(r.seq).second) {
+      return InvalidArgumentError(StrCat("sequence ", r.seq, " is requested twice"));
+    }
+  }
+  std::vector<CandidateTree> trees(requests.size());
+  std::vector<size_t> work;
+  std::vector<State*> states;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    State* st = states_.at(requests[i].seq).get();
+    // No budget, or nothing observed yet: an empty tree.
+    if (requests[i].max_nodes <= 0 || requests[i].max_depth <= 0 || !st->last.defined()) continue;
+    work.push_back(i);
+    states.push_back(st);
+  }
+  if (work.empty()) return trees;
+  ASSIGN_OR_RETURN(at::Tensor logits, DraftLogits(states));  // [M, l_d, V]
+  const int64_t l = logits.size(1), vocab = logits.size(2);
+  for (size_t w = 0; w < work.size(); ++w) {
+    const DraftRequest& r = requests[work[w]];
+    State& st = *states[w];
+    const SlotRows slots{logits.data_ptr<float>() + static_cast<int64_t>(w) * l * vocab, vocab};
+    const int32_t depth = static_cast<int32_t>(std::min<int64_t>(l, r.max_depth));
+    trees[work[w]] = options_.tree
+                         ? DraftBudgetedTree(slots, depth, r.max_nodes, st.sampling)
+                         : DraftChain(slots, std::min(depth, r.max_nodes), st.sampling, st.rng);
+  }
+  return trees;
+}
+
+std::vector<SeqId> SpecFormerDrafter::sequences() const {
+  std::vector<SeqId> seqs;
+  for (const auto& [seq, st] : states_) seqs.push_back(seq);
+  std::sort(seqs.begin(), seqs.end());
+  return seqs;
+}
+
+StatusOr<std::vector<int32_t>> SpecFormerDrafter::Tokens(SeqId seq) const {
+  auto it = states_.find(seq);
+  if (it == states_.end()) return NotFoundError(StrCat("sequence ", seq, " was not added"));
+  return it->second->history;
+}
+
+StatusOr<std::pair<at::Tensor, at::Tensor>> SpecFormerDrafter::ContextCache(SeqId seq) const {
+  auto it = states_.find(seq);
+  if (it == states_.end()) return NotFoundError(StrCat("sequence ", seq, " was not added"));
+  std::vector<int64_t> slots = kv_->allocator().Slots(it->second->kv_seq);
+  auto index = torch::tensor(slots, torch::kLong).to(kv_->keys(0).device());
+  return std::make_pair(kv_->keys(0).index_select(0, index).clone(),
+                        kv_->values(0).index_select(0, index).clone());
+}
+
+StatusOr<at::Tensor> SpecFormerDrafter::SlotLogits(SeqId seq) {
+  auto it = states_.find(seq);
+  if (it == states_.end()) return NotFoundError(StrCat("sequence ", seq, " was not added"));
+  if (!it->second->last.defined()) {
+    return FailedPreconditionError(StrCat("sequence ", seq, " has no observed hidden state yet"));
+  }
+  ASSIGN_OR_RETURN(at::Tensor logits, DraftLogits({it->second.get()}));
+  return logits[0];
+}
+
+}  // namespace specula

@@ -1,0 +1,157 @@
+#include "common/drafters/specformer/specformer_model.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include "common/model/checkpoint.h"
+#include "common/model/model_runner.h"
+#include "common/model/rope.h"
+#include "common/util/mapped_file.h"
+
+namespace specula {
+
+SpecFormerImpl::SpecFormerImpl(const SpecFormerConfig& config, const ModelConfig& target)
+    : config_(config), layer_config_(config.LayerConfig(target)) {
+  const int64_t d = config.target_hidden_size,
+                K = static_cast<int64_t>(config.hidden_layers.size());
+  const double eps = config.rms_norm_eps;
+  hook_norms = register_module("hook_norms", torch::nn::ModuleList());
+  for (int64_t k = 0; k < K; ++k) hook_norms->push_back(RMSNorm(d, eps));
+  downsampler = register_module("downsampler",
+                                torch::nn::Linear(torch::nn::LinearOptions(K * d, d).bias(false)));
+  context_norm = register_module("context_norm", RMSNorm(d, eps));
+  context_attn = register_module("context_attn", SelfAttention(layer_config_));
+  positional_norm = register_module("positional_norm", RMSNorm(d, eps));
+  positional_ffn = register_module(
+      "positional_ffn",
+      torch::nn::Linear(torch::nn::LinearOptions(d, config.draft_len * d).bias(true)));
+  draft_attn_norm = register_module("draft_attn_norm", RMSNorm(d, eps));
+  draft_attn = register_module("draft_attn", SelfAttention(layer_config_));
+  draft_mlp_norm = register_module("draft_mlp_norm", RMSNorm(d, eps));
+  draft_mlp = register_module("draft_mlp", Mlp(layer_config_));
+  inv_freq_ = RopeInverseFrequencies(layer_config_, torch::kCPU);
+}
+
+void SpecFormerImpl::SetTargetHead(const torch::Tensor& norm_weight,
+                                   const torch::Tensor& lm_head_weight, double norm_eps) {
+  head_norm_weight_ = norm_weight.detach();
+  lm_head_weight_ = lm_head_weight.detach();
+  head_norm_eps_ = norm_eps;
+}
+
+std::pair<torch::Tensor, torch::Tensor> SpecFormerImpl::RopeFor(const torch::Tensor& positions) {
+  const auto& w = downsampler->weight;
+  return RopeCosSin(inv_freq_.to(w.device()), positions.to(w.device()), w.scalar_type());
+}
+
+torch::Tensor SpecFormerImpl::Hook(const std::vector<torch::Tensor>& hidden) {
+  TORCH_CHECK(hidden.size() == hook_norms->size(), "SpecFormer: expected ", hook_norms->size(),
+              " hidden-state tensors, got ", hidden.size());
+  std::vector<torch::Tensor> normed;
+  for (size_t k = 0; k < hidden.size(); ++k) {
+    normed.push_back(hook_norms[k]->as<RMSNorm>()->forward(hidden[k]));
+  }
+  return downsampler(torch::cat(normed, -1));  // [N, K*d] -> [N, d]
+}
+
+torch::Tensor SpecFormerImpl::Context(const torch::Tensor& x, const AttentionInputs& in,
+                                      LayerKvCache* kv) {
+  return x + context_attn(context_norm(x), in, kv);
+}
+
+torch::Tensor SpecFormerImpl::Slots(const torch::Tensor& c) {
+  const int64_t M = c.size(0), l = config_.draft_len, d = c.size(1);
+  auto x = positional_ffn(positional_norm(c)).reshape({M * l, d});  // [M * l_d, d]
+  const auto device = x.device();
+  AttentionInputs in;
+  in.batch = M;
+  in.max_q = l;
+  in.max_k = l;
+  auto cs = RopeFor(torch::arange(l, torch::kLong).repeat({M}));
+  in.cos = cs.first;
+  in.sin = cs.second;
+  auto mask = torch::ones({l, l}, torch::TensorOptions().dtype(torch::kBool).device(device));
+  if (config_.causal_draft) mask = mask.tril();
+  in.mask = mask.view({1, 1, 1, l, l});
+  x = x + draft_attn(draft_attn_norm(x), in, nullptr);
+  x = x + draft_mlp(draft_mlp_norm(x));
+  return x.view({M, l, d});
+}
+
+torch::Tensor SpecFormerImpl::Logits(const torch::Tensor& states) {
+  TORCH_CHECK(lm_head_weight_.defined(), "SpecFormer: SetTargetHead was not called");
+  // The target's final RMSNorm, exactly as RMSNormImpl computes it, then its lm_head.
+  auto xf = states.to(torch::kFloat);
+  auto var = xf.pow(2).mean(-1, /*keepdim=*/true);
+  auto normed =
+      head_norm_weight_ * (xf * torch::rsqrt(var + head_norm_eps_)).to(states.scalar_type());
+  return torch::nn::functional::linear(normed, lm_head_weight_);
+}
+
+AttentionInputs SpecFormerImpl::DenseContextInputs(int64_t batch, int64_t seq_len) {
+  AttentionInputs in;
+  in.batch = batch;
+  in.max_q = seq_len;
+  in.max_k = seq_len;
+  auto cs = RopeFor(torch::arange(seq_len, torch::kLong).repeat({batch}));
+  in.cos = cs.first;
+  in.sin = cs.second;
+  in.mask =
+      torch::ones({seq_len, seq_len},
+                  torch::TensorOptions().dtype(torch::kBool).device(downsampler->weight.device()))
+          .tril()
+          .view({1, 1, 1, seq_len, seq_len});
+  return in;
+}
+
+void SpecFormerImpl::InitWeights(uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(seed);
+  for (auto& p : named_parameters()) {
+    const std::string& name = p.key();
+    auto& t = p.value();
+    if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
+      t.zero_();
+    } else if (name.find("norm") != std::string::npos) {
+      t.fill_(1.0);
+    } else if (name.find("o_proj") != std::string::npos ||
+               name.find("down_proj") != std::string::npos) {
+      t.normal_(0.0, 0.02 / std::sqrt(2.0 * 2.0));  // two residual layers (context, draft)
+    } else {
+      t.normal_(0.0, 0.02);
+    }
+  }
+}
+
+Status SaveSpecFormerDir(SpecFormerImpl& model, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return InternalError(StrCat("cannot create ", dir, ": ", ec.message()));
+  std::map<std::string, at::Tensor> weights;
+  for (const auto& p : model.named_parameters()) weights[p.key()] = p.value().detach();
+  RETURN_IF_ERROR(SaveSafetensorsFile((fs::path(dir) / "model.safetensors").string(), weights,
+                                      {{"format", "pt"}, {"kind", kSpecFormerKind}}));
+  return WriteStringToFile((fs::path(dir) / "config.json").string(), model.config().ToJson());
+}
+
+StatusOr<std::shared_ptr<SpecFormerImpl>> LoadSpecFormerDir(const std::string& dir,
+                                                            const ModelConfig& target) {
+  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
+  if (!std::filesystem::exists(config_path)) {
+    return NotFoundError(StrCat("SpecFormer checkpoint ", dir, ": no config.json"));
+  }
+  ASSIGN_OR_RETURN(SpecFormerConfig config, SpecFormerConfig::FromFile(config_path));
+  RETURN_IF_ERROR(config.CheckTarget(target).WithContext(dir));
+  std::shared_ptr<SpecFormerImpl> model;
+  try {
+    model = std::make_shared<SpecFormerImpl>(config, target);
+  } catch (const c10::Error& e) {
+    return InternalError(StrCat("cannot build SpecFormer: ", e.what_without_backtrace()));
+  }
+  RETURN_IF_ERROR(LoadWeightsInto(*model, dir));
+  model->eval();
+  return model;
+}
+
+}  // namespace specula
