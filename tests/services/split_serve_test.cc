@@ -190,7 +190,7 @@ TEST_P(DeploymentTest, ExpiredRequestFreesItsKvBlocksWithoutDisturbingOthers) {
   auto stub = v1::Generation::NewStub(Channel(d.router().port()));
   const std::vector<int32_t> prompt = Prompt(reference_->tokenizer(), 3);
   Streamed expired, other;
-  std::thread a([&] { expired = Stream(*stub, GreedyRequest(prompt, 900, "ngram"), 300ms); });
+  std::thread a([&] { expired = Stream(*stub, GreedyRequest(prompt, 900, "none"), 40ms); });
   std::thread b([&] { other = Stream(*stub, GreedyRequest(prompt, 40, "draft-model")); });
   a.join();
   b.join();
@@ -273,7 +273,7 @@ TEST_F(SplitFailureTest, DrafterDeathDegradesToNoSpeculationAndRestartResumesIt)
     });
   }
   while (started < kClients) std::this_thread::sleep_for(10ms);
-  std::this_thread::sleep_for(300ms);  // mid-run
+  std::this_thread::sleep_for(50ms);  // mid-run (a kill before the first draft counts too)
   d.drafter().Stop(SIGKILL);
   for (auto& t : clients) t.join();
   int64_t errors = 0;
@@ -318,7 +318,7 @@ TEST_F(SplitFailureTest, TargetDeathFailsRequestsWithUnavailableAndNoneHang) {
     });
   }
   while (started < kClients) std::this_thread::sleep_for(10ms);
-  std::this_thread::sleep_for(300ms);
+  std::this_thread::sleep_for(50ms);
   const auto killed = std::chrono::steady_clock::now();
   d.target().Stop(SIGKILL);
   for (auto& t : clients) t.join();
