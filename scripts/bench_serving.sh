@@ -14,15 +14,15 @@ MODEL=models/pyllama-6m
 DRAFT=models/pyllama-draft-1m
 BIN=build/bin
 LOGS="$(mktemp -d)"
-PIDS=()
-trap 'kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$LOGS"' EXIT
+# serve runs in a subshell (process substitution), so each server's pid goes to a file.
+trap 'for p in "$LOGS"/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done; rm -rf "$LOGS"' EXIT
 
 # Starts `specula serve ARGS...` in the background; prints "PORT METRICS_PORT" once it listens.
 serve() {
   local name="$1"
   shift
   "$BIN/specula" serve "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.err" &
-  PIDS+=($!)
+  echo $! >"$LOGS/$name.pid"
   for _ in $(seq 1 600); do
     if grep -q "listening on" "$LOGS/$name.out"; then
       local line
