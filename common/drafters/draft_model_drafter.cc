@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <span>
-#include <unordered_set>
 
 #include "common/drafters/draft_sampling.h"
 
@@ -282,13 +281,7 @@ Status DraftModelDrafter::Observe(const std::vector<DrafterObservation>& observa
 
 StatusOr<std::vector<CandidateTree>> DraftModelDrafter::Propose(
     const std::vector<DraftRequest>& requests) {
-  std::unordered_set<SeqId> seen;
-  for (const auto& r : requests) {
-    if (!states_.count(r.seq)) return NotFoundError(StrCat("sequence ", r.seq, " was not added"));
-    if (!seen.insert(r.seq).second) {
-      return InvalidArgumentError(StrCat("sequence ", r.seq, " is requested twice"));
-    }
-  }
+  RETURN_IF_ERROR(CheckDraftRequests(requests, [&](SeqId seq) { return states_.count(seq) > 0; }));
   std::vector<CandidateTree> trees(requests.size());
   const int64_t context = model_->config().max_position_embeddings;
   std::vector<Work> works;

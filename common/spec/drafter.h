@@ -42,6 +42,22 @@ struct DraftRequest {
   int32_t max_depth = 0;  // no node deeper than this (context and max_new_tokens limits)
 };
 
+// The checks every Propose starts with: each request names a sequence the drafter holds
+// (`holds(seq)`), at most once. NOT_FOUND / INVALID_ARGUMENT naming the sequence.
+template <typename Holds>
+Status CheckDraftRequests(const std::vector<DraftRequest>& requests, const Holds& holds) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const SeqId seq = requests[i].seq;
+    if (!holds(seq)) return NotFoundError(StrCat("sequence ", seq, " was not added"));
+    for (size_t j = 0; j < i; ++j) {
+      if (requests[j].seq == seq) {
+        return InvalidArgumentError(StrCat("sequence ", seq, " is requested twice"));
+      }
+    }
+  }
+  return OkStatus();
+}
+
 class Drafter {
  public:
   virtual ~Drafter() = default;

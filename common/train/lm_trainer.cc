@@ -1,5 +1,7 @@
 #include "common/train/lm_trainer.h"
 
+#include "common/train/adamw.h"
+
 #include <torch/torch.h>
 
 #include <chrono>
@@ -101,17 +103,12 @@ StatusOr<LmTrainResult> TrainLanguageModel(const ModelConfig& config, const LmTr
   model->InitWeights(o.seed, o.depth_scaled_init);
   model->train();
 
-  // AdamW; no weight decay on norms and biases (1-D parameters).
-  std::vector<torch::Tensor> decay, no_decay;
-  for (auto& p : model->named_parameters())
-    (p.value().dim() >= 2 ? decay : no_decay).push_back(p.value());
-  auto opts = torch::optim::AdamWOptions(o.lr.peak_lr).betas({o.beta1, o.beta2}).eps(o.adam_eps);
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
-                                 torch::optim::AdamWOptions(opts).weight_decay(o.weight_decay)));
-  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
-                                    torch::optim::AdamWOptions(opts).weight_decay(0.0)));
-  torch::optim::AdamW optimizer(groups, opts);
+  std::unique_ptr<torch::optim::AdamW> adamw = MakeAdamW(*model, {.lr = o.lr.peak_lr,
+                                                                  .beta1 = o.beta1,
+                                                                  .beta2 = o.beta2,
+                                                                  .eps = o.adam_eps,
+                                                                  .weight_decay = o.weight_decay});
+  torch::optim::AdamW& optimizer = *adamw;
 
   const fs::path ckpt_dir = fs::path(o.out_dir) / "checkpoint";
   int64_t start_step = 0;

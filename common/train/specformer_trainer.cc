@@ -1,5 +1,7 @@
 #include "common/train/specformer_trainer.h"
 
+#include "common/train/adamw.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -250,16 +252,12 @@ StatusOr<SpecFormerTrainResult> TrainSpecFormer(const SpecFormerTrainOptions& o)
   model->SetTargetHead(target->model->norm->weight, target->lm_head_weight(), tc.rms_norm_eps);
   model->train();
 
-  std::vector<torch::Tensor> decay, no_decay;
-  for (auto& p : model->named_parameters())
-    (p.value().dim() >= 2 ? decay : no_decay).push_back(p.value());
-  auto opts = torch::optim::AdamWOptions(o.lr.peak_lr).betas({o.beta1, o.beta2}).eps(o.adam_eps);
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
-                                 torch::optim::AdamWOptions(opts).weight_decay(o.weight_decay)));
-  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
-                                    torch::optim::AdamWOptions(opts).weight_decay(0.0)));
-  torch::optim::AdamW optimizer(groups, opts);
+  std::unique_ptr<torch::optim::AdamW> adamw = MakeAdamW(*model, {.lr = o.lr.peak_lr,
+                                                                  .beta1 = o.beta1,
+                                                                  .beta2 = o.beta2,
+                                                                  .eps = o.adam_eps,
+                                                                  .weight_decay = o.weight_decay});
+  torch::optim::AdamW& optimizer = *adamw;
 
   SpecFormerTrainResult result;
   result.val_loss = std::nan("");

@@ -332,13 +332,7 @@ StatusOr<at::Tensor> SpecFormerDrafter::DraftLogits(const std::vector<State*>& s
 
 StatusOr<std::vector<CandidateTree>> SpecFormerDrafter::Propose(
     const std::vector<DraftRequest>& requests) {
-  std::unordered_set<SeqId> seen;
-  for (const auto& r : requests) {
-    if (!states_.count(r.seq)) return NotFoundError(StrCat("sequence ", r.seq, " was not added"));
-    if (!seen.insert(r.seq).second) {
-      return InvalidArgumentError(StrCat("sequence ", r.seq, " is requested twice"));
-    }
-  }
+  RETURN_IF_ERROR(CheckDraftRequests(requests, [&](SeqId seq) { return states_.count(seq) > 0; }));
   std::vector<CandidateTree> trees(requests.size());
   std::vector<size_t> work;
   std::vector<State*> states;
