@@ -77,6 +77,8 @@ class Drafter {
   // CandidateTree::Validate for the request's budget (the engine checks and drops bad ones).
   virtual StatusOr<std::vector<CandidateTree>> Propose(
       const std::vector<DraftRequest>& requests) = 0;
+  // Bytes of per-sequence state the drafter holds right now (its caches), for memory reports.
+  virtual int64_t StateBytes() const { return 0; }
 };
 
 }  // namespace specula

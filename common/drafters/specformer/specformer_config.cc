@@ -2,26 +2,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/drafters/drafter_config_json.h"
 #include "common/util/mapped_file.h"
 
 namespace specula {
-namespace {
-
 using nlohmann::json;
-
-Status ReadInt(const json& j, const char* key, int64_t* out, std::string_view src) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) {
-    return InvalidArgumentError(StrCat(src, ": missing required field '", key, "'"));
-  }
-  if (!it->is_number_integer()) {
-    return InvalidArgumentError(StrCat(src, ": field '", key, "' must be an integer"));
-  }
-  *out = it->get<int64_t>();
-  return OkStatus();
-}
-
-}  // namespace
 
 SpecFormerConfig SpecFormerConfig::ForTarget(const ModelConfig& target, int64_t draft_len) {
   SpecFormerConfig c;
@@ -45,31 +30,13 @@ StatusOr<SpecFormerConfig> SpecFormerConfig::FromFile(const std::string& path) {
 }
 
 StatusOr<SpecFormerConfig> SpecFormerConfig::FromJson(std::string_view text, std::string_view src) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return InvalidArgumentError(StrCat(src, ": not a valid JSON object"));
-  }
-  auto kind = j.find("kind");
-  if (kind == j.end() || !kind->is_string()) {
-    return InvalidArgumentError(StrCat(src, ": missing field 'kind' (expected \"", kSpecFormerKind,
-                                       "\"): not a drafter checkpoint"));
-  }
-  if (kind->get<std::string>() != kSpecFormerKind) {
-    return InvalidArgumentError(StrCat(src, ": kind is \"", kind->get<std::string>(),
-                                       "\", expected \"", kSpecFormerKind, "\""));
-  }
+  ASSIGN_OR_RETURN(json j, ParseDrafterConfig(text, src, kSpecFormerKind));
   SpecFormerConfig c;
-  auto target = j.find("target");
-  if (target == j.end() || !target->is_object()) {
-    return InvalidArgumentError(StrCat(src, ": missing object field 'target'"));
-  }
-  const std::string tsrc = StrCat(src, ": target");
-  if (auto m = target->find("model"); m != target->end() && m->is_string()) {
-    c.target_model = m->get<std::string>();
-  }
-  RETURN_IF_ERROR(ReadInt(*target, "vocab_size", &c.target_vocab_size, tsrc));
-  RETURN_IF_ERROR(ReadInt(*target, "hidden_size", &c.target_hidden_size, tsrc));
-  RETURN_IF_ERROR(ReadInt(*target, "num_hidden_layers", &c.target_num_hidden_layers, tsrc));
+  ASSIGN_OR_RETURN(DrafterTarget target, DrafterTarget::FromJson(j, src));
+  c.target_model = target.model;
+  c.target_vocab_size = target.vocab_size;
+  c.target_hidden_size = target.hidden_size;
+  c.target_num_hidden_layers = target.num_hidden_layers;
   auto layers = j.find("hidden_layers");
   if (layers == j.end() || !layers->is_array()) {
     return InvalidArgumentError(StrCat(src, ": missing array field 'hidden_layers'"));
@@ -80,23 +47,13 @@ StatusOr<SpecFormerConfig> SpecFormerConfig::FromJson(std::string_view text, std
     }
     c.hidden_layers.push_back(l.get<int64_t>());
   }
-  RETURN_IF_ERROR(ReadInt(j, "draft_len", &c.draft_len, src));
-  RETURN_IF_ERROR(ReadInt(j, "num_attention_heads", &c.num_attention_heads, src));
-  RETURN_IF_ERROR(ReadInt(j, "num_key_value_heads", &c.num_key_value_heads, src));
-  RETURN_IF_ERROR(ReadInt(j, "head_dim", &c.head_dim, src));
-  RETURN_IF_ERROR(ReadInt(j, "intermediate_size", &c.intermediate_size, src));
-  if (auto it = j.find("causal_draft"); it != j.end()) {
-    if (!it->is_boolean()) {
-      return InvalidArgumentError(StrCat(src, ": field 'causal_draft' must be a boolean"));
-    }
-    c.causal_draft = it->get<bool>();
-  }
-  if (auto it = j.find("rms_norm_eps"); it != j.end()) {
-    if (!it->is_number()) {
-      return InvalidArgumentError(StrCat(src, ": field 'rms_norm_eps' must be a number"));
-    }
-    c.rms_norm_eps = it->get<double>();
-  }
+  RETURN_IF_ERROR(ReadJsonInt(j, "draft_len", &c.draft_len, src));
+  RETURN_IF_ERROR(ReadJsonInt(j, "num_attention_heads", &c.num_attention_heads, src));
+  RETURN_IF_ERROR(ReadJsonInt(j, "num_key_value_heads", &c.num_key_value_heads, src));
+  RETURN_IF_ERROR(ReadJsonInt(j, "head_dim", &c.head_dim, src));
+  RETURN_IF_ERROR(ReadJsonInt(j, "intermediate_size", &c.intermediate_size, src));
+  RETURN_IF_ERROR(ReadOptionalJsonBool(j, "causal_draft", &c.causal_draft, src));
+  RETURN_IF_ERROR(ReadOptionalJsonNumber(j, "rms_norm_eps", &c.rms_norm_eps, src));
   RETURN_IF_ERROR(c.Validate(src));
   return c;
 }
@@ -104,10 +61,7 @@ StatusOr<SpecFormerConfig> SpecFormerConfig::FromJson(std::string_view text, std
 std::string SpecFormerConfig::ToJson() const {
   json j;
   j["kind"] = kSpecFormerKind;
-  j["target"] = {{"model", target_model},
-                 {"vocab_size", target_vocab_size},
-                 {"hidden_size", target_hidden_size},
-                 {"num_hidden_layers", target_num_hidden_layers}};
+  j["target"] = target().ToJson();
   j["hidden_layers"] = hidden_layers;
   j["draft_len"] = draft_len;
   j["num_attention_heads"] = num_attention_heads;
@@ -121,14 +75,8 @@ std::string SpecFormerConfig::ToJson() const {
 }
 
 Status SpecFormerConfig::Validate(std::string_view src) const {
-  auto positive = [&](const char* name, int64_t v) -> Status {
-    if (v <= 0)
-      return InvalidArgumentError(StrCat(src, ": '", name, "' must be positive, got ", v));
-    return OkStatus();
-  };
-  RETURN_IF_ERROR(positive("target.vocab_size", target_vocab_size));
-  RETURN_IF_ERROR(positive("target.hidden_size", target_hidden_size));
-  RETURN_IF_ERROR(positive("target.num_hidden_layers", target_num_hidden_layers));
+  auto positive = [&](const char* name, int64_t v) { return CheckPositive(src, name, v); };
+  RETURN_IF_ERROR(target().Validate(src));
   RETURN_IF_ERROR(positive("draft_len", draft_len));
   RETURN_IF_ERROR(positive("num_attention_heads", num_attention_heads));
   RETURN_IF_ERROR(positive("num_key_value_heads", num_key_value_heads));
@@ -157,22 +105,15 @@ Status SpecFormerConfig::Validate(std::string_view src) const {
   return OkStatus();
 }
 
+DrafterTarget SpecFormerConfig::target() const {
+  return {.model = target_model,
+          .vocab_size = target_vocab_size,
+          .hidden_size = target_hidden_size,
+          .num_hidden_layers = target_num_hidden_layers};
+}
+
 Status SpecFormerConfig::CheckTarget(const ModelConfig& target) const {
-  auto differs = [&](const char* what, int64_t mine, int64_t theirs) {
-    return InvalidArgumentError(StrCat("SpecFormer drafter was trained for a target with ", what,
-                                       " ", mine, " (", target_model.empty() ? "?" : target_model,
-                                       ") but the target has ", theirs));
-  };
-  if (target.vocab_size != target_vocab_size) {
-    return differs("vocab_size", target_vocab_size, target.vocab_size);
-  }
-  if (target.hidden_size != target_hidden_size) {
-    return differs("hidden_size", target_hidden_size, target.hidden_size);
-  }
-  if (target.num_hidden_layers != target_num_hidden_layers) {
-    return differs("num_hidden_layers", target_num_hidden_layers, target.num_hidden_layers);
-  }
-  return OkStatus();
+  return this->target().Check(target, "SpecFormer");
 }
 
 ModelConfig SpecFormerConfig::LayerConfig(const ModelConfig& target) const {

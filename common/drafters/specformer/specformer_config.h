@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/drafters/drafter_config_json.h"
 #include "common/model/model_config.h"
 #include "common/util/status.h"
 
@@ -57,6 +58,7 @@ struct SpecFormerConfig {
   // INVALID_ARGUMENT naming what differs (vocabulary, hidden size, layer count) when the drafter
   // was not trained for `target`.
   Status CheckTarget(const ModelConfig& target) const;
+  DrafterTarget target() const;
 
   // The attention/MLP config of the drafter's own layers: the target's (RoPE, eps, context) with
   // this config's heads and intermediate size, no biases, no q/k norm.

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "common/model/checkpoint.h"
+#include "common/drafters/drafter_checkpoint.h"
 #include "common/model/model_runner.h"
 #include "common/model/rope.h"
 #include "common/util/mapped_file.h"
@@ -124,34 +124,12 @@ void SpecFormerImpl::InitWeights(uint64_t seed) {
 }
 
 Status SaveSpecFormerDir(SpecFormerImpl& model, const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return InternalError(StrCat("cannot create ", dir, ": ", ec.message()));
-  std::map<std::string, at::Tensor> weights;
-  for (const auto& p : model.named_parameters()) weights[p.key()] = p.value().detach();
-  RETURN_IF_ERROR(SaveSafetensorsFile((fs::path(dir) / "model.safetensors").string(), weights,
-                                      {{"format", "pt"}, {"kind", kSpecFormerKind}}));
-  return WriteStringToFile((fs::path(dir) / "config.json").string(), model.config().ToJson());
+  return SaveDrafterDir(model, dir, kSpecFormerKind, model.config().ToJson());
 }
 
 StatusOr<std::shared_ptr<SpecFormerImpl>> LoadSpecFormerDir(const std::string& dir,
                                                             const ModelConfig& target) {
-  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
-  if (!std::filesystem::exists(config_path)) {
-    return NotFoundError(StrCat("SpecFormer checkpoint ", dir, ": no config.json"));
-  }
-  ASSIGN_OR_RETURN(SpecFormerConfig config, SpecFormerConfig::FromFile(config_path));
-  RETURN_IF_ERROR(config.CheckTarget(target).WithContext(dir));
-  std::shared_ptr<SpecFormerImpl> model;
-  try {
-    model = std::make_shared<SpecFormerImpl>(config, target);
-  } catch (const c10::Error& e) {
-    return InternalError(StrCat("cannot build SpecFormer: ", e.what_without_backtrace()));
-  }
-  RETURN_IF_ERROR(LoadWeightsInto(*model, dir));
-  model->eval();
-  return model;
+  return LoadDrafterDir<SpecFormerImpl, SpecFormerConfig>(dir, target, "SpecFormer");
 }
 
 }  // namespace specula

@@ -1,0 +1,108 @@
+// Beagle as a Drafter: autoregressive cross-attention drafting of an EAGLE-2 dynamic tree.
+//
+// Position bookkeeping (see common/spec/drafter.h): the target's KV cache holds positions 0..P-1
+// and the pending token sits at P. Observe turns the target's top hidden states (layer L, after
+// the final norm) of exactly those committed positions into keys/values of the drafter's
+// true-state cache, a one-layer paged KV cache per sequence. Rejected tree nodes never reach the
+// drafter, so the cache never has to be trimmed.
+//
+// Propose, one depth at a time for every sequence of the batch together:
+//   depth 1: the query e(pending token) at position P attends to the true keys 0..P-1; its output
+//            h_P gives the root's children (log-softmax of lm_head(h_P), over temperature for
+//            sampled requests).
+//   depth d: each frontier node (token at P+d-1) attends to the true keys plus, with `concat` (the
+//            paper's "concate", default on), the drafted states of its own path: h_P and its
+//            ancestors' outputs, as keys at their positions. Without `concat` only true keys.
+// The drafted states live only inside one Propose (a per-call buffer), so the cache holds true
+// states only at the end of every round, as the paper prescribes. The tree is EAGLE-2's dynamic
+// tree (dynamic_tree.h) with depth, top-k and size min(total_tokens, the step's budget); the chain
+// is the same loop with top-k 1 (argmax per depth). Candidates are deterministic, so both are
+// lossless for sampled requests too (point masses in the verifier).
+//
+// Thread-compatible: one caller at a time (the engine's loop).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/drafters/beagle/beagle_config.h"
+#include "common/kv/paged_kv_cache.h"
+#include "common/model/model_runner.h"
+#include "common/spec/drafter.h"
+
+namespace specula {
+
+class BeagleImpl;
+
+struct BeagleDrafterOptions {
+  bool tree = true;           // EAGLE-2 dynamic tree; false: a chain (argmax per depth)
+  int32_t depth = 6;          // deepest drafted node (paper: "1+6" counts the root expansion apart)
+  int32_t top_k = 10;         // children per expanded node and frontier width
+  int32_t total_tokens = 60;  // tree size cap (also capped by each step's budget)
+  bool concat = true;         // drafted states as keys for deeper drafts ("concate")
+  // The true-state cache (one layer, the drafter's kv heads x head_dim per position).
+  KvCacheOptions kv{.block_size = 16, .num_blocks = 0, .memory_mb = 64.0};
+  std::string name = "beagle";  // the engine's drafter name
+
+  // INVALID_ARGUMENT naming the option when a size is not positive or the name is reserved.
+  Status Validate() const;
+};
+
+class BeagleDrafter : public Drafter {
+ public:
+  // Loads a checkpoint directory (config.json + model.safetensors, see SaveBeagleDir) for
+  // `target`, on the target's device and dtype. Shares (does not copy) the target's embedding and
+  // lm_head. Errors: NOT_FOUND (no checkpoint), INVALID_ARGUMENT (not a Beagle checkpoint, trained
+  // for another target, missing/misshaped tensors, bad options).
+  static StatusOr<std::unique_ptr<BeagleDrafter>> Load(const std::string& dir,
+                                                       const ModelRunner& target,
+                                                       BeagleDrafterOptions options = {});
+  // Wraps an in-memory module (tests, training): moved to the target's device and dtype.
+  static StatusOr<std::unique_ptr<BeagleDrafter>> Create(std::shared_ptr<BeagleImpl> module,
+                                                         const ModelRunner& target,
+                                                         BeagleDrafterOptions options = {});
+  ~BeagleDrafter() override;
+
+  std::string name() const override { return options_.name; }
+  std::vector<int64_t> hidden_layers() const override;
+  Status AddSequence(SeqId seq, const SamplingParams& sampling) override;
+  void ReleaseSequence(SeqId seq) override;
+  // INVALID_ARGUMENT when an observation's hidden states are not one [m, d] tensor, or m breaks
+  // the invariant (hidden rows seen == tokens seen - 1); RESOURCE_EXHAUSTED when the true-state
+  // cache is full. On error no sequence's state changed.
+  Status Observe(const std::vector<DrafterObservation>& observations) override;
+  StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override;
+  // Bytes of the true-state cache's blocks in use.
+  int64_t StateBytes() const override;
+
+  const BeagleConfig& config() const;
+  const BeagleDrafterOptions& options() const { return options_; }
+  std::shared_ptr<BeagleImpl> module() const { return module_; }
+
+  // --- introspection (tests) ---
+  // Every token observed for `seq`; the last one is pending. NOT_FOUND for an unknown sequence.
+  StatusOr<std::vector<int32_t>> Tokens(SeqId seq) const;
+  // The true-state cache of `seq`: keys (RoPE applied) and values [T, n_kv, head_dim], T = the
+  // positions observed. NOT_FOUND for an unknown sequence.
+  StatusOr<std::pair<at::Tensor, at::Tensor>> TrueCache(SeqId seq) const;
+
+ private:
+  struct State;
+  BeagleDrafter(std::shared_ptr<BeagleImpl> module, std::unique_ptr<PagedKvCache> kv,
+                BeagleDrafterOptions options);
+
+  std::shared_ptr<BeagleImpl> module_;
+  std::shared_ptr<CausalLMImpl> target_module_;  // keeps the shared weights alive
+  int64_t target_layers_ = 0;
+  std::unique_ptr<PagedKvCache> kv_;
+  BeagleDrafterOptions options_;
+  std::unordered_map<SeqId, std::unique_ptr<State>> states_;
+};
+
+}  // namespace specula
