@@ -86,6 +86,7 @@ class BeagleDrafter : public Drafter {
   std::shared_ptr<BeagleImpl> module() const { return module_; }
 
   // --- introspection (tests) ---
+  std::vector<SeqId> sequences() const;
   // Every token observed for `seq`; the last one is pending. NOT_FOUND for an unknown sequence.
   StatusOr<std::vector<int32_t>> Tokens(SeqId seq) const;
   // The true-state cache of `seq`: keys (RoPE applied) and values [T, n_kv, head_dim], T = the

@@ -1,0 +1,391 @@
+#include "common/drafters/beagle/beagle_drafter.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "common/drafters/beagle/beagle_model.h"
+#include "common/drafters/beagle/dynamic_tree.h"
+#include "common/model/transformer.h"
+
+namespace specula {
+namespace {
+
+torch::Tensor LongTensor(const std::vector<int64_t>& v, const torch::Device& device) {
+  return torch::tensor(v, torch::kLong).to(device);
+}
+
+}  // namespace
+
+Status BeagleDrafterOptions::Validate() const {
+  if (depth <= 0) return InvalidArgumentError(StrCat("Beagle depth must be positive, got ", depth));
+  if (top_k <= 0) return InvalidArgumentError(StrCat("Beagle top-k must be positive, got ", top_k));
+  if (total_tokens <= 0) {
+    return InvalidArgumentError(StrCat("Beagle total tokens must be positive, got ", total_tokens));
+  }
+  if (name.empty() || name == "none") {
+    return InvalidArgumentError(StrCat("drafter name '", name, "' is reserved"));
+  }
+  return OkStatus();
+}
+
+struct BeagleDrafter::State {
+  State(SeqId id, const SamplingParams& params) : kv_seq(id), sampling(params) {}
+  SeqId kv_seq;  // the true-state cache's id for the sequence (process-unique)
+  SamplingParams sampling;
+  std::vector<int32_t> history;  // tokens observed; the last one is pending (no hidden state)
+};
+
+StatusOr<std::unique_ptr<BeagleDrafter>> BeagleDrafter::Load(const std::string& dir,
+                                                             const ModelRunner& target,
+                                                             BeagleDrafterOptions options) {
+  ASSIGN_OR_RETURN(std::shared_ptr<BeagleImpl> module, LoadBeagleDir(dir, target.config()));
+  return Create(std::move(module), target, std::move(options));
+}
+
+StatusOr<std::unique_ptr<BeagleDrafter>> BeagleDrafter::Create(std::shared_ptr<BeagleImpl> module,
+                                                               const ModelRunner& target,
+                                                               BeagleDrafterOptions options) {
+  if (!module) return InvalidArgumentError("Beagle module is null");
+  const BeagleConfig& config = module->config();
+  RETURN_IF_ERROR(config.Validate("Beagle config"));
+  RETURN_IF_ERROR(config.CheckTarget(target.config()));
+  RETURN_IF_ERROR(options.Validate());
+  std::shared_ptr<CausalLMImpl> target_module = target.module();
+  const torch::Tensor& head = target_module->lm_head_weight();
+  std::unique_ptr<PagedKvCache> kv;
+  try {
+    module->eval();
+    module->to(head.device(), head.scalar_type());
+    module->SetTargetWeights(target_module->model->embed_tokens->weight, head);
+    ASSIGN_OR_RETURN(kv, PagedKvCache::Create(1, config.num_key_value_heads, config.head_dim,
+                                              head.scalar_type(), head.device(), options.kv));
+  } catch (const c10::Error& e) {
+    return InternalError(
+        StrCat("cannot place Beagle on ", head.device().str(), ": ", e.what_without_backtrace()));
+  }
+  auto drafter = std::unique_ptr<BeagleDrafter>(
+      new BeagleDrafter(std::move(module), std::move(kv), std::move(options)));
+  drafter->target_module_ = std::move(target_module);
+  drafter->target_layers_ = target.config().num_hidden_layers;
+  return drafter;
+}
+
+BeagleDrafter::BeagleDrafter(std::shared_ptr<BeagleImpl> module, std::unique_ptr<PagedKvCache> kv,
+                             BeagleDrafterOptions options)
+    : module_(std::move(module)), kv_(std::move(kv)), options_(std::move(options)) {}
+
+BeagleDrafter::~BeagleDrafter() = default;
+
+const BeagleConfig& BeagleDrafter::config() const { return module_->config(); }
+
+std::vector<int64_t> BeagleDrafter::hidden_layers() const { return {target_layers_}; }
+
+int64_t BeagleDrafter::StateBytes() const {
+  const BlockAllocator& alloc = kv_->allocator();
+  return (alloc.num_blocks() - alloc.num_free_blocks()) * kv_->bytes_per_block();
+}
+
+Status BeagleDrafter::AddSequence(SeqId seq, const SamplingParams& sampling) {
+  if (states_.count(seq)) return AlreadyExistsError(StrCat("sequence ", seq, " was already added"));
+  RETURN_IF_ERROR(sampling.Validate());
+  const SeqId kv_seq = NewSequenceId();
+  RETURN_IF_ERROR(kv_->allocator().AddSequence(kv_seq));
+  states_.emplace(seq, std::make_unique<State>(kv_seq, sampling));
+  return OkStatus();
+}
+
+void BeagleDrafter::ReleaseSequence(SeqId seq) {
+  auto it = states_.find(seq);
+  if (it == states_.end()) return;
+  (void)kv_->allocator().FreeSequence(it->second->kv_seq);
+  states_.erase(it);
+}
+
+Status BeagleDrafter::Observe(const std::vector<DrafterObservation>& observations) {
+  const int64_t d = config().target.hidden_size, vocab = config().target.vocab_size;
+  BlockAllocator& alloc = kv_->allocator();
+
+  // Validate everything first: on error nothing changes.
+  std::unordered_set<SeqId> seen;
+  std::vector<size_t> with_rows;  // observations that carry hidden states
+  int64_t blocks_needed = 0;
+  for (size_t i = 0; i < observations.size(); ++i) {
+    const DrafterObservation& o = observations[i];
+    auto it = states_.find(o.seq);
+    if (it == states_.end()) return NotFoundError(StrCat("sequence ", o.seq, " was not added"));
+    if (!seen.insert(o.seq).second) {
+      return InvalidArgumentError(StrCat("sequence ", o.seq, " is observed twice in one call"));
+    }
+    for (size_t t = 0; t < o.tokens.size(); ++t) {
+      if (o.tokens[t] < 0 || o.tokens[t] >= vocab) {
+        return InvalidArgumentError(StrCat("sequence ", o.seq, ": tokens[", t, "] = ", o.tokens[t],
+                                           " is outside the vocabulary [0, ", vocab, ")"));
+      }
+    }
+    int64_t m = 0;
+    if (!o.hidden.empty()) {
+      if (o.hidden.size() != 1) {
+        return InvalidArgumentError(StrCat("sequence ", o.seq, ": ", o.hidden.size(),
+                                           " hidden-state tensors, Beagle reads one (layer ",
+                                           target_layers_, ")"));
+      }
+      const at::Tensor& h = o.hidden[0];
+      if (h.dim() != 2 || h.size(1) != d) {
+        return InvalidArgumentError(StrCat("sequence ", o.seq, ": hidden[0] has shape ", h.sizes(),
+                                           ", expected [m, ", d, "]"));
+      }
+      m = h.size(0);
+    }
+    const State& st = *it->second;
+    const int64_t cached = alloc.Length(st.kv_seq);
+    const int64_t tokens = static_cast<int64_t>(st.history.size() + o.tokens.size());
+    // Every token but the pending one has had its hidden state observed.
+    if (cached + m != tokens - 1) {
+      return InvalidArgumentError(StrCat("sequence ", o.seq, ": ", cached + m,
+                                         " hidden-state rows for ", tokens,
+                                         " tokens (expected one row per token but the last)"));
+    }
+    if (m > 0) {
+      with_rows.push_back(i);
+      blocks_needed += alloc.BlocksNeeded(st.kv_seq, m);
+    }
+  }
+  if (blocks_needed > alloc.num_free_blocks()) {
+    return ResourceExhaustedError(StrCat("Beagle true-state cache full: needs ", blocks_needed,
+                                         " blocks, ", alloc.num_free_blocks(), " free"));
+  }
+
+  if (!with_rows.empty()) {
+    std::vector<int64_t> old_len, writes, positions;
+    std::vector<torch::Tensor> rows;
+    for (size_t i : with_rows) {
+      const DrafterObservation& o = observations[i];
+      const SeqId kv_seq = states_.at(o.seq)->kv_seq;
+      const int64_t m = o.hidden[0].size(0);
+      old_len.push_back(alloc.Length(kv_seq));
+      auto appended = alloc.Append(kv_seq, m);
+      if (!appended.ok()) {  // validated to fit; roll back anyway
+        for (size_t r = 0; r + 1 < old_len.size(); ++r) {
+          (void)alloc.Truncate(states_.at(observations[with_rows[r]].seq)->kv_seq, old_len[r]);
+        }
+        return appended.status();
+      }
+      writes.insert(writes.end(), appended->begin(), appended->end());
+      for (int64_t j = 0; j < m; ++j) positions.push_back(old_len.back() + j);
+      rows.push_back(o.hidden[0]);
+    }
+    try {
+      torch::NoGradGuard no_grad;
+      const auto& w = module_->q_proj->weight;
+      auto states = torch::cat(rows, 0).to(w.device(), w.scalar_type());
+      auto [k, v] = module_->KeysValues(states, LongTensor(positions, w.device()));
+      auto slots = LongTensor(writes, w.device());
+      kv_->keys(0).index_copy_(0, slots, k);
+      kv_->values(0).index_copy_(0, slots, v);
+    } catch (const c10::Error& e) {
+      for (size_t r = 0; r < with_rows.size(); ++r) {
+        (void)alloc.Truncate(states_.at(observations[with_rows[r]].seq)->kv_seq, old_len[r]);
+      }
+      return InternalError(StrCat("Beagle key/value forward failed: ", e.what_without_backtrace()));
+    }
+  }
+  for (const DrafterObservation& o : observations) {
+    auto& history = states_.at(o.seq)->history;
+    history.insert(history.end(), o.tokens.begin(), o.tokens.end());
+  }
+  return OkStatus();
+}
+
+StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
+    const std::vector<DraftRequest>& requests) {
+  RETURN_IF_ERROR(CheckDraftRequests(requests, [&](SeqId seq) { return states_.count(seq) > 0; }));
+  std::vector<CandidateTree> trees(requests.size());
+  const BlockAllocator& alloc = kv_->allocator();
+  // Sequences with a budget and at least one true state.
+  std::vector<size_t> work;
+  std::vector<State*> states;
+  std::vector<DynamicTree> builders;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    State* st = states_.at(requests[i].seq).get();
+    if (requests[i].max_nodes <= 0 || requests[i].max_depth <= 0) continue;
+    if (alloc.Length(st->kv_seq) == 0 || st->history.empty()) continue;
+    const int32_t depth = std::min(options_.depth, requests[i].max_depth);
+    const int32_t budget = options_.tree ? std::min(options_.total_tokens, requests[i].max_nodes)
+                                         : std::min(depth, requests[i].max_nodes);
+    builders.emplace_back(budget, depth, options_.tree ? options_.top_k : 1);
+    if (builders.back().done()) {
+      builders.pop_back();
+      continue;
+    }
+    work.push_back(i);
+    states.push_back(st);
+  }
+  if (work.empty()) return trees;
+
+  try {
+    torch::NoGradGuard no_grad;
+    const auto& w = module_->q_proj->weight;
+    const torch::Device device = w.device();
+    const BeagleConfig& c = config();
+    const int64_t M = static_cast<int64_t>(work.size()), H = c.num_attention_heads,
+                  Hkv = c.num_key_value_heads, dh = c.head_dim;
+
+    // The true-state keys/values, padded to [M, T, Hkv, dh] (slot 0 fills the padding, masked).
+    std::vector<int64_t> length(M);
+    int64_t T = 0;
+    for (int64_t s = 0; s < M; ++s) {
+      length[s] = alloc.Length(states[s]->kv_seq);
+      T = std::max(T, length[s]);
+    }
+    std::vector<int64_t> reads(M * T, 0);
+    for (int64_t s = 0; s < M; ++s) {
+      std::vector<int64_t> slots = alloc.Slots(states[s]->kv_seq);
+      std::copy(slots.begin(), slots.end(), reads.begin() + s * T);
+    }
+    auto read_index = LongTensor(reads, device);
+    auto true_k = kv_->keys(0).index_select(0, read_index).view({M, T, Hkv, dh});
+    auto true_v = kv_->values(0).index_select(0, read_index).view({M, T, Hkv, dh});
+    auto true_len = LongTensor(length, device).view({M, 1, 1});
+    auto key_pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(device));
+    // Per sampled sequence, its temperature (1 for greedy: plain log-softmax).
+    std::vector<float> inv_temp(M);
+    for (int64_t s = 0; s < M; ++s) {
+      const SamplingParams& p = states[s]->sampling;
+      inv_temp[s] = p.greedy() ? 1.0f : 1.0f / p.temperature;
+    }
+    auto inv_temp_t = torch::tensor(inv_temp, torch::kFloat).view({M, 1, 1});
+
+    // Drafted states of this call: keys/values of every expanded node's output, appended per
+    // depth. node_state[s][c] = its row (candidate c of sequence s); root_state[s] for h_P.
+    std::vector<torch::Tensor> drafted_k, drafted_v;
+    int64_t drafted_rows = 0;
+    std::vector<std::vector<int64_t>> node_state(M);
+    std::vector<int64_t> root_state(M, -1);
+
+    for (int32_t depth = 1;; ++depth) {
+      int64_t F = 0;
+      for (int64_t s = 0; s < M; ++s) {
+        F = std::max<int64_t>(F, builders[s].frontier().size());
+      }
+      if (F == 0) break;
+      // Queries: frontier node f of sequence s at row s * F + r; padding rows repeat row 0's
+      // token and position and are ignored.
+      const int64_t D = options_.concat ? depth - 1 : 0;  // drafted keys per query
+      std::vector<int64_t> tokens(M * F), positions(M * F),
+          row_state(M * F * std::max<int64_t>(D, 1), 0);
+      std::vector<uint8_t> row_valid(M * F * std::max<int64_t>(D, 1), 0);
+      for (int64_t s = 0; s < M; ++s) {
+        const DynamicTree& tree = builders[s];
+        const int64_t P = length[s];  // the pending token's position
+        const auto& frontier = tree.frontier();
+        for (int64_t r = 0; r < F; ++r) {
+          const bool pad = r >= static_cast<int64_t>(frontier.size());
+          const int32_t f = pad ? frontier.empty() ? -1 : frontier[0] : frontier[r];
+          const int64_t row = s * F + r;
+          tokens[row] = f < 0 ? states[s]->history.back() : tree.token(f);
+          positions[row] = P + (f < 0 ? 0 : tree.depth(f));
+          if (D == 0 || pad || frontier.empty()) continue;
+          // The path's drafted states: h_P, then the ancestors of f's parent chain, then f's
+          // parent, ..., ending with f's own parent (its output is f's input state).
+          std::vector<int64_t> path;
+          for (int32_t a = tree.parent(f); a >= 0; a = tree.parent(a))
+            path.push_back(node_state[s][a]);
+          path.push_back(root_state[s]);
+          std::reverse(path.begin(), path.end());
+          for (int64_t j = 0; j < D && j < static_cast<int64_t>(path.size()); ++j) {
+            row_state[row * D + j] = path[j];
+            row_valid[row * D + j] = 1;
+          }
+        }
+      }
+      auto pos_t = LongTensor(positions, device);
+      auto query = module_->Query(LongTensor(tokens, device), pos_t);
+      auto q = query.q.view({M, F, H, dh});
+      // Query at position P + depth - 1 sees every true key (all are < P).
+      auto mask = key_pos.view({1, 1, T}).lt(true_len).expand({M, F, T});
+      torch::Tensor row_k, row_v, row_mask;
+      if (D > 0) {
+        auto all_k = torch::cat(drafted_k, 0), all_v = torch::cat(drafted_v, 0);
+        auto idx = LongTensor(row_state, device);
+        row_k = all_k.index_select(0, idx).view({M, F, D, Hkv, dh});
+        row_v = all_v.index_select(0, idx).view({M, F, D, Hkv, dh});
+        row_mask = torch::from_blob(row_valid.data(), {M, F, D},
+                                    torch::TensorOptions().dtype(torch::kBool))
+                       .to(device);
+      }
+      auto attn = BeagleCrossAttention(q, true_k, true_v, mask, row_k, row_v, row_mask);
+      auto h = module_->Output(query.residual.view({M, F, -1}), attn);  // [M, F, d]
+      auto logits = module_->Logits(h).to(torch::kFloat) * inv_temp_t.to(device);
+      auto logprobs = torch::log_softmax(logits, -1);
+      const int64_t K = std::min<int64_t>(options_.tree ? options_.top_k : 1, logprobs.size(-1));
+      auto top = logprobs.topk(K, -1);
+      auto top_lp = std::get<0>(top).to(torch::kCPU).contiguous();
+      auto top_tok = std::get<1>(top).to(torch::kCPU).contiguous();
+      const float* lp = top_lp.data_ptr<float>();
+      const int64_t* tk = top_tok.data_ptr<int64_t>();
+
+      // The outputs' keys/values, for deeper queries on these paths.
+      bool more = false;
+      for (int64_t s = 0; s < M; ++s) {
+        more |=
+            !builders[s].frontier().empty() && builders[s].next_depth() < builders[s].max_depth();
+      }
+      const int64_t base = drafted_rows;
+      if (options_.concat && more) {
+        auto [k, v] = module_->KeysValues(h.view({M * F, -1}), pos_t);
+        drafted_k.push_back(k);
+        drafted_v.push_back(v);
+        drafted_rows += M * F;
+      }
+      for (int64_t s = 0; s < M; ++s) {
+        DynamicTree& tree = builders[s];
+        const auto frontier = tree.frontier();
+        if (frontier.empty()) continue;
+        std::vector<std::vector<DraftChild>> children(frontier.size());
+        for (size_t r = 0; r < frontier.size(); ++r) {
+          const int64_t row = s * F + static_cast<int64_t>(r);
+          if (frontier[r] < 0) {
+            root_state[s] = base + row;
+          } else {
+            node_state[s][frontier[r]] = base + row;
+          }
+          for (int64_t j = 0; j < K; ++j) {
+            children[r].push_back({static_cast<int32_t>(tk[row * K + j]), lp[row * K + j]});
+          }
+        }
+        tree.Expand(children);
+        node_state[s].resize(tree.num_candidates(), -1);
+      }
+    }
+  } catch (const c10::Error& e) {
+    return InternalError(StrCat("Beagle draft forward failed: ", e.what_without_backtrace()));
+  }
+  for (size_t w = 0; w < work.size(); ++w) trees[work[w]] = builders[w].Build();
+  return trees;
+}
+
+std::vector<SeqId> BeagleDrafter::sequences() const {
+  std::vector<SeqId> seqs;
+  for (const auto& [seq, st] : states_) seqs.push_back(seq);
+  std::sort(seqs.begin(), seqs.end());
+  return seqs;
+}
+
+StatusOr<std::vector<int32_t>> BeagleDrafter::Tokens(SeqId seq) const {
+  auto it = states_.find(seq);
+  if (it == states_.end()) return NotFoundError(StrCat("sequence ", seq, " was not added"));
+  return it->second->history;
+}
+
+StatusOr<std::pair<at::Tensor, at::Tensor>> BeagleDrafter::TrueCache(SeqId seq) const {
+  auto it = states_.find(seq);
+  if (it == states_.end()) return NotFoundError(StrCat("sequence ", seq, " was not added"));
+  std::vector<int64_t> slots = kv_->allocator().Slots(it->second->kv_seq);
+  auto index = LongTensor(slots, kv_->keys(0).device());
+  return std::make_pair(kv_->keys(0).index_select(0, index).clone(),
+                        kv_->values(0).index_select(0, index).clone());
+}
+
+}  // namespace specula

@@ -1,0 +1,388 @@
+// BeagleDrafter on tiny random models: the true-state cache equals a from-scratch recompute after
+// accept/reject rounds (directly and through SpecEngine), every tree node's probability equals an
+// independent per-path recompute (with and without "concate"), the dynamic tree respects each
+// step's budget, bad observations change nothing, checkpoints round-trip and refuse another
+// target, and greedy speculative decoding equals plain greedy decoding at several budgets and
+// batch sizes, for the dynamic tree and the chain.
+#include "common/drafters/beagle/beagle_drafter.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "common/drafters/beagle/beagle_model.h"
+#include "common/engine/plain_decoder.h"
+#include "common/model/transformer.h"
+#include "common/spec/spec_engine.h"
+#include "tests/testing/tiny_model.h"
+
+namespace specula {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int32_t kVocab = 64;
+
+std::shared_ptr<CausalLMImpl> TargetModule(uint64_t seed = 3) {
+  return MakeTinyModel(TinyModelConfig(), seed, /*weight_scale=*/4.0);
+}
+
+std::unique_ptr<ModelRunner> Runner(std::shared_ptr<CausalLMImpl> module) {
+  ModelRunnerOptions o;
+  o.kv.block_size = 4;
+  o.kv.num_blocks = 1024;
+  auto runner = ModelRunner::FromModule(std::move(module), o);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  return runner.ok() ? std::move(*runner) : nullptr;
+}
+
+std::shared_ptr<BeagleImpl> BeagleModule(uint64_t seed = 5) {
+  auto m =
+      std::make_shared<BeagleImpl>(BeagleConfig::ForTarget(TinyModelConfig()), TinyModelConfig());
+  m->InitWeights(seed);
+  torch::NoGradGuard no_grad;
+  // Larger weights: sharper, more varied distributions than the 0.02 init gives.
+  for (auto& p : m->named_parameters()) {
+    if (p.key().find("norm") == std::string::npos) p.value().mul_(10.0);
+  }
+  return m;
+}
+
+std::unique_ptr<BeagleDrafter> Drafter(const ModelRunner& target, BeagleDrafterOptions o = {}) {
+  o.kv = {.block_size = 4, .num_blocks = 256};
+  auto d = BeagleDrafter::Create(BeagleModule(), target, o);
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? std::move(*d) : nullptr;
+}
+
+std::vector<int32_t> RandomTokens(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng() % kVocab);
+  return t;
+}
+
+// The target's top hidden states (layer L, after the final norm) of `tokens`, [n, d].
+torch::Tensor TopHidden(CausalLMImpl& target, const std::vector<int32_t>& tokens) {
+  torch::NoGradGuard no_grad;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  auto ids = torch::tensor(std::vector<int64_t>(tokens.begin(), tokens.end()), torch::kLong);
+  auto in = target.DenseCausalInputs(1, n, torch::arange(n, torch::kLong));
+  return target.forward(ids, in, nullptr, {target.config().num_hidden_layers}).hidden_states[0];
+}
+
+void ExpectCacheMatchesRecompute(BeagleDrafter& d, CausalLMImpl& target, SeqId seq,
+                                 const std::string& what) {
+  torch::NoGradGuard no_grad;
+  auto tokens = d.Tokens(seq);
+  ASSERT_TRUE(tokens.ok());
+  std::vector<int32_t> cached(tokens->begin(), tokens->end() - 1);  // all but the pending token
+  auto cache = d.TrueCache(seq);
+  ASSERT_TRUE(cache.ok());
+  const int64_t n = static_cast<int64_t>(cached.size());
+  ASSERT_EQ(cache->first.size(0), n) << what;
+  auto [k, v] = d.module()->KeysValues(TopHidden(target, cached), torch::arange(n, torch::kLong));
+  EXPECT_TRUE(torch::allclose(cache->first, k, 1e-4, 1e-4)) << what << ": keys differ";
+  EXPECT_TRUE(torch::allclose(cache->second, v, 1e-4, 1e-4)) << what << ": values differ";
+}
+
+// Drives the drafter as the engine does: prefill, then rounds that append "accepted drafts +
+// bonus" of random lengths, with a Propose in between (whose drafted states must not stay).
+TEST(BeagleDrafterTest, TrueCacheEqualsRecomputeAfterRounds) {
+  auto target_module = TargetModule();
+  auto target = Runner(target_module);
+  auto d = Drafter(*target);
+  const std::vector<int32_t> tokens = RandomTokens(60, 11);
+  const torch::Tensor hidden = TopHidden(*target_module, tokens);
+  const std::vector<SeqId> seqs = {101, 102};
+  for (SeqId s : seqs) ASSERT_TRUE(d->AddSequence(s, {}).ok());
+  std::vector<int64_t> len = {10, 5};
+  {
+    std::vector<DrafterObservation> obs;
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      obs.push_back({.seq = seqs[b],
+                     .tokens = std::vector<int32_t>(tokens.begin(), tokens.begin() + len[b]),
+                     .hidden = {hidden.narrow(0, 0, len[b] - 1)}});
+    }
+    ASSERT_TRUE(d->Observe(obs).ok());
+  }
+  for (SeqId s : seqs) ExpectCacheMatchesRecompute(*d, *target_module, s, "after prefill");
+  std::mt19937 rng(3);
+  for (int round = 0; round < 8; ++round) {
+    auto trees = d->Propose({{.seq = 101, .max_nodes = 20, .max_depth = 5},
+                             {.seq = 102, .max_nodes = 7, .max_depth = 3}});
+    ASSERT_TRUE(trees.ok()) << trees.status();
+    EXPECT_FALSE((*trees)[0].empty());
+    std::vector<DrafterObservation> obs;
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      const int64_t added = rng() % 4 + 1;  // accepted drafts (0-3) + the bonus token
+      obs.push_back(
+          {.seq = seqs[b],
+           .tokens = std::vector<int32_t>(tokens.begin() + len[b], tokens.begin() + len[b] + added),
+           .hidden = {hidden.narrow(0, len[b] - 1, added)}});
+      len[b] += added;
+    }
+    ASSERT_TRUE(d->Observe(obs).ok());
+    for (SeqId s : seqs) {
+      ExpectCacheMatchesRecompute(*d, *target_module, s, "round " + std::to_string(round));
+    }
+  }
+}
+
+// Through SpecEngine: the hidden rows it hands over after verifying trees with accepted and
+// rejected nodes rebuild exactly the recomputed cache.
+TEST(BeagleDrafterTest, EngineRoundsKeepCacheEqualToRecompute) {
+  auto target_module = TargetModule();
+  auto target = Runner(target_module);
+  SpecEngine engine(target.get());
+  ASSERT_TRUE(engine.AddDrafter(Drafter(*target)).ok());
+  auto* d = static_cast<BeagleDrafter*>(engine.drafter("beagle"));
+  for (int i = 0; i < 3; ++i) {
+    SpecRequest r;
+    r.generation.prompt = RandomTokens(5 + 7 * i, 20 + i);
+    r.generation.max_new_tokens = 60;
+    r.speculation = {.drafter = "beagle", .max_draft_tokens = 12};
+    ASSERT_TRUE(engine.Submit(r).ok());
+  }
+  int64_t drafted = 0, accepted = 0;
+  for (int step = 0; step < 10; ++step) {
+    auto report = engine.Step();
+    ASSERT_TRUE(report.ok()) << report.status();
+    for (const auto& u : report->updates) {
+      ASSERT_FALSE(u.finished) << "a request finished early";
+      EXPECT_EQ(u.stats.draft_errors, 0) << u.stats.last_draft_error;
+      drafted = std::max(drafted, u.stats.draft_tokens);
+      accepted = std::max(accepted, u.stats.accepted_tokens);
+    }
+    for (SeqId s : d->sequences()) {
+      ExpectCacheMatchesRecompute(*d, *target_module, s, "step " + std::to_string(step));
+    }
+  }
+  EXPECT_GT(drafted, accepted) << "no draft was ever rejected";
+  EXPECT_GT(d->StateBytes(), 0);
+}
+
+// An independent recompute of one node's child distribution: queries and keys for the node's
+// path built one position at a time, attention by the target's MaskedAttention.
+torch::Tensor ReferenceLogProbs(BeagleImpl& m, const torch::Tensor& true_states, int32_t pending,
+                                const std::vector<int32_t>& path, bool concat) {
+  torch::NoGradGuard no_grad;
+  const int64_t P = true_states.size(0);
+  const BeagleConfig& c = m.config();
+  auto [true_k, true_v] = m.KeysValues(true_states, torch::arange(P, torch::kLong));
+  std::vector<torch::Tensor> ks = {true_k}, vs = {true_v};
+  std::vector<int32_t> queries = {pending};
+  queries.insert(queries.end(), path.begin(), path.end());
+  torch::Tensor h;
+  for (size_t i = 0; i < queries.size(); ++i) {
+    auto pos = torch::tensor({P + static_cast<int64_t>(i)}, torch::kLong);
+    auto q = m.Query(torch::tensor({static_cast<int64_t>(queries[i])}, torch::kLong), pos);
+    auto k = torch::cat(ks, 0), v = torch::cat(vs, 0);
+    const int64_t T = k.size(0);
+    auto o = MaskedAttention(q.q.view({1, 1, c.num_attention_heads, c.head_dim}), k.unsqueeze(0),
+                             v.unsqueeze(0), torch::ones({1, 1, 1, 1, T}, torch::kBool));
+    h = m.Output(q.residual, o.reshape({1, -1}));
+    if (concat) {
+      auto [hk, hv] = m.KeysValues(h, pos);
+      ks.push_back(hk);
+      vs.push_back(hv);
+    }
+  }
+  return torch::log_softmax(m.Logits(h)[0].to(torch::kFloat), -1);
+}
+
+TEST(BeagleDrafterTest, TreeProbabilitiesEqualAPerPathRecompute) {
+  auto target_module = TargetModule();
+  auto target = Runner(target_module);
+  const std::vector<int32_t> tokens = RandomTokens(17, 8);
+  const torch::Tensor hidden = TopHidden(*target_module, {tokens.begin(), tokens.end() - 1});
+  for (bool concat : {true, false}) {
+    // Budget 60 >= the 4 + 3 x 16 candidates: every candidate is kept, down to depth 4.
+    auto d = Drafter(*target, {.depth = 4, .top_k = 4, .total_tokens = 60, .concat = concat});
+    ASSERT_TRUE(d->AddSequence(1, {}).ok());
+    ASSERT_TRUE(d->Observe({{.seq = 1, .tokens = tokens, .hidden = {hidden}}}).ok());
+    auto trees = d->Propose({{.seq = 1, .max_nodes = 60, .max_depth = 4}});
+    ASSERT_TRUE(trees.ok()) << trees.status();
+    const CandidateTree& tree = (*trees)[0];
+    ASSERT_EQ(tree.size(), 52);
+    EXPECT_EQ(tree.max_depth(), 4);
+    for (int32_t i = 0; i < tree.size(); ++i) {
+      std::vector<int32_t> parent_path;
+      for (int32_t n : tree.PathTo(i)) parent_path.push_back(tree.token(n));
+      parent_path.pop_back();
+      auto ref = ReferenceLogProbs(*d->module(), hidden, tokens.back(), parent_path, concat);
+      EXPECT_NEAR(std::log(tree.draft_prob(i)), ref[tree.token(i)].item<float>(), 1e-3)
+          << "concat " << concat << " node " << i << " depth " << tree.depth(i);
+      if (tree.parent(i) < 0) {
+        // The root's children are its top tokens.
+        EXPECT_GE(ref[tree.token(i)].item<float>(),
+                  std::get<0>(ref.topk(4))[3].item<float>() - 1e-5);
+      }
+    }
+  }
+}
+
+TEST(BeagleDrafterTest, TreesRespectEveryBudget) {
+  auto target = Runner(TargetModule());
+  auto d = Drafter(*target);
+  const std::vector<int32_t> tokens = RandomTokens(12, 4);
+  ASSERT_TRUE(d->AddSequence(1, {}).ok());
+  ASSERT_TRUE(d->AddSequence(2, {.temperature = 0.7f, .seed = 3}).ok());
+  const torch::Tensor hidden = TopHidden(*target->module(), {tokens.begin(), tokens.end() - 1});
+  ASSERT_TRUE(d->Observe({{.seq = 1, .tokens = tokens, .hidden = {hidden}},
+                          {.seq = 2, .tokens = tokens, .hidden = {hidden}}})
+                  .ok());
+  for (int32_t budget : {0, 1, 2, 3, 7, 16, 60, 100}) {
+    for (int32_t depth : {0, 1, 2, 6, 9}) {
+      auto trees = d->Propose({{.seq = 1, .max_nodes = budget, .max_depth = depth},
+                               {.seq = 2, .max_nodes = budget, .max_depth = depth}});
+      ASSERT_TRUE(trees.ok()) << trees.status();
+      for (const CandidateTree& t : *trees) {
+        EXPECT_TRUE(t.Validate(kVocab, budget, depth).ok()) << t.Validate(kVocab, budget, depth);
+        EXPECT_LE(t.size(), std::min(budget, 60));
+        EXPECT_LE(t.max_depth(), std::min(depth, 6));
+        // Depth 1 has only the root's 10 candidates; from depth 2 on there are >= 110.
+        if (budget > 0 && depth > 0) {
+          EXPECT_EQ(t.size(), std::min(budget, depth == 1 ? 10 : 60)) << budget << " " << depth;
+        }
+      }
+    }
+  }
+  // The chain: one node per depth.
+  auto chain = Drafter(*target, {.tree = false});
+  ASSERT_TRUE(chain->AddSequence(1, {}).ok());
+  ASSERT_TRUE(chain->Observe({{.seq = 1, .tokens = tokens, .hidden = {hidden}}}).ok());
+  auto trees = chain->Propose({{.seq = 1, .max_nodes = 10, .max_depth = 10}});
+  ASSERT_TRUE(trees.ok());
+  ASSERT_EQ((*trees)[0].size(), 6);
+  for (int32_t i = 0; i < 6; ++i) EXPECT_EQ((*trees)[0].parent(i), i - 1);
+}
+
+TEST(BeagleDrafterTest, BadObservationsChangeNothing) {
+  auto target = Runner(TargetModule());
+  auto d = Drafter(*target);
+  const std::vector<int32_t> tokens = RandomTokens(8, 1);
+  const torch::Tensor hidden = TopHidden(*target->module(), tokens);
+  ASSERT_TRUE(d->AddSequence(1, {}).ok());
+  EXPECT_EQ(d->AddSequence(1, {}).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(d->Observe({{.seq = 2, .tokens = tokens}}).code(), StatusCode::kNotFound);
+  Status s = d->Observe({{.seq = 1, .tokens = tokens, .hidden = {hidden}}});  // 8 rows, needs 7
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("hidden-state rows"));
+  const torch::Tensor seven = hidden.narrow(0, 0, 7);
+  s = d->Observe({{.seq = 1, .tokens = tokens, .hidden = {seven, seven}}});
+  EXPECT_THAT(s.message(), HasSubstr("Beagle reads one"));
+  s = d->Observe({{.seq = 1, .tokens = tokens, .hidden = {seven.narrow(1, 0, 7)}}});
+  EXPECT_THAT(s.message(), HasSubstr("hidden[0] has shape"));
+  std::vector<int32_t> oov = tokens;
+  oov[3] = kVocab;
+  s = d->Observe({{.seq = 1, .tokens = oov, .hidden = {seven}}});
+  EXPECT_THAT(s.message(), HasSubstr("tokens[3]"));
+  EXPECT_EQ(d->TrueCache(1)->first.size(0), 0);
+  EXPECT_TRUE(d->Tokens(1)->empty());
+  // Nothing observed yet: nothing to propose.
+  auto empty = d->Propose({{.seq = 1, .max_nodes = 8, .max_depth = 4}});
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE((*empty)[0].empty());
+  EXPECT_EQ(d->Propose({{.seq = 9, .max_nodes = 8, .max_depth = 4}}).status().code(),
+            StatusCode::kNotFound);
+  EXPECT_TRUE(d->Observe({{.seq = 1, .tokens = tokens, .hidden = {seven}}}).ok());
+  EXPECT_EQ(d->TrueCache(1)->first.size(0), 7);
+  d->ReleaseSequence(1);
+  EXPECT_EQ(d->StateBytes(), 0);
+}
+
+TEST(BeagleDrafterTest, OptionsAndTargetsAreChecked) {
+  auto target = Runner(TargetModule());
+  EXPECT_THAT(BeagleDrafter::Create(BeagleModule(), *target, {.depth = 0}).status().message(),
+              HasSubstr("depth"));
+  EXPECT_THAT(BeagleDrafter::Create(BeagleModule(), *target, {.top_k = 0}).status().message(),
+              HasSubstr("top-k"));
+  EXPECT_THAT(BeagleDrafter::Create(BeagleModule(), *target, {.name = "none"}).status().message(),
+              HasSubstr("reserved"));
+  ModelConfig other = TinyModelConfig();
+  other.vocab_size = 80;
+  auto other_target = Runner(MakeTinyModel(other, 1));
+  auto d = BeagleDrafter::Create(BeagleModule(), *other_target);
+  ASSERT_FALSE(d.ok());
+  EXPECT_THAT(d.status().message(), HasSubstr("vocab_size"));
+}
+
+TEST(BeagleDrafterTest, CheckpointRoundTripsAndRefusesAnotherKind) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("beagle_ckpt_" + std::to_string(::getpid()));
+  auto module = BeagleModule(9);
+  ASSERT_TRUE(SaveBeagleDir(*module, dir.string()).ok());
+  auto loaded = LoadBeagleDir(dir.string(), TinyModelConfig());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  auto a = module->named_parameters(), b = (*loaded)->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& p : a) EXPECT_TRUE(torch::equal(p.value(), b[p.key()])) << p.key();
+  ModelConfig other = TinyModelConfig();
+  other.hidden_size = 48;
+  EXPECT_THAT(LoadBeagleDir(dir.string(), other).status().message(), HasSubstr("hidden_size"));
+  EXPECT_EQ(LoadBeagleDir((dir / "missing").string(), TinyModelConfig()).status().code(),
+            StatusCode::kNotFound);
+  // A SpecFormer checkpoint is not a Beagle one.
+  std::string config = BeagleConfig::ForTarget(TinyModelConfig()).ToJson();
+  config.replace(config.find("\"beagle\""), 8, "\"specformer\"");
+  std::ofstream((dir / "config.json").string()) << config;
+  EXPECT_THAT(LoadBeagleDir(dir.string(), TinyModelConfig()).status().message(),
+              HasSubstr("expected \"beagle\""));
+  fs::remove_all(dir);
+}
+
+// Greedy speculative decoding with Beagle equals plain greedy decoding: dynamic trees and chains,
+// with and without concate, several budgets, batch 1 and a mixed-length batch.
+TEST(BeagleDrafterTest, GreedyEqualsPlainDecoding) {
+  auto target_module = TargetModule();
+  auto target = Runner(target_module);
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 5; ++i) {
+    requests.push_back({.prompt = RandomTokens(3 + 9 * i, 40 + i), .max_new_tokens = 30});
+  }
+  std::vector<std::vector<int32_t>> plain;
+  for (const auto& r : requests) {
+    auto out = DecodeBatch(*target, {r});
+    ASSERT_TRUE(out.ok());
+    plain.push_back((*out)[0].tokens);
+  }
+  int64_t accepted = 0;
+  const std::vector<BeagleDrafterOptions> variants = {
+      {}, {.tree = false}, {.concat = false}, {.depth = 3, .top_k = 3, .total_tokens = 10}};
+  for (const BeagleDrafterOptions& o : variants) {
+    SpecEngine engine(target.get());
+    ASSERT_TRUE(engine.AddDrafter(Drafter(*target, o)).ok());
+    for (int32_t k : {1, 4, 16, 60}) {
+      auto spec = [&](const GenerationRequest& g) {
+        return SpecRequest{.generation = g,
+                           .speculation = {.drafter = "beagle", .max_draft_tokens = k}};
+      };
+      const std::string what =
+          StrCat("tree ", o.tree, " concat ", o.concat, " top-k ", o.top_k, " k ", k);
+      auto one = GenerateAll(engine, {spec(requests[1])});
+      ASSERT_TRUE(one.ok()) << one.status();
+      EXPECT_EQ((*one)[0].result.tokens, plain[1]) << what;
+      std::vector<SpecRequest> batch;
+      for (const auto& r : requests) batch.push_back(spec(r));
+      auto out = GenerateAll(engine, batch);
+      ASSERT_TRUE(out.ok()) << out.status();
+      for (size_t i = 0; i < requests.size(); ++i) {
+        EXPECT_EQ((*out)[i].result.tokens, plain[i]) << what << " #" << i;
+        EXPECT_EQ((*out)[i].stats.draft_errors, 0) << (*out)[i].stats.last_draft_error;
+        EXPECT_LE((*out)[i].stats.draft_tokens, (*out)[i].stats.draft_steps * k);
+        accepted += (*out)[i].stats.accepted_tokens;
+      }
+    }
+    EXPECT_EQ(engine.drafter("beagle")->StateBytes(), 0) << "sequences were not released";
+  }
+  EXPECT_GT(accepted, 0) << "no Beagle draft was ever accepted";
+  EXPECT_EQ(target->kv_stats().free_blocks, target->kv_stats().num_blocks);
+}
+
+}  // namespace
+}  // namespace specula
