@@ -37,6 +37,8 @@ class DraftModelDrafter : public Drafter {
   void ReleaseSequence(SeqId seq) override;
   Status Observe(const std::vector<DrafterObservation>& observations) override;
   StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override;
+  // Bytes of the draft LM's KV blocks in use.
+  int64_t StateBytes() const override { return model_->kv_stats().bytes_in_use(); }
 
   const ModelRunner& model() const { return *model_; }
 

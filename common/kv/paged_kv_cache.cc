@@ -74,7 +74,7 @@ Status PagedKvCache::KeepOnly(SeqId seq, int64_t start, const std::vector<int64_
 
 KvCacheStats PagedKvCache::stats() const {
   return KvCacheStats{allocator_.num_blocks(), allocator_.num_free_blocks(),
-                      allocator_.block_size(), allocator_.num_sequences()};
+                      allocator_.block_size(), allocator_.num_sequences(), bytes_per_block_};
 }
 
 }  // namespace specula

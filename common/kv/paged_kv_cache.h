@@ -29,6 +29,9 @@ struct KvCacheStats {
   int64_t free_blocks = 0;
   int64_t block_size = 0;
   int64_t num_sequences = 0;
+  int64_t bytes_per_block = 0;  // across all layers, keys and values
+  // Bytes of the blocks in use.
+  int64_t bytes_in_use() const { return (num_blocks - free_blocks) * bytes_per_block; }
   double usage() const { return num_blocks ? 1.0 - double(free_blocks) / double(num_blocks) : 0.0; }
 };
 

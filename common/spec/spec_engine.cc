@@ -450,6 +450,12 @@ StatusOr<StepReport> SpecEngine::Step() {
   return report;
 }
 
+int64_t SpecEngine::DrafterStateBytes() const {
+  int64_t bytes = 0;
+  for (const auto& [name, drafter] : drafters_) bytes += drafter->StateBytes();
+  return bytes;
+}
+
 StatusOr<std::vector<SpecGenerationResult>> GenerateAll(SpecEngine& engine,
                                                         const std::vector<SpecRequest>& requests,
                                                         const SpecTokenCallback& on_tokens,
@@ -472,6 +478,7 @@ StatusOr<std::vector<SpecGenerationResult>> GenerateAll(SpecEngine& engine,
   while (engine.HasWork()) {
     ASSIGN_OR_RETURN(StepReport report, engine.Step());
     ++st.steps;
+    st.peak_drafter_state_bytes = std::max(st.peak_drafter_state_bytes, engine.DrafterStateBytes());
     st.draft_seconds += report.draft_seconds;
     st.verify_seconds += report.verify_seconds;
     for (RequestUpdate& u : report.updates) {

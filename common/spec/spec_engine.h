@@ -97,6 +97,8 @@ class SpecEngine {
   const ModelRunner& target() const { return *target_; }
   const SpecEngineOptions& options() const { return options_; }
   Drafter* drafter(const std::string& name) const;
+  // Bytes of per-sequence state all drafters hold now.
+  int64_t DrafterStateBytes() const;
 
   // INVALID_ARGUMENT naming the field (request fields, drafter name, draft budget, verification
   // parameters); OUT_OF_RANGE past the context; RESOURCE_EXHAUSTED if it could never fit the KV
@@ -147,6 +149,8 @@ struct SpecRunStats {
   double verify_seconds = 0;
   int64_t steps = 0;
   int64_t generated_tokens = 0;
+  // The most bytes the engine's drafters held at once (after any step; Drafter::StateBytes).
+  int64_t peak_drafter_state_bytes = 0;
 };
 
 // Submits every request, steps the engine until all finish, and returns results in request order.

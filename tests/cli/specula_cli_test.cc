@@ -180,6 +180,11 @@ TEST_F(SpeculaCliTest, SpeculationFlagErrors) {
   r = Run(base + " --drafter draft-model --drafter-model " + dir_->File("nope"));
   EXPECT_NE(r.err.find("--drafter-model"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << r.err;
+  r = Run(base + " --drafter beagle");
+  EXPECT_NE(r.err.find("--drafter beagle needs --beagle-model DIR"), std::string::npos) << r.err;
+  r = Run(base + " --drafter beagle-chain --beagle-model " + dir_->File("nope"));
+  EXPECT_NE(r.err.find("--beagle-model"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << r.err;
   r = Run(base + " --drafter ngram --verify greedy --temperature 0.5");
   EXPECT_NE(r.err.find("--verify greedy needs --temperature 0"), std::string::npos) << r.err;
   r = Run(base + " --drafter ngram --verify magic");

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "common/drafters/beagle/beagle_drafter.h"
 #include "common/drafters/draft_model_drafter.h"
 #include "common/drafters/ngram_drafter.h"
 #include "common/drafters/specformer/specformer_drafter.h"
@@ -25,6 +26,7 @@ namespace fs = std::filesystem;
 const std::string kTarget = std::string(SPECULA_SOURCE_DIR) + "/models/pyllama-6m";
 const std::string kDraft = std::string(SPECULA_SOURCE_DIR) + "/models/pyllama-draft-1m";
 const std::string kSpecFormer = std::string(SPECULA_SOURCE_DIR) + "/models/specformer-pyllama-6m";
+const std::string kBeagle = std::string(SPECULA_SOURCE_DIR) + "/models/beagle-pyllama-6m";
 const std::string kHeldOut = "/usr/lib/python3.11/test";
 constexpr int kPrompts = 16;
 constexpr int64_t kMaxNewTokens = 40;
@@ -79,6 +81,11 @@ class BundledLosslessTest : public ::testing::Test {
           SpecFormerDrafter::Load(kSpecFormer, *target_, {.tree = drafter == "specformer-tree"});
       EXPECT_TRUE(specformer.ok()) << specformer.status();
       if (specformer.ok()) EXPECT_TRUE(engine->AddDrafter(std::move(*specformer)).ok());
+    } else if (drafter.rfind("beagle", 0) == 0) {
+      auto beagle =
+          BeagleDrafter::Load(kBeagle, *target_, {.tree = drafter == "beagle", .name = drafter});
+      EXPECT_TRUE(beagle.ok()) << beagle.status();
+      if (beagle.ok()) EXPECT_TRUE(engine->AddDrafter(std::move(*beagle)).ok());
     } else {
       auto draft = ModelRunner::Load(kDraft, {});
       EXPECT_TRUE(draft.ok()) << draft.status();
@@ -118,13 +125,15 @@ class BundledLosslessTest : public ::testing::Test {
         << ") with logits " << a << " vs " << b << ", not a tie";
   }
 
-  void CheckDrafter(const std::string& drafter) {
+  void CheckDrafter(const std::string& drafter,
+                    const std::vector<int32_t>& budgets = {1, 2, 3, 4, 5, 6, 7, 8}) {
     auto engine = Engine(drafter);
     const std::string name = drafter == "ngram"                    ? "ngram"
                              : drafter.rfind("specformer", 0) == 0 ? "specformer"
+                             : drafter.rfind("beagle", 0) == 0     ? drafter
                                                                    : "draft-model";
     int64_t accepted = 0;
-    for (int32_t k = 1; k <= 8; ++k) {
+    for (int32_t k : budgets) {
       // Batch 1: a few prompts one at a time.
       for (int i = 0; i < 4; ++i) {
         SpecRequest r{.generation = (*requests_)[i],
@@ -173,6 +182,13 @@ TEST_F(BundledLosslessTest, DraftModelChainEqualsPlainGreedy) { CheckDrafter("dr
 TEST_F(BundledLosslessTest, DraftModelTreeEqualsPlainGreedy) { CheckDrafter("draft-model-tree"); }
 TEST_F(BundledLosslessTest, SpecFormerChainEqualsPlainGreedy) { CheckDrafter("specformer-chain"); }
 TEST_F(BundledLosslessTest, SpecFormerTreeEqualsPlainGreedy) { CheckDrafter("specformer-tree"); }
+TEST_F(BundledLosslessTest, BeagleChainEqualsPlainGreedy) {
+  CheckDrafter("beagle-chain", {1, 3, 6});
+}
+// Dynamic trees from one node up to the paper's 60.
+TEST_F(BundledLosslessTest, BeagleDynamicTreeEqualsPlainGreedy) {
+  CheckDrafter("beagle", {1, 4, 16, 60});
+}
 
 }  // namespace
 }  // namespace specula

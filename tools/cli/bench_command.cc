@@ -55,6 +55,7 @@ struct RunResult {
   int64_t draft_depth = 0;
   int64_t accepted_tokens = 0;
   int64_t mismatches = 0;  // requests whose output differs from the baseline's
+  int64_t peak_drafter_state_bytes = 0;
   double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0; }
   // Tokens per verification step (accepted drafts + the target's own token).
   double a() const { return steps ? double(accepted_tokens + steps) / steps : 0; }
@@ -84,6 +85,7 @@ StatusOr<RunResult> RunOnce(SpecEngine& engine, const std::vector<SpecRequest>& 
   r.seconds = stats.seconds;
   r.draft_seconds = stats.draft_seconds;
   r.verify_seconds = stats.verify_seconds;
+  r.peak_drafter_state_bytes = stats.peak_drafter_state_bytes;
   outputs->clear();
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& x = results[i];
@@ -131,8 +133,9 @@ Status Run(const BenchFlags& f) {
   }
 
   nlohmann::json results = nlohmann::json::array();
-  std::printf("%-6s %-18s %10s %10s %9s %9s %6s %6s %7s %7s %s\n", "batch", "setting", "tok/s med",
-              "tok/s min", "speedup", "spd min", "a", "kappa", "draft%", "verify%", "mismatch");
+  std::printf("%-6s %-18s %10s %10s %9s %9s %6s %6s %6s %7s %7s %8s %s\n", "batch", "setting",
+              "tok/s med", "tok/s min", "speedup", "spd min", "a", "kappa", "tree", "draft%",
+              "verify%", "drft MB", "mismatch");
   for (int64_t bs : f.batch_sizes) {
     std::vector<std::vector<RunResult>> runs(settings.size());
     for (int64_t rep = 0; rep < f.repeats; ++rep) {
@@ -165,7 +168,7 @@ Status Run(const BenchFlags& f) {
     for (size_t s = 0; s < settings.size(); ++s) {
       std::vector<double> tps, speedups, draft_share, verify_share;
       double a = 0, k = 0, l_d = 0;
-      int64_t mismatches = 0;
+      int64_t mismatches = 0, peak_state = 0;
       nlohmann::json reps = nlohmann::json::array();
       for (int64_t rep = 0; rep < f.repeats; ++rep) {
         const RunResult& r = runs[s][rep];
@@ -177,6 +180,7 @@ Status Run(const BenchFlags& f) {
         k += r.k() / f.repeats;
         l_d += r.l_d() / f.repeats;
         mismatches += r.mismatches;
+        peak_state = std::max(peak_state, r.peak_drafter_state_bytes);
         reps.push_back({{"seconds", r.seconds},
                         {"tokens", r.tokens},
                         {"tokens_per_s", r.tokens_per_s()},
@@ -187,15 +191,18 @@ Status Run(const BenchFlags& f) {
                         {"accepted_tokens", r.accepted_tokens},
                         {"draft_seconds", r.draft_seconds},
                         {"verify_seconds", r.verify_seconds},
-                        {"mismatches", r.mismatches}});
+                        {"mismatches", r.mismatches},
+                        {"peak_drafter_state_bytes", r.peak_drafter_state_bytes}});
       }
       // kappa = a * l_d / k (SpecFormer): accepted length per draft token spent, scaled by the
       // draft positions l_d (the tree's depth). Chains have l_d = k, so kappa = a.
       const double kappa = k > 0 ? a * l_d / k : 0;
-      std::printf("%-6lld %-18s %10.1f %10.1f %8.2fx %8.2fx %6.2f %6.2f %6.1f%% %6.1f%% %lld\n",
-                  static_cast<long long>(bs), settings[s].label().c_str(), Median(tps), Min(tps),
-                  Median(speedups), Min(speedups), a, kappa, 100 * Median(draft_share),
-                  100 * Median(verify_share), static_cast<long long>(mismatches));
+      const double state_mb = peak_state / (1024.0 * 1024.0);
+      std::printf(
+          "%-6lld %-18s %10.1f %10.1f %8.2fx %8.2fx %6.2f %6.2f %6.1f %6.1f%% %6.1f%% %8.2f %lld\n",
+          static_cast<long long>(bs), settings[s].label().c_str(), Median(tps), Min(tps),
+          Median(speedups), Min(speedups), a, kappa, k, 100 * Median(draft_share),
+          100 * Median(verify_share), state_mb, static_cast<long long>(mismatches));
       results.push_back({{"batch_size", bs},
                          {"drafter", settings[s].drafter},
                          {"draft_len", settings[s].draft_len},
@@ -207,6 +214,7 @@ Status Run(const BenchFlags& f) {
                          {"mean_draft_tokens", k},
                          {"mean_draft_depth", l_d},
                          {"kappa", kappa},
+                         {"peak_drafter_state_mb", state_mb},
                          {"draft_share_median", Median(draft_share)},
                          {"verify_share_median", Median(verify_share)},
                          {"output_mismatches", mismatches},
@@ -222,6 +230,11 @@ Status Run(const BenchFlags& f) {
     j["drafter_model"] = f.spec.drafter_model;
     j["specformer_model"] = f.spec.specformer_model;
     j["specformer_tree"] = f.spec.specformer_tree;
+    j["beagle_model"] = f.spec.beagle_model;
+    j["beagle"] = {{"depth", f.spec.beagle_depth},
+                   {"top_k", f.spec.beagle_top_k},
+                   {"total_tokens", f.spec.beagle_total_tokens},
+                   {"concat", f.spec.beagle_concat}};
     j["device"] = runner->device_name();
     j["dtype"] = f.model.dtype;
     j["threads"] = f.model.threads;

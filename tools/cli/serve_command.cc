@@ -333,8 +333,8 @@ int RunServe(const std::vector<std::string>& args) {
   // Same flag and target as SpecFlags', with serve's meaning in --help (FlagSet keeps the last).
   flags.AddString(
       "drafter", &f.spec.drafter,
-      "comma-separated drafters to load: ngram, draft-model, specformer (requests pick one, or "
-      "none)");
+      "comma-separated drafters to load: ngram, draft-model, specformer, beagle, beagle-chain "
+      "(requests pick one, or none)");
   flags.AddString("default-drafter", &f.default_drafter,
                   "drafter for requests that name none: one of --drafter or none (default: the "
                   "first of --drafter)");

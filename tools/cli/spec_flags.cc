@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "common/drafters/beagle/beagle_drafter.h"
 #include "common/drafters/draft_model_drafter.h"
 #include "common/drafters/ngram_drafter.h"
 #include "common/drafters/specformer/specformer_drafter.h"
@@ -11,13 +12,23 @@ namespace specula::cli {
 void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
   flags.AddString("drafter", &drafter,
                   many_drafters ? "comma-separated drafters to compare with no speculation: ngram, "
-                                  "draft-model, specformer"
-                                : "none, ngram, draft-model or specformer");
+                                  "draft-model, specformer, beagle (dynamic tree), beagle-chain"
+                                : "none, ngram, draft-model, specformer, beagle (dynamic tree) or "
+                                  "beagle-chain");
   flags.AddString("drafter-model", &drafter_model, "draft LM directory for --drafter draft-model");
   flags.AddString("specformer-model", &specformer_model,
                   "SpecFormer checkpoint directory for --drafter specformer");
   flags.AddBool("specformer-tree", &specformer_tree,
                 "specformer: budgeted tree of the k most probable paths (false: argmax chain)");
+  flags.AddString("beagle-model", &beagle_model,
+                  "Beagle checkpoint directory for --drafter beagle / beagle-chain");
+  flags.AddInt("beagle-depth", &beagle_depth, "beagle: deepest drafted node");
+  flags.AddInt("beagle-top-k", &beagle_top_k,
+               "beagle: children per expanded node and frontier width (EAGLE-2 dynamic tree)");
+  flags.AddInt("beagle-total-tokens", &beagle_total_tokens,
+               "beagle: tree size cap (each step's draft budget caps it too)");
+  flags.AddBool("beagle-concat", &beagle_concat,
+                "beagle: drafted states as keys for deeper drafts (the paper's \"concate\")");
   if (!many_drafters) flags.AddInt("draft-len", &draft_len, "draft tokens per step");
   flags.AddInt("tree-width", &tree_width, "draft-model: 1 = chain, w > 1 = tree of top-w children");
   flags.AddInt("ngram-min", &ngram_min, "ngram: shortest suffix to match");
@@ -37,9 +48,11 @@ StatusOr<std::vector<std::string>> SpecFlags::DrafterNames() const {
   std::string name;
   while (std::getline(in, name, ',')) {
     if (name.empty()) continue;
-    if (name != "none" && name != "ngram" && name != "draft-model" && name != "specformer") {
+    if (name != "none" && name != "ngram" && name != "draft-model" && name != "specformer" &&
+        name != "beagle" && name != "beagle-chain") {
       return InvalidArgumentError(
-          StrCat("--drafter: unknown drafter '", name, "' (none, ngram, draft-model, specformer)"));
+          StrCat("--drafter: unknown drafter '", name,
+                 "' (none, ngram, draft-model, specformer, beagle, beagle-chain)"));
     }
     names.push_back(name);
   }
@@ -71,23 +84,42 @@ StatusOr<std::vector<std::unique_ptr<Drafter>>> SpecFlags::LoadDrafters(
                        DraftModelDrafter::Create(std::move(*runner), vocab,
                                                  {.tree_width = static_cast<int32_t>(tree_width)}));
       drafters.push_back(std::move(drafter));
-    } else if (name == "specformer") {
-      if (specformer_model.empty()) {
-        return InvalidArgumentError("--drafter specformer needs --specformer-model DIR");
+    } else if (name == "specformer" || name == "beagle" || name == "beagle-chain") {
+      const bool beagle = name != "specformer";
+      const std::string& dir = beagle ? beagle_model : specformer_model;
+      if (dir.empty()) {
+        return InvalidArgumentError(StrCat("--drafter ", name, " needs --",
+                                           beagle ? "beagle" : "specformer", "-model DIR"));
       }
-      // SpecFormer shares the target's final norm and lm_head: a drafter process without the
-      // target loads it (the drafter keeps only the shared module alive).
+      // SpecFormer and Beagle share the target's weights (head, embedding): a drafter process
+      // without the target loads it (the drafter keeps only the shared module alive).
       std::unique_ptr<ModelRunner> own_target;
       if (!target_runner) {
         auto loaded = model.Load();
-        if (!loaded.ok()) return loaded.status().WithContext("--model (SpecFormer's target)");
+        if (!loaded.ok()) {
+          return loaded.status().WithContext(StrCat("--model (", name, "'s target)"));
+        }
         own_target = std::move(*loaded);
         target_runner = own_target.get();
       }
-      auto drafter =
-          SpecFormerDrafter::Load(specformer_model, *target_runner, {.tree = specformer_tree});
-      if (!drafter.ok()) return drafter.status().WithContext("--specformer-model");
-      drafters.push_back(std::move(*drafter));
+      if (beagle) {
+        auto drafter =
+            BeagleDrafter::Load(dir, *target_runner,
+                                {.tree = name == "beagle",
+                                 .depth = static_cast<int32_t>(beagle_depth),
+                                 .top_k = static_cast<int32_t>(beagle_top_k),
+                                 .total_tokens = static_cast<int32_t>(beagle_total_tokens),
+                                 .concat = beagle_concat,
+                                 .name = name});
+        if (!drafter.ok()) return drafter.status().WithContext("--beagle-model");
+        drafters.push_back(std::move(*drafter));
+      } else {
+        auto drafter = SpecFormerDrafter::Load(dir, *target_runner, {.tree = specformer_tree});
+        if (!drafter.ok()) return drafter.status().WithContext("--specformer-model");
+        drafters.push_back(std::move(*drafter));
+      }
+      // A target loaded only for this drafter dies here; the drafter holds the shared module.
+      if (own_target) target_runner = nullptr;
     }
   }
   return drafters;

@@ -13,12 +13,17 @@
 namespace specula::cli {
 
 struct SpecFlags {
-  std::string drafter = "none";  // generate: one name; bench: a comma-separated list
-  std::string drafter_model;     // the draft LM's directory (draft-model)
-  std::string specformer_model;  // the SpecFormer checkpoint (specformer)
-  bool specformer_tree = true;   // specformer: budgeted tree of k nodes; false = a chain
-  int64_t draft_len = 4;         // draft tokens per step (tree nodes)
-  int64_t tree_width = 1;        // draft-model: 1 = chain, w > 1 = top-w tree
+  std::string drafter = "none";      // generate: one name; bench: a comma-separated list
+  std::string drafter_model;         // the draft LM's directory (draft-model)
+  std::string specformer_model;      // the SpecFormer checkpoint (specformer)
+  bool specformer_tree = true;       // specformer: budgeted tree of k nodes; false = a chain
+  std::string beagle_model;          // the Beagle checkpoint (beagle, beagle-chain)
+  int64_t beagle_depth = 6;          // beagle: deepest drafted node
+  int64_t beagle_top_k = 10;         // beagle: children per expanded node / frontier width
+  int64_t beagle_total_tokens = 60;  // beagle: tree size cap (and the step budget)
+  bool beagle_concat = true;         // beagle: drafted states as keys ("concate")
+  int64_t draft_len = 4;             // draft tokens per step (tree nodes)
+  int64_t tree_width = 1;            // draft-model: 1 = chain, w > 1 = top-w tree
   int64_t ngram_min = 1;
   int64_t ngram_max = 4;
   std::string verify;  // greedy | sample | specdec | typical ("" = by temperature)
@@ -28,11 +33,12 @@ struct SpecFlags {
   double typical_delta = 0.3;
 
   void Register(FlagSet& flags, bool many_drafters);
-  // The drafter names in --drafter (validated: none, ngram, draft-model, specformer).
+  // The drafter names in --drafter (validated: none, ngram, draft-model, specformer, beagle,
+  // beagle-chain).
   StatusOr<std::vector<std::string>> DrafterNames() const;
   // Loads every drafter named in --drafter for a target of config `target` (the draft LM with
-  // `model`'s device, dtype and KV settings). SpecFormer shares `target_runner`'s head; without
-  // one (the drafter role) the target in `model` is loaded for it.
+  // `model`'s device, dtype and KV settings). SpecFormer and Beagle share `target_runner`'s
+  // weights; without one (the drafter role) the target in `model` is loaded for them.
   StatusOr<std::vector<std::unique_ptr<Drafter>>> LoadDrafters(
       const ModelConfig& target, const ModelFlags& model,
       const ModelRunner* target_runner = nullptr) const;

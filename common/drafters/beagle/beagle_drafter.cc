@@ -82,10 +82,7 @@ const BeagleConfig& BeagleDrafter::config() const { return module_->config(); }
 
 std::vector<int64_t> BeagleDrafter::hidden_layers() const { return {target_layers_}; }
 
-int64_t BeagleDrafter::StateBytes() const {
-  const BlockAllocator& alloc = kv_->allocator();
-  return (alloc.num_blocks() - alloc.num_free_blocks()) * kv_->bytes_per_block();
-}
+int64_t BeagleDrafter::StateBytes() const { return kv_->stats().bytes_in_use(); }
 
 Status BeagleDrafter::AddSequence(SeqId seq, const SamplingParams& sampling) {
   if (states_.count(seq)) return AlreadyExistsError(StrCat("sequence ", seq, " was already added"));

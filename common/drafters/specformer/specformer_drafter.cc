@@ -358,6 +358,8 @@ StatusOr<std::vector<CandidateTree>> SpecFormerDrafter::Propose(
   return trees;
 }
 
+int64_t SpecFormerDrafter::StateBytes() const { return kv_->stats().bytes_in_use(); }
+
 std::vector<SeqId> SpecFormerDrafter::sequences() const {
   std::vector<SeqId> seqs;
   for (const auto& [seq, st] : states_) seqs.push_back(seq);

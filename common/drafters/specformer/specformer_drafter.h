@@ -72,6 +72,8 @@ class SpecFormerDrafter : public Drafter {
   // when the context cache is full. On error no sequence's state changed.
   Status Observe(const std::vector<DrafterObservation>& observations) override;
   StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override;
+  // Bytes of the context cache's blocks in use.
+  int64_t StateBytes() const override;
 
   const SpecFormerConfig& config() const;
   std::shared_ptr<SpecFormerImpl> module() const { return module_; }
