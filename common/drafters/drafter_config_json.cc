@@ -106,6 +106,39 @@ Status ReadOptionalJsonNumber(const json& j, const char* key, double* out, std::
   return OkStatus();
 }
 
+Status DrafterLayerGeometry::Validate(std::string_view src) const {
+  RETURN_IF_ERROR(CheckPositive(src, "num_attention_heads", num_attention_heads));
+  RETURN_IF_ERROR(CheckPositive(src, "num_key_value_heads", num_key_value_heads));
+  RETURN_IF_ERROR(CheckPositive(src, "head_dim", head_dim));
+  RETURN_IF_ERROR(CheckPositive(src, "intermediate_size", intermediate_size));
+  if (num_attention_heads % num_key_value_heads != 0) {
+    return InvalidArgumentError(StrCat(src, ": num_attention_heads (", num_attention_heads,
+                                       ") must be a multiple of num_key_value_heads (",
+                                       num_key_value_heads, ")"));
+  }
+  if (head_dim % 2 != 0) {
+    return InvalidArgumentError(StrCat(src, ": head_dim must be even for RoPE, got ", head_dim));
+  }
+  if (!(rms_norm_eps > 0)) {
+    return InvalidArgumentError(StrCat(src, ": 'rms_norm_eps' must be positive"));
+  }
+  return OkStatus();
+}
+
+ModelConfig DrafterLayerGeometry::LayerConfig(const ModelConfig& target) const {
+  ModelConfig c = target;
+  c.num_attention_heads = num_attention_heads;
+  c.num_key_value_heads = num_key_value_heads;
+  c.head_dim = head_dim;
+  c.intermediate_size = intermediate_size;
+  c.rms_norm_eps = rms_norm_eps;
+  c.qkv_bias = false;
+  c.o_bias = false;
+  c.qk_norm = false;
+  c.sliding_window.reset();
+  return c;
+}
+
 Status CheckPositive(std::string_view src, const char* name, int64_t v) {
   if (v <= 0) return InvalidArgumentError(StrCat(src, ": '", name, "' must be positive, got ", v));
   return OkStatus();

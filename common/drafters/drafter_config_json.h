@@ -47,6 +47,21 @@ Status ReadOptionalJsonBool(const nlohmann::json& j, const char* key, bool* out,
 Status ReadOptionalJsonNumber(const nlohmann::json& j, const char* key, double* out,
                               std::string_view src);
 
+// The attention / MLP geometry of a drafter's own layers.
+struct DrafterLayerGeometry {
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;
+  int64_t intermediate_size = 0;
+  double rms_norm_eps = 1e-6;
+
+  // INVALID_ARGUMENT naming the field: sizes not positive, heads that do not divide, an odd
+  // head_dim (RoPE), a non-positive eps.
+  Status Validate(std::string_view src) const;
+  // The target's config (RoPE, context) with this geometry, no biases, no q/k norm, no window.
+  ModelConfig LayerConfig(const ModelConfig& target) const;
+};
+
 // INVALID_ARGUMENT "<src>: '<name>' must be positive, got v" when v <= 0.
 Status CheckPositive(std::string_view src, const char* name, int64_t v);
 

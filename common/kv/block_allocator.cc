@@ -61,6 +61,34 @@ StatusOr<std::vector<int64_t>> BlockAllocator::Append(SeqId seq, int64_t n) {
   return slots;
 }
 
+StatusOr<std::vector<std::vector<int64_t>>> BlockAllocator::AppendAll(
+    const std::vector<std::pair<SeqId, int64_t>>& growth) {
+  int64_t extra = 0;
+  for (size_t i = 0; i < growth.size(); ++i) {
+    const auto [seq, n] = growth[i];
+    if (!HasSequence(seq)) return NotFoundError(StrCat("unknown sequence ", seq));
+    if (n < 0) return InvalidArgumentError("cannot append a negative number of positions");
+    for (size_t j = 0; j < i; ++j) {
+      if (growth[j].first == seq) {
+        return InvalidArgumentError(StrCat("sequence ", seq, " is listed twice"));
+      }
+    }
+    extra += BlocksNeeded(seq, n);
+  }
+  if (extra > num_free_blocks()) {
+    return ResourceExhaustedError(StrCat("KV cache full: ", growth.size(), " sequences need ",
+                                         extra, " more blocks of ", block_size_, " positions, ",
+                                         num_free_blocks(), " of ", num_blocks_, " are free"));
+  }
+  std::vector<std::vector<int64_t>> slots;
+  for (const auto& [seq, n] : growth) {
+    auto appended = Append(seq, n);  // fits: checked above
+    if (!appended.ok()) return appended.status();
+    slots.push_back(std::move(*appended));
+  }
+  return slots;
+}
+
 Status BlockAllocator::Truncate(SeqId seq, int64_t new_length) {
   auto it = tables_.find(seq);
   if (it == tables_.end()) return NotFoundError(StrCat("unknown sequence ", seq));

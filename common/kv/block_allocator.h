@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/util/status.h"
@@ -29,6 +30,11 @@ class BlockAllocator {
   // Grows the sequence by n positions and returns their slot ids [n]. All or nothing: on
   // RESOURCE_EXHAUSTED (not enough free blocks) the sequence is unchanged.
   StatusOr<std::vector<int64_t>> Append(SeqId seq, int64_t n);
+  // Append for several distinct sequences at once, all or nothing: on NOT_FOUND, INVALID_ARGUMENT
+  // (a sequence listed twice, a negative count) or RESOURCE_EXHAUSTED (the blocks all of them need
+  // are not free) no sequence changed. Returns each entry's new slots, in order.
+  StatusOr<std::vector<std::vector<int64_t>>> AppendAll(
+      const std::vector<std::pair<SeqId, int64_t>>& growth);
   // Shrinks to new_length positions, releasing blocks no longer used.
   Status Truncate(SeqId seq, int64_t new_length);
 

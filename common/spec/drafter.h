@@ -18,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,63 @@ Status CheckDraftRequests(const std::vector<DraftRequest>& requests, const Holds
     }
   }
   return OkStatus();
+}
+
+// The checks every Observe of a drafter that reads hidden states (SpecFormer, Beagle) starts with,
+// before it changes anything: each observation names a sequence the drafter holds, at most once;
+// tokens inside [0, vocab); hidden states either absent or exactly `num_layers` tensors of shape
+// [m, hidden_size] (one m for all); and the invariant "one hidden row per token but the pending
+// one" (rows seen + m == tokens seen + new tokens - 1). `seen(seq)` returns
+// std::optional<std::pair<rows seen, tokens seen>> (nullopt = unknown sequence). Returns each
+// observation's m. NOT_FOUND / INVALID_ARGUMENT naming the sequence and the field.
+template <typename Seen>
+StatusOr<std::vector<int64_t>> CheckHiddenObservations(
+    const std::vector<DrafterObservation>& observations, int64_t vocab, size_t num_layers,
+    int64_t hidden_size, const Seen& seen) {
+  std::vector<int64_t> rows(observations.size(), 0);
+  for (size_t i = 0; i < observations.size(); ++i) {
+    const DrafterObservation& o = observations[i];
+    const auto state = seen(o.seq);
+    if (!state) return NotFoundError(StrCat("sequence ", o.seq, " was not added"));
+    for (size_t j = 0; j < i; ++j) {
+      if (observations[j].seq == o.seq) {
+        return InvalidArgumentError(StrCat("sequence ", o.seq, " is observed twice in one call"));
+      }
+    }
+    for (size_t t = 0; t < o.tokens.size(); ++t) {
+      if (o.tokens[t] < 0 || o.tokens[t] >= vocab) {
+        return InvalidArgumentError(StrCat("sequence ", o.seq, ": tokens[", t, "] = ", o.tokens[t],
+                                           " is outside the vocabulary [0, ", vocab, ")"));
+      }
+    }
+    int64_t m = 0;
+    if (!o.hidden.empty()) {
+      if (o.hidden.size() != num_layers) {
+        return InvalidArgumentError(StrCat("sequence ", o.seq, ": ", o.hidden.size(),
+                                           " hidden-state tensors, the drafter reads ", num_layers,
+                                           " layers"));
+      }
+      m = o.hidden[0].dim() == 2 ? o.hidden[0].size(0) : -1;
+      for (size_t k = 0; k < num_layers; ++k) {
+        const at::Tensor& h = o.hidden[k];
+        if (h.dim() != 2 || h.size(0) != m || h.size(1) != hidden_size) {
+          return InvalidArgumentError(StrCat("sequence ", o.seq, ": hidden[", k, "] has shape ",
+                                             h.sizes(), ", expected [", m < 0 ? 0 : m, ", ",
+                                             hidden_size, "]"));
+        }
+      }
+    }
+    const auto [rows_seen, tokens_seen] = *state;
+    const int64_t tokens = tokens_seen + static_cast<int64_t>(o.tokens.size());
+    // Every token but the pending one has had its hidden state observed.
+    if (rows_seen + m != tokens - 1) {
+      return InvalidArgumentError(StrCat("sequence ", o.seq, ": ", rows_seen + m,
+                                         " hidden-state rows for ", tokens,
+                                         " tokens (expected one row per token but the last)"));
+    }
+    rows[i] = m;
+  }
+  return rows;
 }
 
 class Drafter {

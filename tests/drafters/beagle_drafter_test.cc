@@ -275,7 +275,7 @@ TEST(BeagleDrafterTest, BadObservationsChangeNothing) {
   EXPECT_THAT(s.message(), HasSubstr("hidden-state rows"));
   const torch::Tensor seven = hidden.narrow(0, 0, 7);
   s = d->Observe({{.seq = 1, .tokens = tokens, .hidden = {seven, seven}}});
-  EXPECT_THAT(s.message(), HasSubstr("Beagle reads one"));
+  EXPECT_THAT(s.message(), HasSubstr("the drafter reads 1 layers"));
   s = d->Observe({{.seq = 1, .tokens = tokens, .hidden = {seven.narrow(1, 0, 7)}}});
   EXPECT_THAT(s.message(), HasSubstr("hidden[0] has shape"));
   std::vector<int32_t> oov = tokens;

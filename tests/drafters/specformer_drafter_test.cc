@@ -331,7 +331,7 @@ TEST(SpecFormerDrafterTest, BadObservationsChangeNothing) {
   EXPECT_THAT(s.message(), HasSubstr("hidden-state rows"));
   std::vector<at::Tensor> two = {hidden[0].narrow(0, 0, 7), hidden[1].narrow(0, 0, 7)};
   s = d->Observe({{.seq = 1, .tokens = tokens, .hidden = two}});
-  EXPECT_THAT(s.message(), HasSubstr("hooks 4 layers"));
+  EXPECT_THAT(s.message(), HasSubstr("the drafter reads 4 layers"));
   std::vector<int32_t> oov = tokens;
   oov[3] = kVocab;
   std::vector<at::Tensor> seven;

@@ -121,6 +121,31 @@ TEST(BlockAllocatorTest, AppendIsAllOrNothingOnExhaustion) {
   EXPECT_EQ(alloc.num_sequences(), 3);
 }
 
+TEST(BlockAllocatorTest, AppendAllIsAllOrNothingAcrossSequences) {
+  BlockAllocator a(/*num_blocks=*/4, /*block_size=*/4);
+  ASSERT_TRUE(a.AddSequence(1).ok());
+  ASSERT_TRUE(a.AddSequence(2).ok());
+  ASSERT_TRUE(a.Append(1, 3).ok());
+  // 1 grows by 2 (one more block), 2 by 9 (three blocks): 4 > the 3 free blocks.
+  auto full = a.AppendAll({{1, 2}, {2, 9}});
+  EXPECT_EQ(full.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(a.Length(1), 3);
+  EXPECT_EQ(a.Length(2), 0);
+  EXPECT_EQ(a.num_free_blocks(), 3);
+  EXPECT_EQ(a.AppendAll({{1, 1}, {1, 1}}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a.AppendAll({{1, 1}, {7, 1}}).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(a.AppendAll({{1, -1}}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a.Length(1), 3);
+  auto ok = a.AppendAll({{1, 2}, {2, 5}});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_EQ(ok->size(), 2u);
+  EXPECT_EQ((*ok)[0], (std::vector<int64_t>{a.SlotOf(1, 3), a.SlotOf(1, 4)}));
+  EXPECT_EQ((*ok)[1].size(), 5u);
+  EXPECT_EQ(a.Length(1), 5);
+  EXPECT_EQ(a.Length(2), 5);
+  EXPECT_EQ(a.num_free_blocks(), 0);
+}
+
 TEST(BlockAllocatorTest, FreedBlocksAreReusedMostRecentFirst) {
   BlockAllocator alloc(4, 4);
   ASSERT_TRUE(alloc.AddSequence(1).ok());

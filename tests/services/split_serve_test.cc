@@ -213,15 +213,16 @@ TEST_P(DeploymentTest, ExpiredRequestFreesItsKvBlocksWithoutDisturbingOthers) {
 INSTANTIATE_TEST_SUITE_P(Modes, DeploymentTest, ::testing::Values("all", "split"),
                          [](const auto& info) { return info.param; });
 
-// SpecFormer needs the target's hidden states: across processes they travel target -> drafter as
-// tensors. On the bundled model it must match plain decoding and accept drafts.
-TEST_F(DeploymentTest, SpecFormerAcrossProcessesGetsHiddenStatesAndStaysLossless) {
+// SpecFormer and Beagle need the target's hidden states: across processes they travel target ->
+// drafter as tensors. On the bundled model both must match plain decoding and accept drafts.
+TEST_F(DeploymentTest, HiddenStateDraftersAcrossProcessesStayLossless) {
   const std::string root = SPECULA_SOURCE_DIR;
   const std::string model = root + "/models/pyllama-6m";
   ServerProcess drafter, target, router;
-  ASSERT_TRUE(drafter.Start({"--role", "drafter", "--model", model, "--drafter", "specformer",
-                             "--specformer-model", root + "/models/specformer-pyllama-6m", "--port",
-                             "0", "--metrics-port", "0"}))
+  ASSERT_TRUE(
+      drafter.Start({"--role", "drafter", "--model", model, "--drafter", "specformer,beagle",
+                     "--specformer-model", root + "/models/specformer-pyllama-6m", "--beagle-model",
+                     root + "/models/beagle-pyllama-6m", "--port", "0", "--metrics-port", "0"}))
       << drafter.error();
   ASSERT_TRUE(target.Start({"--role", "target", "--model", model, "--drafter-address",
                             Address(drafter), "--port", "0", "--metrics-port", "0"}))
@@ -229,28 +230,31 @@ TEST_F(DeploymentTest, SpecFormerAcrossProcessesGetsHiddenStatesAndStaysLossless
   ASSERT_TRUE(router.Start({"--role", "router", "--model", model, "--target-address",
                             Address(target), "--port", "0", "--metrics-port", "0"}))
       << router.error();
-  EXPECT_NE(router.line().find("drafters specformer"), std::string::npos) << router.line();
+  EXPECT_NE(router.line().find("specformer"), std::string::npos) << router.line();
+  EXPECT_NE(router.line().find("beagle"), std::string::npos) << router.line();
   ReferenceDecoder reference(model);
   auto stub = v1::Generation::NewStub(Channel(router.port()));
   const std::vector<std::string> texts = {"import os\n\ndef main(", "class Parser:\n    def ",
                                           "for i in range(10):\n    "};
-  std::vector<Streamed> got(texts.size());
-  std::vector<std::thread> clients;
-  for (size_t i = 0; i < texts.size(); ++i) {
-    clients.emplace_back([&, i] {
-      got[i] =
-          Stream(*stub, GreedyRequest(reference.tokenizer().Encode(texts[i]), 40, "specformer"));
-    });
+  for (const std::string name : {"specformer", "beagle"}) {
+    std::vector<Streamed> got(texts.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      clients.emplace_back([&, i] {
+        got[i] = Stream(*stub, GreedyRequest(reference.tokenizer().Encode(texts[i]), 40, name));
+      });
+    }
+    for (auto& t : clients) t.join();
+    int64_t accepted = 0;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      ASSERT_TRUE(got[i].status.ok()) << name << ": " << got[i].status.error_message();
+      EXPECT_EQ(got[i].ids, reference.Greedy(reference.tokenizer().Encode(texts[i]), 40))
+          << name << " " << i;
+      EXPECT_EQ(got[i].finished.spec().draft_errors(), 0) << name << " " << i;
+      accepted += got[i].finished.spec().accepted_tokens();
+    }
+    EXPECT_GT(accepted, 20) << name << " accepted almost nothing: are its hidden states right?";
   }
-  for (auto& t : clients) t.join();
-  int64_t accepted = 0;
-  for (size_t i = 0; i < texts.size(); ++i) {
-    ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message();
-    EXPECT_EQ(got[i].ids, reference.Greedy(reference.tokenizer().Encode(texts[i]), 40)) << i;
-    EXPECT_EQ(got[i].finished.spec().draft_errors(), 0) << i;
-    accepted += got[i].finished.spec().accepted_tokens();
-  }
-  EXPECT_GT(accepted, 20) << "SpecFormer accepted almost nothing: are its hidden states right?";
 }
 
 class SplitFailureTest : public DeploymentTest {};

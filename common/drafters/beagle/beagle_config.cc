@@ -52,36 +52,19 @@ std::string BeagleConfig::ToJson() const {
 
 Status BeagleConfig::Validate(std::string_view src) const {
   RETURN_IF_ERROR(target.Validate(src));
-  RETURN_IF_ERROR(CheckPositive(src, "num_attention_heads", num_attention_heads));
-  RETURN_IF_ERROR(CheckPositive(src, "num_key_value_heads", num_key_value_heads));
-  RETURN_IF_ERROR(CheckPositive(src, "head_dim", head_dim));
-  RETURN_IF_ERROR(CheckPositive(src, "intermediate_size", intermediate_size));
-  if (num_attention_heads % num_key_value_heads != 0) {
-    return InvalidArgumentError(StrCat(src, ": num_attention_heads (", num_attention_heads,
-                                       ") must be a multiple of num_key_value_heads (",
-                                       num_key_value_heads, ")"));
-  }
-  if (head_dim % 2 != 0) {
-    return InvalidArgumentError(StrCat(src, ": head_dim must be even for RoPE, got ", head_dim));
-  }
-  if (!(rms_norm_eps > 0)) {
-    return InvalidArgumentError(StrCat(src, ": 'rms_norm_eps' must be positive"));
-  }
-  return OkStatus();
+  return geometry().Validate(src);
+}
+
+DrafterLayerGeometry BeagleConfig::geometry() const {
+  return {.num_attention_heads = num_attention_heads,
+          .num_key_value_heads = num_key_value_heads,
+          .head_dim = head_dim,
+          .intermediate_size = intermediate_size,
+          .rms_norm_eps = rms_norm_eps};
 }
 
 ModelConfig BeagleConfig::LayerConfig(const ModelConfig& target) const {
-  ModelConfig c = target;
-  c.num_attention_heads = num_attention_heads;
-  c.num_key_value_heads = num_key_value_heads;
-  c.head_dim = head_dim;
-  c.intermediate_size = intermediate_size;
-  c.rms_norm_eps = rms_norm_eps;
-  c.qkv_bias = false;
-  c.o_bias = false;
-  c.qk_norm = false;
-  c.sliding_window.reset();
-  return c;
+  return geometry().LayerConfig(target);
 }
 
 int64_t BeagleConfig::parameters() const {

@@ -52,6 +52,7 @@ struct BeagleConfig {
   // The attention/MLP config of the drafter's block: the target's (RoPE, eps, context) with this
   // config's heads and intermediate size, no biases, no q/k norm.
   ModelConfig LayerConfig(const ModelConfig& target) const;
+  DrafterLayerGeometry geometry() const;
 
   // Parameters of the drafter (the target's shared embedding and lm_head excluded).
   int64_t parameters() const;

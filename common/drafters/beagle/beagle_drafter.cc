@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <unordered_set>
+#include <optional>
 
 #include "common/drafters/beagle/beagle_model.h"
 #include "common/drafters/beagle/dynamic_tree.h"
@@ -105,85 +105,46 @@ Status BeagleDrafter::Observe(const std::vector<DrafterObservation>& observation
   BlockAllocator& alloc = kv_->allocator();
 
   // Validate everything first: on error nothing changes.
-  std::unordered_set<SeqId> seen;
+  ASSIGN_OR_RETURN(
+      std::vector<int64_t> rows,
+      CheckHiddenObservations(
+          observations, vocab, 1, d, [&](SeqId seq) -> std::optional<std::pair<int64_t, int64_t>> {
+            auto it = states_.find(seq);
+            if (it == states_.end()) return std::nullopt;
+            return std::make_pair(alloc.Length(it->second->kv_seq),
+                                  static_cast<int64_t>(it->second->history.size()));
+          }));
   std::vector<size_t> with_rows;  // observations that carry hidden states
-  int64_t blocks_needed = 0;
+  std::vector<std::pair<SeqId, int64_t>> growth;
   for (size_t i = 0; i < observations.size(); ++i) {
-    const DrafterObservation& o = observations[i];
-    auto it = states_.find(o.seq);
-    if (it == states_.end()) return NotFoundError(StrCat("sequence ", o.seq, " was not added"));
-    if (!seen.insert(o.seq).second) {
-      return InvalidArgumentError(StrCat("sequence ", o.seq, " is observed twice in one call"));
-    }
-    for (size_t t = 0; t < o.tokens.size(); ++t) {
-      if (o.tokens[t] < 0 || o.tokens[t] >= vocab) {
-        return InvalidArgumentError(StrCat("sequence ", o.seq, ": tokens[", t, "] = ", o.tokens[t],
-                                           " is outside the vocabulary [0, ", vocab, ")"));
-      }
-    }
-    int64_t m = 0;
-    if (!o.hidden.empty()) {
-      if (o.hidden.size() != 1) {
-        return InvalidArgumentError(StrCat("sequence ", o.seq, ": ", o.hidden.size(),
-                                           " hidden-state tensors, Beagle reads one (layer ",
-                                           target_layers_, ")"));
-      }
-      const at::Tensor& h = o.hidden[0];
-      if (h.dim() != 2 || h.size(1) != d) {
-        return InvalidArgumentError(StrCat("sequence ", o.seq, ": hidden[0] has shape ", h.sizes(),
-                                           ", expected [m, ", d, "]"));
-      }
-      m = h.size(0);
-    }
-    const State& st = *it->second;
-    const int64_t cached = alloc.Length(st.kv_seq);
-    const int64_t tokens = static_cast<int64_t>(st.history.size() + o.tokens.size());
-    // Every token but the pending one has had its hidden state observed.
-    if (cached + m != tokens - 1) {
-      return InvalidArgumentError(StrCat("sequence ", o.seq, ": ", cached + m,
-                                         " hidden-state rows for ", tokens,
-                                         " tokens (expected one row per token but the last)"));
-    }
-    if (m > 0) {
-      with_rows.push_back(i);
-      blocks_needed += alloc.BlocksNeeded(st.kv_seq, m);
-    }
+    if (rows[i] == 0) continue;
+    with_rows.push_back(i);
+    growth.emplace_back(states_.at(observations[i].seq)->kv_seq, rows[i]);
   }
-  if (blocks_needed > alloc.num_free_blocks()) {
-    return ResourceExhaustedError(StrCat("Beagle true-state cache full: needs ", blocks_needed,
-                                         " blocks, ", alloc.num_free_blocks(), " free"));
-  }
+  auto appended = alloc.AppendAll(growth);
+  if (!appended.ok()) return appended.status().WithContext("Beagle true-state cache");
 
   if (!with_rows.empty()) {
-    std::vector<int64_t> old_len, writes, positions;
-    std::vector<torch::Tensor> rows;
-    for (size_t i : with_rows) {
-      const DrafterObservation& o = observations[i];
-      const SeqId kv_seq = states_.at(o.seq)->kv_seq;
-      const int64_t m = o.hidden[0].size(0);
-      old_len.push_back(alloc.Length(kv_seq));
-      auto appended = alloc.Append(kv_seq, m);
-      if (!appended.ok()) {  // validated to fit; roll back anyway
-        for (size_t r = 0; r + 1 < old_len.size(); ++r) {
-          (void)alloc.Truncate(states_.at(observations[with_rows[r]].seq)->kv_seq, old_len[r]);
-        }
-        return appended.status();
-      }
-      writes.insert(writes.end(), appended->begin(), appended->end());
-      for (int64_t j = 0; j < m; ++j) positions.push_back(old_len.back() + j);
-      rows.push_back(o.hidden[0]);
+    std::vector<int64_t> writes, positions;
+    std::vector<torch::Tensor> hidden;
+    for (size_t r = 0; r < with_rows.size(); ++r) {
+      const std::vector<int64_t>& slots = (*appended)[r];
+      const int64_t start = alloc.Length(growth[r].first) - growth[r].second;
+      writes.insert(writes.end(), slots.begin(), slots.end());
+      for (int64_t j = 0; j < growth[r].second; ++j) positions.push_back(start + j);
+      hidden.push_back(observations[with_rows[r]].hidden[0]);
     }
     try {
       torch::NoGradGuard no_grad;
       const auto& w = module_->q_proj->weight;
-      auto states = torch::cat(rows, 0).to(w.device(), w.scalar_type());
+      auto states = torch::cat(hidden, 0).to(w.device(), w.scalar_type());
       auto [k, v] = module_->KeysValues(states, LongTensor(positions, w.device()));
       auto slots = LongTensor(writes, w.device());
       kv_->keys(0).index_copy_(0, slots, k);
       kv_->values(0).index_copy_(0, slots, v);
     } catch (const c10::Error& e) {
-      for (size_t r = 0; r < with_rows.size(); ++r) {
-        (void)alloc.Truncate(states_.at(observations[with_rows[r]].seq)->kv_seq, old_len[r]);
+      for (const auto& [kv_seq, m] : growth) {
+        (void)alloc.Truncate(kv_seq, alloc.Length(kv_seq) - m);
       }
       return InternalError(StrCat("Beagle key/value forward failed: ", e.what_without_backtrace()));
     }

@@ -78,18 +78,7 @@ Status SpecFormerConfig::Validate(std::string_view src) const {
   auto positive = [&](const char* name, int64_t v) { return CheckPositive(src, name, v); };
   RETURN_IF_ERROR(target().Validate(src));
   RETURN_IF_ERROR(positive("draft_len", draft_len));
-  RETURN_IF_ERROR(positive("num_attention_heads", num_attention_heads));
-  RETURN_IF_ERROR(positive("num_key_value_heads", num_key_value_heads));
-  RETURN_IF_ERROR(positive("head_dim", head_dim));
-  RETURN_IF_ERROR(positive("intermediate_size", intermediate_size));
-  if (num_attention_heads % num_key_value_heads != 0) {
-    return InvalidArgumentError(StrCat(src, ": num_attention_heads (", num_attention_heads,
-                                       ") must be a multiple of num_key_value_heads (",
-                                       num_key_value_heads, ")"));
-  }
-  if (head_dim % 2 != 0) {
-    return InvalidArgumentError(StrCat(src, ": head_dim must be even for RoPE, got ", head_dim));
-  }
+  RETURN_IF_ERROR(geometry().Validate(src));
   if (hidden_layers.empty()) {
     return InvalidArgumentError(StrCat(src, ": 'hidden_layers' is empty"));
   }
@@ -98,9 +87,6 @@ Status SpecFormerConfig::Validate(std::string_view src) const {
       return InvalidArgumentError(StrCat(src, ": hidden layer ", l, " outside [0, ",
                                          target_num_hidden_layers, "] (the target's layers)"));
     }
-  }
-  if (!(rms_norm_eps > 0)) {
-    return InvalidArgumentError(StrCat(src, ": 'rms_norm_eps' must be positive"));
   }
   return OkStatus();
 }
@@ -117,17 +103,15 @@ Status SpecFormerConfig::CheckTarget(const ModelConfig& target) const {
 }
 
 ModelConfig SpecFormerConfig::LayerConfig(const ModelConfig& target) const {
-  ModelConfig c = target;
-  c.num_attention_heads = num_attention_heads;
-  c.num_key_value_heads = num_key_value_heads;
-  c.head_dim = head_dim;
-  c.intermediate_size = intermediate_size;
-  c.rms_norm_eps = rms_norm_eps;
-  c.qkv_bias = false;
-  c.o_bias = false;
-  c.qk_norm = false;
-  c.sliding_window.reset();
-  return c;
+  return geometry().LayerConfig(target);
+}
+
+DrafterLayerGeometry SpecFormerConfig::geometry() const {
+  return {.num_attention_heads = num_attention_heads,
+          .num_key_value_heads = num_key_value_heads,
+          .head_dim = head_dim,
+          .intermediate_size = intermediate_size,
+          .rms_norm_eps = rms_norm_eps};
 }
 
 int64_t SpecFormerConfig::shared_parameters() const {

@@ -63,6 +63,7 @@ struct SpecFormerConfig {
   // The attention/MLP config of the drafter's own layers: the target's (RoPE, eps, context) with
   // this config's heads and intermediate size, no biases, no q/k norm.
   ModelConfig LayerConfig(const ModelConfig& target) const;
+  DrafterLayerGeometry geometry() const;
 
   // Parameters of the drafter (without the target's shared norm + lm_head): shared across slots
   // (m_s: hook norms, downsampler, context attention, draft block) and per slot (m_p: one slot's

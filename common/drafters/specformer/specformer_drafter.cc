@@ -3,9 +3,9 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <optional>
 #include <queue>
 #include <span>
-#include <unordered_set>
 
 #include "common/drafters/draft_sampling.h"
 #include "common/drafters/specformer/specformer_model.h"
@@ -176,58 +176,24 @@ Status SpecFormerDrafter::Observe(const std::vector<DrafterObservation>& observa
   BlockAllocator& alloc = kv_->allocator();
 
   // Validate everything first: on error nothing changes.
-  std::unordered_set<SeqId> seen;
+  ASSIGN_OR_RETURN(std::vector<int64_t> rows,
+                   CheckHiddenObservations(
+                       observations, config.target_vocab_size, K, d,
+                       [&](SeqId seq) -> std::optional<std::pair<int64_t, int64_t>> {
+                         auto it = states_.find(seq);
+                         if (it == states_.end()) return std::nullopt;
+                         return std::make_pair(alloc.Length(it->second->kv_seq),
+                                               static_cast<int64_t>(it->second->history.size()));
+                       }));
   std::vector<size_t> with_rows;  // observations that carry hidden states
-  int64_t blocks_needed = 0;
+  std::vector<std::pair<SeqId, int64_t>> growth;
   for (size_t i = 0; i < observations.size(); ++i) {
-    const DrafterObservation& o = observations[i];
-    auto it = states_.find(o.seq);
-    if (it == states_.end()) return NotFoundError(StrCat("sequence ", o.seq, " was not added"));
-    if (!seen.insert(o.seq).second) {
-      return InvalidArgumentError(StrCat("sequence ", o.seq, " is observed twice in one call"));
-    }
-    for (size_t t = 0; t < o.tokens.size(); ++t) {
-      if (o.tokens[t] < 0 || o.tokens[t] >= config.target_vocab_size) {
-        return InvalidArgumentError(StrCat("sequence ", o.seq, ": tokens[", t, "] = ", o.tokens[t],
-                                           " is outside the vocabulary [0, ",
-                                           config.target_vocab_size, ")"));
-      }
-    }
-    int64_t m = 0;
-    if (!o.hidden.empty()) {
-      if (o.hidden.size() != K) {
-        return InvalidArgumentError(StrCat("sequence ", o.seq, ": ", o.hidden.size(),
-                                           " hidden-state tensors, the drafter hooks ", K,
-                                           " layers"));
-      }
-      m = o.hidden[0].dim() == 2 ? o.hidden[0].size(0) : -1;
-      for (size_t k = 0; k < K; ++k) {
-        const at::Tensor& h = o.hidden[k];
-        if (h.dim() != 2 || h.size(0) != m || h.size(1) != d) {
-          return InvalidArgumentError(StrCat("sequence ", o.seq, ": hidden[", k, "] has shape ",
-                                             h.sizes(), ", expected [", m < 0 ? 0 : m, ", ", d,
-                                             "]"));
-        }
-      }
-    }
-    const State& st = *it->second;
-    const int64_t cached = alloc.Length(st.kv_seq);
-    const int64_t tokens = static_cast<int64_t>(st.history.size() + o.tokens.size());
-    // Every token but the pending one has had its hidden state observed.
-    if (cached + m != tokens - 1) {
-      return InvalidArgumentError(StrCat("sequence ", o.seq, ": ", cached + m,
-                                         " hidden-state rows for ", tokens,
-                                         " tokens (expected one row per token but the last)"));
-    }
-    if (m > 0) {
-      with_rows.push_back(i);
-      blocks_needed += alloc.BlocksNeeded(st.kv_seq, m);
-    }
+    if (rows[i] == 0) continue;
+    with_rows.push_back(i);
+    growth.emplace_back(states_.at(observations[i].seq)->kv_seq, rows[i]);
   }
-  if (blocks_needed > alloc.num_free_blocks()) {
-    return ResourceExhaustedError(StrCat("SpecFormer context cache full: needs ", blocks_needed,
-                                         " blocks, ", alloc.num_free_blocks(), " free"));
-  }
+  auto appended = alloc.AppendAll(growth);
+  if (!appended.ok()) return appended.status().WithContext("SpecFormer context cache");
 
   if (!with_rows.empty()) {
     // Packed layout of the new rows over each sequence's cached positions (as ModelRunner does for
@@ -237,18 +203,10 @@ Status SpecFormerDrafter::Observe(const std::vector<DrafterObservation>& observa
     std::vector<std::vector<int64_t>> slots(B);
     int64_t max_q = 0, max_k = 0;
     for (int64_t b = 0; b < B; ++b) {
-      const DrafterObservation& o = observations[with_rows[b]];
-      const SeqId kv_seq = states_.at(o.seq)->kv_seq;
-      const int64_t m = o.hidden[0].size(0);
-      old_len[b] = alloc.Length(kv_seq);
-      auto appended = alloc.Append(kv_seq, m);
-      if (!appended.ok()) {  // validated to fit; roll back anyway
-        for (int64_t r = 0; r < b; ++r) {
-          (void)alloc.Truncate(states_.at(observations[with_rows[r]].seq)->kv_seq, old_len[r]);
-        }
-        return appended.status();
-      }
-      for (int64_t s : *appended) writes.push_back(s);
+      const SeqId kv_seq = growth[b].first;
+      const int64_t m = growth[b].second;
+      old_len[b] = alloc.Length(kv_seq) - m;
+      writes.insert(writes.end(), (*appended)[b].begin(), (*appended)[b].end());
       slots[b] = alloc.Slots(kv_seq);
       max_q = std::max(max_q, m);
       max_k = std::max(max_k, old_len[b] + m);
