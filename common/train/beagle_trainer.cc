@@ -3,7 +3,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -20,7 +19,6 @@ namespace specula {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 // A padded batch, its window offsets and the target's states.
 struct Batch {
@@ -308,12 +306,10 @@ StatusOr<BeagleTrainResult> TrainBeagle(const BeagleTrainOptions& o) {
   torch::optim::AdamW& optimizer = *adamw;
 
   const double nan = std::nan("");
-  BeagleTrainResult result{.early_first_loss = nan,
-                           .early_last_loss = nan,
-                           .late_first_loss = nan,
-                           .late_last_loss = nan,
-                           .val_early_loss = nan,
-                           .val_late_loss = nan};
+  BeagleTrainResult result;
+  result.early_first_loss = result.early_last_loss = nan;
+  result.late_first_loss = result.late_last_loss = nan;
+  result.val_early_loss = result.val_late_loss = nan;
   const int64_t total = o.lr.total_steps;
   result.early_steps = std::llround(o.early_fraction * static_cast<double>(total));
   const fs::path ckpt_dir = fs::path(o.out_dir) / "checkpoint";
@@ -377,51 +373,25 @@ StatusOr<BeagleTrainResult> TrainBeagle(const BeagleTrainOptions& o) {
     }
   };
 
-  auto t_start = Clock::now();
-  int64_t steps_this_run = 0, tokens_this_run = 0;
-  double loss_acc = 0;
-  int64_t loss_count = 0;
+  StepAccounting accounting(o, optimizer, *model);
   auto train_step = [&](int64_t step) -> Status {
     const bool early = step < result.early_steps;
     std::vector<TrainRecord> records =
         StepRecords(source, split.train_n, step, o.batch_size, o.seed);
     torch::manual_seed(o.seed * 0xBF58476D1CE4E5B9ull + static_cast<uint64_t>(step));  // noise
     Batch b = MakeBatch(*target, records, StepOffsets(o.seed, step, o.batch_size, k));
-    SetLearningRate(optimizer, o.lr.At(step));
-    optimizer.zero_grad();
-    const BatchLoss batch_loss =
+    accounting.Begin(step);
+    const BatchLoss loss =
         early ? EarlyStep(*model, *target, b, k, o.noise_std, o.vloss_weight, true)
               : LateLoss(Simulate(*model, *target, b, k, s, s, o.noise_std, o.vloss_weight, true),
                          k, s);
-    const double step_loss = batch_loss.loss;
-    if (batch_loss.count > 0) {
-      if (!std::isfinite(step_loss)) {
-        return InternalError(StrCat("loss became ", step_loss, " at step ", step));
-      }
-      if (o.grad_clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), o.grad_clip);
-      optimizer.step();
-      loss_acc += step_loss;
-      ++loss_count;
-    }
+    RETURN_IF_ERROR(accounting.Finish(step, loss.loss, loss.count, b.record_tokens));
     double& first = early ? result.early_first_loss : result.late_first_loss;
-    if (std::isnan(first)) first = step_loss;
+    if (std::isnan(first)) first = loss.loss;
     result.tokens_seen += b.record_tokens;
-    tokens_this_run += b.record_tokens;
-    ++steps_this_run;
-
-    const int64_t done = step + 1;
-    const bool stage_end = done == result.early_steps || done == total;
-    if ((done % o.log_every == 0 || stage_end) && loss_count > 0) {
-      const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
-      if (!o.quiet) {
-        std::fprintf(stderr, "%s\n",
-                     ProgressLine(done, total, early ? "early" : "late", loss_acc / loss_count,
-                                  o.lr.At(step), tokens_this_run, steps_this_run, elapsed)
-                         .c_str());
-      }
-      (early ? result.early_last_loss : result.late_last_loss) = loss_acc / loss_count;
-      loss_acc = 0;
-      loss_count = 0;
+    const bool stage_end = step + 1 == result.early_steps || step + 1 == total;
+    if (auto mean = accounting.Log(step, early ? "early" : "late", stage_end)) {
+      (early ? result.early_last_loss : result.late_last_loss) = *mean;
     }
     return OkStatus();
   };
@@ -433,17 +403,16 @@ StatusOr<BeagleTrainResult> TrainBeagle(const BeagleTrainOptions& o) {
           done, result.val_early_loss, result.val_late_loss, FormatValues(result.val_top1).c_str());
     }
   };
-  ASSIGN_OR_RETURN(StepLoopResult loop, RunStepLoop(o, start_step, split.val_n > 0,
-                                                    {.train = train_step,
-                                                     .evaluate = evaluate_and_log,
-                                                     .save_checkpoint = save_checkpoint,
-                                                     .save_final = [&] {
-                                                       model->eval();
-                                                       return SaveBeagleDir(*model, o.out_dir);
-                                                     }}));
-  result.steps_done = loop.steps_done;
-  result.finished = loop.finished;
-  result.seconds = loop.seconds;
+  RETURN_IF_ERROR(RunStepLoop(o, start_step, split.val_n > 0,
+                              {.train = train_step,
+                               .evaluate = evaluate_and_log,
+                               .save_checkpoint = save_checkpoint,
+                               .save_final =
+                                   [&] {
+                                     model->eval();
+                                     return SaveBeagleDir(*model, o.out_dir);
+                                   }},
+                              &result));
   return result;
 }
 

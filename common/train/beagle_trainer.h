@@ -55,9 +55,7 @@ struct BeagleTrainOptions : DrafterTrainOptions {
   double vloss_weight = 1.0;
 };
 
-struct BeagleTrainResult {
-  int64_t steps_done = 0;
-  bool finished = false;
+struct BeagleTrainResult : DrafterTrainRun {
   int64_t early_steps = 0;  // steps [0, early_steps) are the early stage
   // Training loss (see above) per stage: the stage's first step, and the mean of its last logging
   // window. NaN for a stage that did not run.
@@ -67,8 +65,6 @@ struct BeagleTrainResult {
   double val_early_loss = 0;
   double val_late_loss = 0;
   std::vector<double> val_top1;  // [k]: depth i + 1
-  int64_t tokens_seen = 0;       // record tokens run through the target
-  double seconds = 0;            // this run
 };
 
 // Writes out_dir/{config.json, model.safetensors} when finished, and out_dir/checkpoint/ every

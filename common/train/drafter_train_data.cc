@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 #include <random>
@@ -178,8 +179,46 @@ Status SaveCheckpointState(const fs::path& dir, torch::optim::Optimizer& optimiz
   return WriteStringToFile((dir / "state.json").string(), state.dump(2) + "\n");
 }
 
-StatusOr<StepLoopResult> RunStepLoop(const DrafterTrainOptions& o, int64_t start_step,
-                                     bool validate, const StepLoopHooks& hooks) {
+StepAccounting::StepAccounting(const DrafterTrainOptions& o, torch::optim::AdamW& optimizer,
+                               torch::nn::Module& model)
+    : o_(o), optimizer_(optimizer), model_(model) {}
+
+void StepAccounting::Begin(int64_t step) {
+  SetLearningRate(optimizer_, o_.lr.At(step));
+  optimizer_.zero_grad();
+}
+
+Status StepAccounting::Finish(int64_t step, double loss, int64_t count, int64_t record_tokens) {
+  ++steps_;
+  tokens_ += record_tokens;
+  if (count == 0) return OkStatus();
+  if (!std::isfinite(loss)) return InternalError(StrCat("loss became ", loss, " at step ", step));
+  if (o_.grad_clip > 0) torch::nn::utils::clip_grad_norm_(model_.parameters(), o_.grad_clip);
+  optimizer_.step();
+  loss_sum_ += loss;
+  ++losses_;
+  return OkStatus();
+}
+
+std::optional<double> StepAccounting::Log(int64_t step, std::string_view stage, bool force) {
+  const int64_t done = step + 1;
+  if (losses_ == 0 || !(force || done % o_.log_every == 0)) return std::nullopt;
+  const double mean = loss_sum_ / losses_;
+  if (!o_.quiet) {
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    std::fprintf(
+        stderr, "%s\n",
+        ProgressLine(done, o_.lr.total_steps, stage, mean, o_.lr.At(step), tokens_, steps_, elapsed)
+            .c_str());
+  }
+  loss_sum_ = 0;
+  losses_ = 0;
+  return mean;
+}
+
+Status RunStepLoop(const DrafterTrainOptions& o, int64_t start_step, bool validate,
+                   const StepLoopHooks& hooks, DrafterTrainRun* run) {
   const auto t_start = std::chrono::steady_clock::now();
   const int64_t total = o.lr.total_steps;
   int64_t steps_this_run = 0;
@@ -206,14 +245,14 @@ StatusOr<StepLoopResult> RunStepLoop(const DrafterTrainOptions& o, int64_t start
     return InternalError(
         StrCat("training failed at step ", step, ": ", e.what_without_backtrace()));
   }
-  StepLoopResult result{.steps_done = step, .finished = step >= total};
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  if (result.finished) {
+  run->steps_done = step;
+  run->finished = step >= total;
+  run->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  if (run->finished) {
     RETURN_IF_ERROR(hooks.save_final());
     RETURN_IF_ERROR(hooks.save_checkpoint(step));
   }
-  return result;
+  return OkStatus();
 }
 
 }  // namespace specula

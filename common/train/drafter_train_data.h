@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -94,6 +95,31 @@ StatusOr<std::optional<nlohmann::json>> ResumeCheckpoint(const std::filesystem::
 Status SaveCheckpointState(const std::filesystem::path& dir, torch::optim::Optimizer& optimizer,
                            const nlohmann::json& state);
 
+// The bookkeeping of a run's optimizer steps: each step's learning rate, update and record
+// tokens, and the progress line with the mean loss of each logging window.
+class StepAccounting {
+ public:
+  StepAccounting(const DrafterTrainOptions& o, torch::optim::AdamW& optimizer,
+                 torch::nn::Module& model);
+  // Before step `step`'s forward: its learning rate, zeroed gradients.
+  void Begin(int64_t step);
+  // After its backward. With `count` > 0 queries in the loss: INTERNAL for a non-finite loss,
+  // otherwise clipping, the optimizer step, and the loss joins the logging window.
+  Status Finish(int64_t step, double loss, int64_t count, int64_t record_tokens);
+  // At done = step + 1 a multiple of log_every, or when `force`, with a loss in the window: prints
+  // the progress line (unless quiet) and returns the window's mean loss, starting a new window.
+  std::optional<double> Log(int64_t step, std::string_view stage, bool force);
+
+ private:
+  const DrafterTrainOptions& o_;
+  torch::optim::AdamW& optimizer_;
+  torch::nn::Module& model_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  int64_t steps_ = 0, tokens_ = 0;
+  double loss_sum_ = 0;
+  int64_t losses_ = 0;
+};
+
 // The step loop of a drafter run: hooks.train(step) for step = start_step .. total - 1 (one
 // optimizer step and its progress line); hooks.evaluate(done) every eval_every steps and at the
 // end when `validate`; a checkpoint every checkpoint_every steps and when stopping after
@@ -105,12 +131,8 @@ struct StepLoopHooks {
   std::function<Status(int64_t done)> save_checkpoint;
   std::function<Status()> save_final;
 };
-struct StepLoopResult {
-  int64_t steps_done = 0;  // the next step to train
-  bool finished = false;
-  double seconds = 0;  // this run
-};
-StatusOr<StepLoopResult> RunStepLoop(const DrafterTrainOptions& o, int64_t start_step,
-                                     bool validate, const StepLoopHooks& hooks);
+// Sets run->steps_done, finished and seconds.
+Status RunStepLoop(const DrafterTrainOptions& o, int64_t start_step, bool validate,
+                   const StepLoopHooks& hooks, DrafterTrainRun* run);
 
 }  // namespace specula

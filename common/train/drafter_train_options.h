@@ -1,5 +1,5 @@
-// The options every drafter training run has (SpecFormer, Beagle); each trainer's options extend
-// them. Torch-free.
+// The options every drafter training run has (SpecFormer, Beagle) and what every run reports;
+// each trainer's options and result extend them. Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +36,14 @@ struct DrafterTrainOptions {
   uint64_t seed = 0;
   bool resume = true;
   bool quiet = false;
+};
+
+// What every drafter run reports; each trainer's result extends it.
+struct DrafterTrainRun {
+  int64_t steps_done = 0;  // the next step to train
+  bool finished = false;
+  int64_t tokens_seen = 0;  // record tokens run through the target
+  double seconds = 0;       // this run
 };
 
 }  // namespace specula

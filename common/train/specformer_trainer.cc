@@ -3,7 +3,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -22,7 +21,6 @@ namespace specula {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kIgnore = -100;
 
@@ -223,48 +221,22 @@ StatusOr<SpecFormerTrainResult> TrainSpecFormer(const SpecFormerTrainOptions& o)
   };
 
   const int64_t total = o.lr.total_steps;
-  auto t_start = Clock::now();
-  int64_t steps_this_run = 0, tokens_this_run = 0;
-  double loss_acc = 0;
-  int64_t loss_count = 0;
+  StepAccounting accounting(o, optimizer, *model);
   auto train_step = [&](int64_t step) -> Status {
     // Records of this step: the epoch's permutation (seeded by epoch) at this step's offset.
     std::vector<TrainRecord> records =
         StepRecords(source, split.train_n, step, o.batch_size, o.seed);
     std::mt19937_64 rng(o.seed * 0xBF58476D1CE4E5B9ull + static_cast<uint64_t>(step));
     Batch b = MakeBatch(records, l_d, o.position_fraction, rng);
-    SetLearningRate(optimizer, o.lr.At(step));
-    optimizer.zero_grad();
+    accounting.Begin(step);
     double step_loss = std::nan("");
     if (!b.rows.empty()) {
-      SlotStats s = RunSlots(*model, SlotStates(*model, *target, b), b.targets, true);
-      step_loss = MeanSlotLoss(s);
-      if (!std::isfinite(step_loss)) {
-        return InternalError(StrCat("loss became ", step_loss, " at step ", step));
-      }
-      if (o.grad_clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), o.grad_clip);
-      optimizer.step();
-      loss_acc += step_loss;
-      ++loss_count;
+      step_loss = MeanSlotLoss(RunSlots(*model, SlotStates(*model, *target, b), b.targets, true));
     }
+    RETURN_IF_ERROR(accounting.Finish(step, step_loss, b.rows.empty() ? 0 : 1, b.record_tokens));
     if (step == 0) result.first_loss = step_loss;
     result.tokens_seen += b.record_tokens;
-    tokens_this_run += b.record_tokens;
-    ++steps_this_run;
-
-    const int64_t done = step + 1;
-    if (loss_count > 0 && (done % o.log_every == 0 || done == total)) {
-      const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
-      if (!o.quiet) {
-        std::fprintf(stderr, "%s\n",
-                     ProgressLine(done, total, "", loss_acc / loss_count, o.lr.At(step),
-                                  tokens_this_run, steps_this_run, elapsed)
-                         .c_str());
-      }
-      result.last_loss = loss_acc / loss_count;
-      loss_acc = 0;
-      loss_count = 0;
-    }
+    if (auto mean = accounting.Log(step, "", step + 1 == total)) result.last_loss = *mean;
     return OkStatus();
   };
   auto evaluate_and_log = [&](int64_t done) {
@@ -274,17 +246,16 @@ StatusOr<SpecFormerTrainResult> TrainSpecFormer(const SpecFormerTrainOptions& o)
                    result.val_loss, FormatValues(result.val_slot_accuracy).c_str());
     }
   };
-  ASSIGN_OR_RETURN(StepLoopResult loop, RunStepLoop(o, start_step, split.val_n > 0,
-                                                    {.train = train_step,
-                                                     .evaluate = evaluate_and_log,
-                                                     .save_checkpoint = save_checkpoint,
-                                                     .save_final = [&] {
-                                                       model->eval();
-                                                       return SaveSpecFormerDir(*model, o.out_dir);
-                                                     }}));
-  result.steps_done = loop.steps_done;
-  result.finished = loop.finished;
-  result.seconds = loop.seconds;
+  RETURN_IF_ERROR(RunStepLoop(o, start_step, split.val_n > 0,
+                              {.train = train_step,
+                               .evaluate = evaluate_and_log,
+                               .save_checkpoint = save_checkpoint,
+                               .save_final =
+                                   [&] {
+                                     model->eval();
+                                     return SaveSpecFormerDir(*model, o.out_dir);
+                                   }},
+                              &result));
   return result;
 }
 

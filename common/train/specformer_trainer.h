@@ -35,9 +35,7 @@ struct SpecFormerTrainOptions : DrafterTrainOptions {
   double position_fraction = 1.0;  // share of eligible positions whose slots are trained
 };
 
-struct SpecFormerTrainResult {
-  int64_t steps_done = 0;
-  bool finished = false;
+struct SpecFormerTrainResult : DrafterTrainRun {
   double first_loss = 0;  // the first step's training loss (mean over slots)
   double last_loss = 0;   // mean training loss of the last logging window
   // Validation (NaN / empty without validation records): mean over slots of CE, and per slot the
@@ -45,8 +43,6 @@ struct SpecFormerTrainResult {
   double val_loss = 0;
   std::vector<double> val_slot_loss;
   std::vector<double> val_slot_accuracy;
-  int64_t tokens_seen = 0;  // record tokens run through the target
-  double seconds = 0;
 };
 
 // Writes out_dir/{config.json, model.safetensors, training.json} when finished, and

@@ -8,16 +8,14 @@
 #include <torch/torch.h>
 
 #include <filesystem>
-#include <random>
 
 #include "common/drafters/beagle/beagle_model.h"
-#include "common/engine/plain_decoder.h"
 #include "common/model/model_runner.h"
 #include "common/model/transformer.h"
 #include "common/train/beagle_masks.h"
-#include "common/train/distill_dataset.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/tiny_model.h"
+#include "tests/train/tiny_distill.h"
 
 namespace specula {
 namespace {
@@ -102,7 +100,6 @@ TEST(BeagleMasksTest, LateMaskExposesThePredictedKeysOfEarlierSteps) {
   }
 }
 
-constexpr int32_t kVocab = 64;
 constexpr int kRecords = 64;
 
 class BeagleTrainerTest : public ::testing::Test {
@@ -110,22 +107,8 @@ class BeagleTrainerTest : public ::testing::Test {
   // A tiny target directory and a self-distillation dataset of its greedy continuations.
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    auto module = MakeTinyModel(TinyModelConfig(), 3, /*weight_scale=*/4.0);
-    ASSERT_TRUE(SaveModelDir(*module, TinyModelConfig(), Target()).ok());
-    auto runner = ModelRunner::FromModule(module, {});
-    ASSERT_TRUE(runner.ok());
-    size_t present = 0;
-    auto w = DistillWriter::OpenForAppend(Distill(), kVocab, &present);
-    ASSERT_TRUE(w.ok()) << w.status();
-    std::mt19937 rng(5);
-    for (int i = 0; i < kRecords; ++i) {
-      std::vector<int32_t> prompt(4 + i % 7);
-      for (auto& t : prompt) t = static_cast<int32_t>(rng() % kVocab);
-      GenerationRequest r{.prompt = prompt, .max_new_tokens = 40};
-      auto out = DecodeBatch(**runner, {r});
-      ASSERT_TRUE(out.ok());
-      ASSERT_TRUE((*w)->Append(r.prompt, (*out)[0].tokens).ok());
-    }
+    auto prompts = WriteTinyTargetAndDistill(Target(), Distill(), kRecords, 40);
+    ASSERT_TRUE(prompts.ok()) << prompts.status();
   }
   static void TearDownTestSuite() { delete dir_; }
   static std::string Target() { return dir_->File("target"); }
