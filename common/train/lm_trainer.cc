@@ -14,6 +14,7 @@
 #include "common/model/checkpoint.h"
 #include "common/model/model_runner.h"
 #include "common/model/transformer.h"
+#include "common/train/train_progress.h"
 
 namespace specula {
 namespace {
@@ -62,13 +63,6 @@ double EvaluateLoss(CausalLMImpl& model, const TokenFile& tokens, int64_t seq_le
     count += starts.size();
   }
   return total / count;
-}
-
-std::string FormatDuration(double seconds) {
-  const int64_t s = static_cast<int64_t>(seconds);
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%ldh%02ldm%02lds", s / 3600, (s / 60) % 60, s % 60);
-  return buf;
 }
 
 }  // namespace
@@ -185,12 +179,10 @@ StatusOr<LmTrainResult> TrainLanguageModel(const ModelConfig& config, const LmTr
     const int64_t done = step + 1;
     if (!o.quiet && (done % o.log_every == 0 || done == total)) {
       const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
-      const double tps = steps_this_run * tokens_per_step / elapsed;
-      const double eta = (total - done) * (elapsed / steps_this_run);
-      std::fprintf(stderr,
-                   "step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | elapsed %s | ETA %s\n", done,
-                   total, loss_acc / loss_count, o.lr.At(step), tps,
-                   FormatDuration(elapsed).c_str(), FormatDuration(eta).c_str());
+      std::fprintf(stderr, "%s\n",
+                   ProgressLine(done, total, "", loss_acc / loss_count, o.lr.At(step),
+                                steps_this_run * tokens_per_step, steps_this_run, elapsed)
+                       .c_str());
       loss_acc = 0;
       loss_count = 0;
     }

@@ -20,49 +20,22 @@
 #include <string>
 #include <vector>
 
-#include "common/train/lr_schedule.h"
+#include "common/train/drafter_train_options.h"
 #include "common/util/status.h"
 
 namespace specula {
 
-struct SpecFormerTrainOptions {
-  std::string target_dir;    // the frozen target (config.json + safetensors)
-  std::string distill_path;  // self-distillation dataset (see distill_dataset.h)
-  // Ablation instead of distill_path: a token file (the corpus train split); record i is a prompt
-  // of [16, 128] tokens at a random offset (seeded by i) and the raw_response_tokens after it.
-  std::string raw_tokens;
-  int64_t raw_records = 4000;
-  int64_t raw_response_tokens = 256;
-  std::string out_dir;  // final drafter + checkpoint/
-
+struct SpecFormerTrainOptions : DrafterTrainOptions {
   // Drafter shape (0 / empty = the target's / the paper's default).
   int64_t draft_len = 8;
   int64_t intermediate_size = 0;
   std::vector<int64_t> hidden_layers;
   bool causal_draft = false;
 
-  int64_t batch_size = 8;
-  int64_t max_seq_len = 0;         // records are cut to this (0 = the target's context)
   double position_fraction = 1.0;  // share of eligible positions whose slots are trained
-  int64_t val_records = 64;        // the dataset's last records, never trained on
-  LrSchedule lr;                   // lr.total_steps optimizer steps
-  double weight_decay = 0.01;
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double adam_eps = 1e-8;
-  double grad_clip = 1.0;
-  int64_t log_every = 10;
-  int64_t eval_every = 100;
-  int64_t checkpoint_every = 100;
-  int64_t max_steps_this_run = 0;  // stop (after checkpointing) after this many; 0 = to the end
-  uint64_t seed = 0;
-  bool resume = true;
-  bool quiet = false;
 };
 
-struct SpecFormerTrainResult {
-  int64_t steps_done = 0;
-  bool finished = false;
+struct SpecFormerTrainResult : DrafterTrainRun {
   double first_loss = 0;  // the first step's training loss (mean over slots)
   double last_loss = 0;   // mean training loss of the last logging window
   // Validation (NaN / empty without validation records): mean over slots of CE, and per slot the
@@ -70,8 +43,6 @@ struct SpecFormerTrainResult {
   double val_loss = 0;
   std::vector<double> val_slot_loss;
   std::vector<double> val_slot_accuracy;
-  int64_t tokens_seen = 0;  // record tokens run through the target
-  double seconds = 0;
 };
 
 // Writes out_dir/{config.json, model.safetensors, training.json} when finished, and

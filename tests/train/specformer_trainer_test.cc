@@ -8,7 +8,6 @@
 #include <torch/torch.h>
 
 #include <filesystem>
-#include <random>
 
 #include "common/drafters/specformer/specformer_drafter.h"
 #include "common/drafters/specformer/specformer_model.h"
@@ -20,6 +19,7 @@
 #include "common/train/token_file.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/tiny_model.h"
+#include "tests/train/tiny_distill.h"
 
 namespace specula {
 namespace {
@@ -27,36 +27,16 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-constexpr int32_t kVocab = 64;
 constexpr int kRecords = 24;
-
-std::vector<int32_t> RandomTokens(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng() % kVocab);
-  return t;
-}
 
 class SpecFormerTrainerTest : public ::testing::Test {
  protected:
   // A tiny target directory and a self-distillation dataset of its greedy continuations.
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    auto module = MakeTinyModel(TinyModelConfig(), 3, /*weight_scale=*/4.0);
-    ASSERT_TRUE(SaveModelDir(*module, TinyModelConfig(), Target()).ok());
-    auto runner = ModelRunner::FromModule(module, {});
-    ASSERT_TRUE(runner.ok());
-    prompts_ = new std::vector<std::vector<int32_t>>();
-    size_t present = 0;
-    auto w = DistillWriter::OpenForAppend(Distill(), kVocab, &present);
-    ASSERT_TRUE(w.ok()) << w.status();
-    for (int i = 0; i < kRecords; ++i) {
-      GenerationRequest r{.prompt = RandomTokens(4 + i % 7, 100 + i), .max_new_tokens = 40};
-      auto out = DecodeBatch(**runner, {r});
-      ASSERT_TRUE(out.ok());
-      ASSERT_TRUE((*w)->Append(r.prompt, (*out)[0].tokens).ok());
-      prompts_->push_back(r.prompt);
-    }
+    auto prompts = WriteTinyTargetAndDistill(Target(), Distill(), kRecords, 40);
+    ASSERT_TRUE(prompts.ok()) << prompts.status();
+    prompts_ = new std::vector<std::vector<int32_t>>(std::move(*prompts));
   }
   static void TearDownTestSuite() {
     delete prompts_;

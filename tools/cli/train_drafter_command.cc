@@ -1,14 +1,18 @@
-// specula train-drafter: train a drafter for a frozen target. --kind specformer trains SpecFormer
-// by self-distillation (the target's own responses from `specula distill`), or on raw corpus
-// continuations with --raw-tokens (the paper's ablation), and writes a drafter checkpoint
-// (config.json naming kind and target, model.safetensors, training.json).
+// specula train-drafter: train a drafter for a frozen target by self-distillation (the target's
+// own responses from `specula distill`), or on raw corpus continuations with --raw-tokens (the
+// SpecFormer paper's ablation), and write a drafter checkpoint (config.json naming kind and
+// target, model.safetensors, training.json).
+//   --kind specformer: SpecFormer (common/train/specformer_trainer.h).
+//   --kind beagle: Beagle's two-stage block-attention training (common/train/beagle_trainer.h).
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/drafters/beagle/beagle_config.h"
 #include "common/drafters/specformer/specformer_config.h"
 #include "common/model/model_config.h"
+#include "common/train/beagle_trainer.h"
 #include "common/train/specformer_trainer.h"
 #include "common/util/mapped_file.h"
 #include "tools/cli/commands.h"
@@ -17,82 +21,147 @@
 namespace specula::cli {
 namespace {
 
+namespace fs = std::filesystem;
+
 constexpr char kCommand[] = "train-drafter";
 
 struct Flags {
   std::string kind = "specformer";
-  SpecFormerTrainOptions train;
+  DrafterTrainOptions common;  // the flags every kind has
+  SpecFormerTrainOptions specformer;
+  BeagleTrainOptions beagle;
+  int64_t intermediate = 0;
   int64_t threads = 0, seed = 0;
-  std::vector<int64_t> hidden_layers;
 };
 
-Status Run(Flags f, const std::vector<std::string>& args) {
-  namespace fs = std::filesystem;
-  if (f.kind != kSpecFormerKind) {
-    return InvalidArgumentError(
-        StrCat("--kind: unknown drafter kind '", f.kind, "' (trainable: specformer)"));
-  }
-  if (f.train.target_dir.empty()) return InvalidArgumentError("--model (the target) is required");
-  if (f.train.out_dir.empty()) return InvalidArgumentError("--out is required");
-  if (f.threads > 0) SetThreads(f.threads);
-  f.train.seed = static_cast<uint64_t>(f.seed);
-  f.train.hidden_layers = f.hidden_layers;
-  ASSIGN_OR_RETURN(ModelConfig target,
-                   ModelConfig::FromFile((fs::path(f.train.target_dir) / "config.json").string()));
-  SpecFormerConfig shape = SpecFormerConfig::ForTarget(target, f.train.draft_len);
-  if (f.train.intermediate_size > 0) shape.intermediate_size = f.train.intermediate_size;
-  if (!f.hidden_layers.empty()) shape.hidden_layers = f.hidden_layers;
+// The kind's options with the common flags (grad_clip < 0: the kind's default).
+template <typename Options>
+Options WithCommon(const Flags& f, Options kind) {
+  const double grad_clip = kind.grad_clip;
+  static_cast<DrafterTrainOptions&>(kind) = f.common;
+  if (f.common.grad_clip < 0) kind.grad_clip = grad_clip;
+  kind.seed = static_cast<uint64_t>(f.seed);
+  kind.intermediate_size = f.intermediate;
+  return kind;
+}
+
+// training.json: what every kind records, plus `extra`.
+Status WriteTrainingJson(const Flags& f, const DrafterTrainOptions& o,
+                         const std::vector<std::string>& args, int64_t steps, int64_t tokens_seen,
+                         double seconds, const nlohmann::json& extra) {
+  std::string command = "specula train-drafter";
+  for (const auto& a : args) command += " " + a;
+  nlohmann::json info = {{"kind", f.kind},
+                         {"command", command},
+                         {"target", o.target_dir},
+                         {"data", o.raw_tokens.empty() ? o.distill_path : o.raw_tokens},
+                         {"self_distilled", o.raw_tokens.empty()},
+                         {"steps", steps},
+                         {"tokens_seen", tokens_seen},
+                         {"seconds_this_run", seconds},
+                         {"seed", f.seed}};
+  info.update(extra);
+  return WriteStringToFile((fs::path(o.out_dir) / "training.json").string(), info.dump(2) + "\n");
+}
+
+Status ReportStopped(int64_t steps_done, int64_t total) {
+  std::fprintf(stderr, "stopped at step %ld of %ld; run the same command again to resume\n",
+               steps_done, total);
+  return OkStatus();
+}
+
+Status RunSpecFormer(const Flags& f, const ModelConfig& target,
+                     const std::vector<std::string>& args) {
+  const SpecFormerTrainOptions o = WithCommon(f, f.specformer);
+  SpecFormerConfig shape = SpecFormerConfig::ForTarget(target, o.draft_len);
+  if (o.intermediate_size > 0) shape.intermediate_size = o.intermediate_size;
+  if (!o.hidden_layers.empty()) shape.hidden_layers = o.hidden_layers;
   const int64_t shared = shape.shared_parameters(), per_slot = shape.per_slot_parameters();
   const int64_t M = target.num_parameters();
   const double p = 1.0 + static_cast<double>(shared + shape.draft_len * per_slot) / M;
-  std::fprintf(
-      stderr,
-      "training specformer for %s on %s: l_d %ld, %ld params (m_s %ld + l_d x m_p %ld), "
-      "target %ld params, p = %.3f, %ld steps of %ld records\n",
-      f.train.target_dir.c_str(),
-      f.train.raw_tokens.empty() ? f.train.distill_path.c_str() : f.train.raw_tokens.c_str(),
-      shape.draft_len, shared + shape.draft_len * per_slot, shared, per_slot, M, p,
-      f.train.lr.total_steps, f.train.batch_size);
-  ASSIGN_OR_RETURN(SpecFormerTrainResult result, TrainSpecFormer(f.train));
-  if (!result.finished) {
-    std::fprintf(stderr, "stopped at step %ld of %ld; run the same command again to resume\n",
-                 result.steps_done, f.train.lr.total_steps);
-    return OkStatus();
-  }
-  std::string command = "specula train-drafter";
-  for (const auto& a : args) command += " " + a;
-  nlohmann::json info = {
-      {"kind", f.kind},
-      {"command", command},
-      {"target", f.train.target_dir},
-      {"data", f.train.raw_tokens.empty() ? f.train.distill_path : f.train.raw_tokens},
-      {"self_distilled", f.train.raw_tokens.empty()},
-      {"parameters", {{"shared", shared}, {"per_slot", per_slot}, {"target", M}}},
-      {"p", p},
-      {"steps", result.steps_done},
-      {"tokens_seen", result.tokens_seen},
-      {"first_train_loss", result.first_loss},
-      {"final_train_loss", result.last_loss},
-      {"final_val_loss", result.val_loss},
-      {"val_slot_loss", result.val_slot_loss},
-      {"val_slot_top1", result.val_slot_accuracy},
-      {"seconds_this_run", result.seconds},
-      {"seed", f.seed}};
-  RETURN_IF_ERROR(WriteStringToFile((fs::path(f.train.out_dir) / "training.json").string(),
-                                    info.dump(2) + "\n"));
-  std::fprintf(stderr, "done: %s (val loss %.4f)\n", f.train.out_dir.c_str(), result.val_loss);
+  std::fprintf(stderr,
+               "training specformer for %s on %s: l_d %ld, %ld params (m_s %ld + l_d x m_p %ld), "
+               "target %ld params, p = %.3f, %ld steps of %ld records\n",
+               o.target_dir.c_str(),
+               o.raw_tokens.empty() ? o.distill_path.c_str() : o.raw_tokens.c_str(),
+               shape.draft_len, shared + shape.draft_len * per_slot, shared, per_slot, M, p,
+               o.lr.total_steps, o.batch_size);
+  ASSIGN_OR_RETURN(SpecFormerTrainResult result, TrainSpecFormer(o));
+  if (!result.finished) return ReportStopped(result.steps_done, o.lr.total_steps);
+  RETURN_IF_ERROR(WriteTrainingJson(
+      f, o, args, result.steps_done, result.tokens_seen, result.seconds,
+      {{"parameters", {{"shared", shared}, {"per_slot", per_slot}, {"target", M}}},
+       {"p", p},
+       {"first_train_loss", result.first_loss},
+       {"final_train_loss", result.last_loss},
+       {"final_val_loss", result.val_loss},
+       {"val_slot_loss", result.val_slot_loss},
+       {"val_slot_top1", result.val_slot_accuracy}}));
+  std::fprintf(stderr, "done: %s (val loss %.4f)\n", o.out_dir.c_str(), result.val_loss);
   return OkStatus();
+}
+
+Status RunBeagle(const Flags& f, const ModelConfig& target, const std::vector<std::string>& args) {
+  const BeagleTrainOptions o = WithCommon(f, f.beagle);
+  BeagleConfig shape = BeagleConfig::ForTarget(target);
+  if (o.intermediate_size > 0) shape.intermediate_size = o.intermediate_size;
+  const int64_t params = shape.parameters(), M = target.num_parameters();
+  std::fprintf(stderr,
+               "training beagle for %s on %s: %ld params (target %ld), window %ld, %ld simulation "
+               "steps, early stage %.0f%% of %ld steps of %ld records\n",
+               o.target_dir.c_str(),
+               o.raw_tokens.empty() ? o.distill_path.c_str() : o.raw_tokens.c_str(), params, M,
+               o.window, o.sim_steps, 100 * o.early_fraction, o.lr.total_steps, o.batch_size);
+  ASSIGN_OR_RETURN(BeagleTrainResult result, TrainBeagle(o));
+  if (!result.finished) return ReportStopped(result.steps_done, o.lr.total_steps);
+  // JSON has no NaN: a stage that did not run is null.
+  auto number = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); };
+  nlohmann::json top1 = nlohmann::json::array();
+  for (double a : result.val_top1) top1.push_back(number(a));
+  RETURN_IF_ERROR(WriteTrainingJson(
+      f, o, args, result.steps_done, result.tokens_seen, result.seconds,
+      {{"parameters", {{"drafter", params}, {"target", M}}},
+       {"window", o.window},
+       {"sim_steps", o.sim_steps},
+       {"early_steps", result.early_steps},
+       {"noise_std", o.noise_std},
+       {"vloss_weight", o.vloss_weight},
+       {"lr", {{"peak", o.lr.peak_lr}, {"min", o.lr.min_lr}, {"warmup_steps", o.lr.warmup_steps}}},
+       {"batch_size", o.batch_size},
+       {"early_first_loss", number(result.early_first_loss)},
+       {"early_last_loss", number(result.early_last_loss)},
+       {"late_first_loss", number(result.late_first_loss)},
+       {"late_last_loss", number(result.late_last_loss)},
+       {"val_early_loss", number(result.val_early_loss)},
+       {"val_late_loss", number(result.val_late_loss)},
+       {"val_top1_by_depth", top1}}));
+  std::fprintf(stderr, "done: %s (val late loss %.4f)\n", o.out_dir.c_str(), result.val_late_loss);
+  return OkStatus();
+}
+
+Status Run(const Flags& f, const std::vector<std::string>& args) {
+  if (f.kind != kSpecFormerKind && f.kind != kBeagleKind) {
+    return InvalidArgumentError(
+        StrCat("--kind: unknown drafter kind '", f.kind, "' (trainable: specformer, beagle)"));
+  }
+  if (f.common.target_dir.empty()) return InvalidArgumentError("--model (the target) is required");
+  if (f.common.out_dir.empty()) return InvalidArgumentError("--out is required");
+  if (f.threads > 0) SetThreads(f.threads);
+  ASSIGN_OR_RETURN(ModelConfig target,
+                   ModelConfig::FromFile((fs::path(f.common.target_dir) / "config.json").string()));
+  return f.kind == kBeagleKind ? RunBeagle(f, target, args) : RunSpecFormer(f, target, args);
 }
 
 }  // namespace
 
 int RunTrainDrafter(const std::vector<std::string>& args) {
   Flags f;
-  SpecFormerTrainOptions& t = f.train;
+  DrafterTrainOptions& t = f.common;
   t.lr = {.peak_lr = 5e-4, .min_lr = 1e-5, .warmup_steps = 0, .total_steps = 1000};
+  t.grad_clip = -1;
   double warmup_fraction = 0.05;
   FlagSet flags(kCommand);
-  flags.AddString("kind", &f.kind, "drafter kind: specformer");
+  flags.AddString("kind", &f.kind, "drafter kind: specformer or beagle");
   flags.AddString("model", &t.target_dir, "the frozen target model directory");
   flags.AddString("data", &t.distill_path, "self-distillation dataset (specula distill)");
   flags.AddString("raw-tokens", &t.raw_tokens,
@@ -102,25 +171,38 @@ int RunTrainDrafter(const std::vector<std::string>& args) {
   flags.AddInt("raw-response-tokens", &t.raw_response_tokens,
                "ablation: continuation tokens per record");
   flags.AddString("out", &t.out_dir, "output drafter directory (checkpoints in OUT/checkpoint)");
-  flags.AddInt("draft-len", &t.draft_len, "l_d: draft slots");
-  flags.AddInt("intermediate", &t.intermediate_size,
+  flags.AddInt("intermediate", &f.intermediate,
                "draft block SwiGLU size (0 = the target's intermediate_size)");
-  flags.AddIntList("hidden-layers", &f.hidden_layers, "hooked target layers (default 0,L/2,L-1,L)");
-  flags.AddBool("causal-draft", &t.causal_draft,
-                "causal slot attention (reference code) instead of bidirectional (paper)");
+  SpecFormerTrainOptions& sf = f.specformer;
+  flags.AddInt("draft-len", &sf.draft_len, "specformer: l_d, draft slots");
+  flags.AddIntList("hidden-layers", &sf.hidden_layers,
+                   "specformer: hooked target layers (default 0,L/2,L-1,L)");
+  flags.AddBool("causal-draft", &sf.causal_draft,
+                "specformer: causal slot attention (reference code) instead of bidirectional "
+                "(paper)");
+  flags.AddDouble("position-fraction", &sf.position_fraction,
+                  "specformer: share of response positions whose slots are trained each step "
+                  "(cheaper steps; the context attention still sees every position)");
+  BeagleTrainOptions& b = f.beagle;
+  flags.AddInt("window", &b.window, "beagle: k, the block-attention window");
+  flags.AddInt("sim-steps", &b.sim_steps, "beagle: s <= k, late-stage simulation steps");
+  flags.AddDouble("early-fraction", &b.early_fraction,
+                  "beagle: share of the steps in the early (inverse block attention) stage");
+  flags.AddDouble("noise-std", &b.noise_std, "beagle: Gaussian noise on the target's states");
+  flags.AddDouble("vloss-weight", &b.vloss_weight,
+                  "beagle: weight of the hidden-state regression (CE weight 1)");
   flags.AddInt("batch-size", &t.batch_size, "records per optimizer step");
   flags.AddInt("max-seq-len", &t.max_seq_len, "cut records to this many tokens (0 = context)");
-  flags.AddDouble("position-fraction", &t.position_fraction,
-                  "share of response positions whose slots are trained each step (cheaper "
-                  "steps; the context attention still sees every position)");
   flags.AddInt("val-records", &t.val_records, "records held out for validation (the last ones)");
   flags.AddInt("steps", &t.lr.total_steps, "optimizer steps");
   flags.AddDouble("warmup-fraction", &warmup_fraction, "linear warmup share of the steps");
   flags.AddDouble("lr", &t.lr.peak_lr, "peak learning rate");
-  flags.AddDouble("min-lr", &t.lr.min_lr, "final learning rate of the cosine decay");
+  flags.AddDouble("min-lr", &t.lr.min_lr,
+                  "final learning rate of the cosine decay (= --lr: constant after warmup)");
   flags.AddDouble("weight-decay", &t.weight_decay, "AdamW weight decay");
   flags.AddDouble("adam-eps", &t.adam_eps, "AdamW epsilon");
-  flags.AddDouble("grad-clip", &t.grad_clip, "max global gradient norm (0 = off)");
+  flags.AddDouble("grad-clip", &t.grad_clip,
+                  "max global gradient norm (0 = off; < 0 = the kind's: specformer 1, beagle 0.5)");
   flags.AddInt("eval-every", &t.eval_every, "validation every N steps");
   flags.AddInt("checkpoint-every", &t.checkpoint_every, "checkpoint every N steps");
   flags.AddInt("log-every", &t.log_every, "progress line every N steps");
