@@ -42,8 +42,9 @@ uint64_t PathHash(const DynamicTree& t, int32_t c) {
   return h;
 }
 
-DynamicTree RunTree(int32_t budget, int32_t depth, int32_t top_k, int* expansions = nullptr) {
-  DynamicTree t(budget, depth, top_k);
+DynamicTree RunTree(int32_t budget, int32_t depth, int32_t top_k, int* expansions = nullptr,
+                    bool prune = true) {
+  DynamicTree t(budget, depth, top_k, prune);
   int n = 0;
   while (!t.done()) {
     std::vector<std::vector<DraftChild>> children;
@@ -76,6 +77,27 @@ TEST(DynamicTreeTest, NeverExceedsBudgetOrDepth) {
       }
     }
   }
+}
+
+// Pruning frontier nodes that cannot reach the final tree saves expansions and changes nothing.
+TEST(DynamicTreeTest, PruningNeverChangesTheTree) {
+  int64_t rows_pruned = 0, rows_full = 0;
+  for (int32_t budget : {1, 3, 8, 16, 60}) {
+    for (int32_t depth : {2, 6}) {
+      for (int32_t top_k : {2, 4, 10}) {
+        DynamicTree pruned = RunTree(budget, depth, top_k, nullptr, true);
+        DynamicTree full = RunTree(budget, depth, top_k, nullptr, false);
+        const CandidateTree a = pruned.Build(), b = full.Build();
+        EXPECT_EQ(a.tokens(), b.tokens()) << budget << " " << depth << " " << top_k;
+        EXPECT_EQ(a.parents(), b.parents()) << budget << " " << depth << " " << top_k;
+        rows_pruned += pruned.num_candidates();
+        rows_full += full.num_candidates();
+      }
+    }
+  }
+  EXPECT_LT(rows_pruned, rows_full) << "pruning never saved an expansion";
+  std::printf("candidates drafted: %ld pruned vs %ld full\n", static_cast<long>(rows_pruned),
+              static_cast<long>(rows_full));
 }
 
 TEST(DynamicTreeTest, KeepsTheBestCandidatesWithTheirAncestors) {

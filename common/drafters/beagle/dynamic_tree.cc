@@ -2,14 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 namespace specula {
 
-DynamicTree::DynamicTree(int32_t budget, int32_t max_depth, int32_t top_k)
+DynamicTree::DynamicTree(int32_t budget, int32_t max_depth, int32_t top_k, bool prune)
     : budget_(std::max(budget, 0)),
       max_depth_(std::clamp(max_depth, 0, std::max(budget, 0))),
-      top_k_(std::clamp(top_k, 0, std::max(budget, 0))) {
+      top_k_(std::clamp(top_k, 0, std::max(budget, 0))),
+      prune_(prune) {
   if (budget_ > 0 && max_depth_ > 0 && top_k_ > 0) frontier_ = {-1};
 }
 
@@ -39,6 +41,14 @@ void DynamicTree::Expand(const std::vector<std::vector<DraftChild>>& children) {
   std::stable_sort(added.begin(), added.end(),
                    [&](int32_t a, int32_t b) { return scores_[a] > scores_[b]; });
   if (added.size() > static_cast<size_t>(top_k_)) added.resize(top_k_);
+  if (prune_ && scores_.size() >= static_cast<size_t>(budget_)) {
+    // The budget-th best score so far: a node scoring no better (ties go to the shallower, so
+    // to candidates already there) has no descendant in the final tree.
+    std::vector<double> best(scores_);
+    std::nth_element(best.begin(), best.begin() + (budget_ - 1), best.end(), std::greater<>());
+    const double bar = best[budget_ - 1];
+    std::erase_if(added, [&](int32_t c) { return scores_[c] <= bar; });
+  }
   frontier_ = std::move(added);
 }
 

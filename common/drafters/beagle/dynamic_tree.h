@@ -12,7 +12,10 @@
 // A child's path score is its parent's plus a log probability <= 0, so it never outranks its
 // parent: ranking by (score desc, depth asc) keeps every kept node's ancestors, and lists parents
 // before children, as CandidateTree requires. Expanding more than `budget` children per node, or
-// deeper than `budget`, can never pay off, so top-k and depth are capped by the budget.
+// deeper than `budget`, can never pay off, so top-k and depth are capped by the budget. For the
+// same reason a frontier node whose score is no better than the budget-th best candidate so far
+// can have no descendant in the final tree: with `prune` (default) it is not expanded, which
+// saves drafter forwards and never changes the result (tested).
 #pragma once
 
 #include <cstdint>
@@ -31,7 +34,7 @@ class DynamicTree {
  public:
   // budget = the most nodes the tree may have, max_depth = the deepest node, top_k = children per
   // expanded node and the frontier width. Non-positive values give an empty tree.
-  DynamicTree(int32_t budget, int32_t max_depth, int32_t top_k);
+  DynamicTree(int32_t budget, int32_t max_depth, int32_t top_k, bool prune = true);
 
   // The nodes to expand next (-1 = the root), best first; empty when drafting is done.
   const std::vector<int32_t>& frontier() const { return frontier_; }
@@ -58,6 +61,7 @@ class DynamicTree {
 
  private:
   int32_t budget_, max_depth_, top_k_;
+  bool prune_;
   int32_t depth_ = 0;
   std::vector<int32_t> frontier_;
   std::vector<int32_t> tokens_, parents_, depths_;
