@@ -1,7 +1,8 @@
 // specula bench: speculative decoding against no speculation, in the same process on the same
 // prompts, interleaved: for every batch size and repeat, each setting (none, then every drafter x
-// draft length, rotated between repeats) generates max_new_tokens for the same prompts. Prints a
-// table and writes every run to JSON.
+// draft length, rotated between repeats) generates max_new_tokens for the same prompts: at least
+// --min-requests requests per run, in waves of batch-size concurrent ones (so batch 1 is measured
+// over many prompts, not one). Prints a table and writes every run to JSON.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -31,6 +32,7 @@ struct BenchFlags {
   std::vector<int64_t> draft_lens = {2, 4, 6, 8};
   int64_t max_new_tokens = 128;
   int64_t repeats = 3;
+  int64_t min_requests = 16;
   double temperature = 0;
   int64_t seed = 1;
   std::string json;
@@ -76,27 +78,33 @@ double Min(const std::vector<double>& v) {
   return v.empty() ? 0 : *std::min_element(v.begin(), v.end());
 }
 
+// Runs `requests` in consecutive waves of `batch_size` concurrent requests.
 StatusOr<RunResult> RunOnce(SpecEngine& engine, const std::vector<SpecRequest>& requests,
-                            const std::vector<std::vector<int32_t>>* baseline,
+                            size_t batch_size, const std::vector<std::vector<int32_t>>* baseline,
                             std::vector<std::vector<int32_t>>* outputs) {
-  SpecRunStats stats;
-  ASSIGN_OR_RETURN(auto results, GenerateAll(engine, requests, nullptr, &stats));
   RunResult r;
-  r.seconds = stats.seconds;
-  r.draft_seconds = stats.draft_seconds;
-  r.verify_seconds = stats.verify_seconds;
-  r.peak_drafter_state_bytes = stats.peak_drafter_state_bytes;
   outputs->clear();
-  for (size_t i = 0; i < results.size(); ++i) {
-    const auto& x = results[i];
-    r.tokens += static_cast<int64_t>(x.result.tokens.size());
-    r.steps += x.stats.steps;
-    r.draft_steps += x.stats.draft_steps;
-    r.draft_tokens += x.stats.draft_tokens;
-    r.draft_depth += x.stats.draft_depth;
-    r.accepted_tokens += x.stats.accepted_tokens;
-    if (baseline && (*baseline)[i] != x.result.tokens) ++r.mismatches;
-    outputs->push_back(x.result.tokens);
+  for (size_t start = 0; start < requests.size(); start += batch_size) {
+    const std::vector<SpecRequest> wave(
+        requests.begin() + start, requests.begin() + std::min(requests.size(), start + batch_size));
+    SpecRunStats stats;
+    ASSIGN_OR_RETURN(auto results, GenerateAll(engine, wave, nullptr, &stats));
+    r.seconds += stats.seconds;
+    r.draft_seconds += stats.draft_seconds;
+    r.verify_seconds += stats.verify_seconds;
+    r.peak_drafter_state_bytes =
+        std::max(r.peak_drafter_state_bytes, stats.peak_drafter_state_bytes);
+    for (const auto& x : results) {
+      const size_t i = outputs->size();
+      r.tokens += static_cast<int64_t>(x.result.tokens.size());
+      r.steps += x.stats.steps;
+      r.draft_steps += x.stats.draft_steps;
+      r.draft_tokens += x.stats.draft_tokens;
+      r.draft_depth += x.stats.draft_depth;
+      r.accepted_tokens += x.stats.accepted_tokens;
+      if (baseline && (*baseline)[i] != x.result.tokens) ++r.mismatches;
+      outputs->push_back(x.result.tokens);
+    }
   }
   return r;
 }
@@ -104,6 +112,7 @@ StatusOr<RunResult> RunOnce(SpecEngine& engine, const std::vector<SpecRequest>& 
 Status Run(const BenchFlags& f) {
   if (f.repeats < 1) return InvalidArgumentError("--repeats must be at least 1");
   if (f.max_new_tokens < 1) return InvalidArgumentError("--max-new-tokens must be positive");
+  if (f.min_requests < 1) return InvalidArgumentError("--min-requests must be at least 1");
   for (int64_t b : f.batch_sizes) {
     if (b < 1) return InvalidArgumentError(StrCat("--batch-sizes: ", b, " is not positive"));
   }
@@ -149,7 +158,7 @@ Status Run(const BenchFlags& f) {
       }
       for (size_t s : order) {
         std::vector<SpecRequest> requests;
-        for (int64_t i = 0; i < bs; ++i) {
+        for (int64_t i = 0; i < std::max(bs, f.min_requests); ++i) {
           SpecRequest r;
           r.generation.prompt = prompts[i % prompts.size()];
           r.generation.max_new_tokens = f.max_new_tokens;  // no stop tokens: equal work per run
@@ -159,8 +168,8 @@ Status Run(const BenchFlags& f) {
                                                           settings[s].draft_len, f.temperature));
           requests.push_back(std::move(r));
         }
-        ASSIGN_OR_RETURN(RunResult run,
-                         RunOnce(engine, requests, s == 0 ? nullptr : &baseline, &outputs));
+        ASSIGN_OR_RETURN(RunResult run, RunOnce(engine, requests, static_cast<size_t>(bs),
+                                                s == 0 ? nullptr : &baseline, &outputs));
         if (s == 0) baseline = outputs;
         runs[s].push_back(run);
       }
@@ -245,6 +254,7 @@ Status Run(const BenchFlags& f) {
     j["temperature"] = f.temperature;
     j["verify"] = f.spec.verify.empty() ? "lossless" : f.spec.verify;
     j["repeats"] = f.repeats;
+    j["min_requests"] = f.min_requests;
     j["results"] = results;
     std::ofstream out(f.json);
     out << j.dump(2) << "\n";
@@ -270,6 +280,8 @@ int RunBench(const std::vector<std::string>& args) {
   flags.AddIntList("draft-lens", &f.draft_lens, "draft tokens per step to compare");
   flags.AddInt("max-new-tokens", &f.max_new_tokens, "tokens generated per request");
   flags.AddInt("repeats", &f.repeats, "runs of every setting (min and median reported)");
+  flags.AddInt("min-requests", &f.min_requests,
+               "requests per run at least (in waves of batch-size concurrent requests)");
   flags.AddDouble("temperature", &f.temperature, "0 = greedy");
   flags.AddInt("seed", &f.seed, "sampling seed of request 0 (request i uses seed + i)");
   flags.AddString("json", &f.json, "write every run and the summary here");
