@@ -169,7 +169,8 @@ TEST(BeagleDrafterTest, EngineRoundsKeepCacheEqualToRecompute) {
 // An independent recompute of one node's child distribution: queries and keys for the node's
 // path built one position at a time, attention by the target's MaskedAttention.
 torch::Tensor ReferenceLogProbs(BeagleImpl& m, const torch::Tensor& true_states, int32_t pending,
-                                const std::vector<int32_t>& path, bool concat) {
+                                const std::vector<int32_t>& path, bool concat,
+                                float rank_temperature) {
   torch::NoGradGuard no_grad;
   const int64_t P = true_states.size(0);
   const BeagleConfig& c = m.config();
@@ -192,7 +193,7 @@ torch::Tensor ReferenceLogProbs(BeagleImpl& m, const torch::Tensor& true_states,
       vs.push_back(hv);
     }
   }
-  return torch::log_softmax(m.Logits(h)[0].to(torch::kFloat), -1);
+  return torch::log_softmax(m.Logits(h)[0].to(torch::kFloat) / rank_temperature, -1);
 }
 
 TEST(BeagleDrafterTest, TreeProbabilitiesEqualAPerPathRecompute) {
@@ -200,9 +201,13 @@ TEST(BeagleDrafterTest, TreeProbabilitiesEqualAPerPathRecompute) {
   auto target = Runner(target_module);
   const std::vector<int32_t> tokens = RandomTokens(17, 8);
   const torch::Tensor hidden = TopHidden(*target_module, {tokens.begin(), tokens.end() - 1});
-  for (bool concat : {true, false}) {
+  for (auto [concat, temperature] : {std::pair{true, 1.0f}, {false, 1.0f}, {true, 0.5f}}) {
     // Budget 60 >= the 4 + 3 x 16 candidates: every candidate is kept, down to depth 4.
-    auto d = Drafter(*target, {.depth = 4, .top_k = 4, .total_tokens = 60, .concat = concat});
+    auto d = Drafter(*target, {.depth = 4,
+                               .top_k = 4,
+                               .total_tokens = 60,
+                               .concat = concat,
+                               .rank_temperature = temperature});
     ASSERT_TRUE(d->AddSequence(1, {}).ok());
     ASSERT_TRUE(d->Observe({{.seq = 1, .tokens = tokens, .hidden = {hidden}}}).ok());
     auto trees = d->Propose({{.seq = 1, .max_nodes = 60, .max_depth = 4}});
@@ -214,9 +219,11 @@ TEST(BeagleDrafterTest, TreeProbabilitiesEqualAPerPathRecompute) {
       std::vector<int32_t> parent_path;
       for (int32_t n : tree.PathTo(i)) parent_path.push_back(tree.token(n));
       parent_path.pop_back();
-      auto ref = ReferenceLogProbs(*d->module(), hidden, tokens.back(), parent_path, concat);
+      auto ref =
+          ReferenceLogProbs(*d->module(), hidden, tokens.back(), parent_path, concat, temperature);
       EXPECT_NEAR(std::log(tree.draft_prob(i)), ref[tree.token(i)].item<float>(), 1e-3)
-          << "concat " << concat << " node " << i << " depth " << tree.depth(i);
+          << "concat " << concat << " T " << temperature << " node " << i << " depth "
+          << tree.depth(i);
       if (tree.parent(i) < 0) {
         // The root's children are its top tokens.
         EXPECT_GE(ref[tree.token(i)].item<float>(),
@@ -304,6 +311,9 @@ TEST(BeagleDrafterTest, OptionsAndTargetsAreChecked) {
               HasSubstr("top-k"));
   EXPECT_THAT(BeagleDrafter::Create(BeagleModule(), *target, {.name = "none"}).status().message(),
               HasSubstr("reserved"));
+  EXPECT_THAT(
+      BeagleDrafter::Create(BeagleModule(), *target, {.rank_temperature = 0}).status().message(),
+      HasSubstr("rank temperature"));
   ModelConfig other = TinyModelConfig();
   other.vocab_size = 80;
   auto other_target = Runner(MakeTinyModel(other, 1));

@@ -243,7 +243,8 @@ Status Run(const BenchFlags& f) {
     j["beagle"] = {{"depth", f.spec.beagle_depth},
                    {"top_k", f.spec.beagle_top_k},
                    {"total_tokens", f.spec.beagle_total_tokens},
-                   {"concat", f.spec.beagle_concat}};
+                   {"concat", f.spec.beagle_concat},
+                   {"rank_temperature", f.spec.beagle_rank_temperature}};
     j["device"] = runner->device_name();
     j["dtype"] = f.model.dtype;
     j["threads"] = f.model.threads;

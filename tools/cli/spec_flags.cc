@@ -29,6 +29,9 @@ void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
                "beagle: tree size cap (each step's draft budget caps it too)");
   flags.AddBool("beagle-concat", &beagle_concat,
                 "beagle: drafted states as keys for deeper drafts (the paper's \"concate\")");
+  flags.AddDouble("beagle-rank-temperature", &beagle_rank_temperature,
+                  "beagle: divides the drafter's logits when ranking tree nodes (< 1 = deeper "
+                  "trees at small budgets; 1 = EAGLE-2)");
   if (!many_drafters) flags.AddInt("draft-len", &draft_len, "draft tokens per step");
   flags.AddInt("tree-width", &tree_width, "draft-model: 1 = chain, w > 1 = tree of top-w children");
   flags.AddInt("ngram-min", &ngram_min, "ngram: shortest suffix to match");
@@ -110,6 +113,7 @@ StatusOr<std::vector<std::unique_ptr<Drafter>>> SpecFlags::LoadDrafters(
                                  .top_k = static_cast<int32_t>(beagle_top_k),
                                  .total_tokens = static_cast<int32_t>(beagle_total_tokens),
                                  .concat = beagle_concat,
+                                 .rank_temperature = static_cast<float>(beagle_rank_temperature),
                                  .name = name});
         if (!drafter.ok()) return drafter.status().WithContext("--beagle-model");
         drafters.push_back(std::move(*drafter));

@@ -13,17 +13,18 @@
 namespace specula::cli {
 
 struct SpecFlags {
-  std::string drafter = "none";      // generate: one name; bench: a comma-separated list
-  std::string drafter_model;         // the draft LM's directory (draft-model)
-  std::string specformer_model;      // the SpecFormer checkpoint (specformer)
-  bool specformer_tree = true;       // specformer: budgeted tree of k nodes; false = a chain
-  std::string beagle_model;          // the Beagle checkpoint (beagle, beagle-chain)
-  int64_t beagle_depth = 6;          // beagle: deepest drafted node
-  int64_t beagle_top_k = 10;         // beagle: children per expanded node / frontier width
-  int64_t beagle_total_tokens = 60;  // beagle: tree size cap (and the step budget)
-  bool beagle_concat = true;         // beagle: drafted states as keys ("concate")
-  int64_t draft_len = 4;             // draft tokens per step (tree nodes)
-  int64_t tree_width = 1;            // draft-model: 1 = chain, w > 1 = top-w tree
+  std::string drafter = "none";          // generate: one name; bench: a comma-separated list
+  std::string drafter_model;             // the draft LM's directory (draft-model)
+  std::string specformer_model;          // the SpecFormer checkpoint (specformer)
+  bool specformer_tree = true;           // specformer: budgeted tree of k nodes; false = a chain
+  std::string beagle_model;              // the Beagle checkpoint (beagle, beagle-chain)
+  int64_t beagle_depth = 6;              // beagle: deepest drafted node
+  int64_t beagle_top_k = 10;             // beagle: children per expanded node / frontier width
+  int64_t beagle_total_tokens = 60;      // beagle: tree size cap (and the step budget)
+  bool beagle_concat = true;             // beagle: drafted states as keys ("concate")
+  double beagle_rank_temperature = 0.5;  // beagle: sharpen (< 1) the ranking probabilities
+  int64_t draft_len = 4;                 // draft tokens per step (tree nodes)
+  int64_t tree_width = 1;                // draft-model: 1 = chain, w > 1 = top-w tree
   int64_t ngram_min = 1;
   int64_t ngram_max = 4;
   std::string verify;  // greedy | sample | specdec | typical ("" = by temperature)

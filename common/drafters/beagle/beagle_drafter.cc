@@ -24,6 +24,10 @@ Status BeagleDrafterOptions::Validate() const {
   if (total_tokens <= 0) {
     return InvalidArgumentError(StrCat("Beagle total tokens must be positive, got ", total_tokens));
   }
+  if (!(rank_temperature > 0)) {
+    return InvalidArgumentError(
+        StrCat("Beagle rank temperature must be positive, got ", rank_temperature));
+  }
   if (name.empty() || name == "none") {
     return InvalidArgumentError(StrCat("drafter name '", name, "' is reserved"));
   }
@@ -211,7 +215,7 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
     std::vector<float> inv_temp(M);
     for (int64_t s = 0; s < M; ++s) {
       const SamplingParams& p = states[s]->sampling;
-      inv_temp[s] = p.greedy() ? 1.0f : 1.0f / p.temperature;
+      inv_temp[s] = (p.greedy() ? 1.0f : 1.0f / p.temperature) / options_.rank_temperature;
     }
     auto inv_temp_t = torch::tensor(inv_temp, torch::kFloat).view({M, 1, 1});
 
