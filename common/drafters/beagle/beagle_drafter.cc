@@ -78,7 +78,10 @@ StatusOr<std::unique_ptr<BeagleDrafter>> BeagleDrafter::Create(std::shared_ptr<B
 
 BeagleDrafter::BeagleDrafter(std::shared_ptr<BeagleImpl> module, std::unique_ptr<PagedKvCache> kv,
                              BeagleDrafterOptions options)
-    : module_(std::move(module)), kv_(std::move(kv)), options_(std::move(options)) {}
+    : module_(std::move(module)),
+      kv_(std::move(kv)),
+      options_(std::move(options)),
+      states_(&kv_->allocator()) {}
 
 BeagleDrafter::~BeagleDrafter() = default;
 
@@ -89,54 +92,24 @@ std::vector<int64_t> BeagleDrafter::hidden_layers() const { return {target_layer
 int64_t BeagleDrafter::StateBytes() const { return kv_->stats().bytes_in_use(); }
 
 Status BeagleDrafter::AddSequence(SeqId seq, const SamplingParams& sampling) {
-  if (states_.count(seq)) return AlreadyExistsError(StrCat("sequence ", seq, " was already added"));
-  RETURN_IF_ERROR(sampling.Validate());
-  const SeqId kv_seq = NewSequenceId();
-  RETURN_IF_ERROR(kv_->allocator().AddSequence(kv_seq));
-  states_.emplace(seq, std::make_unique<State>(kv_seq, sampling));
-  return OkStatus();
+  return states_.Add(seq, sampling);
 }
 
-void BeagleDrafter::ReleaseSequence(SeqId seq) {
-  auto it = states_.find(seq);
-  if (it == states_.end()) return;
-  (void)kv_->allocator().FreeSequence(it->second->kv_seq);
-  states_.erase(it);
-}
+void BeagleDrafter::ReleaseSequence(SeqId seq) { states_.Release(seq); }
 
 Status BeagleDrafter::Observe(const std::vector<DrafterObservation>& observations) {
   const int64_t d = config().target.hidden_size, vocab = config().target.vocab_size;
-  BlockAllocator& alloc = kv_->allocator();
 
-  // Validate everything first: on error nothing changes.
-  ASSIGN_OR_RETURN(
-      std::vector<int64_t> rows,
-      CheckHiddenObservations(
-          observations, vocab, 1, d, [&](SeqId seq) -> std::optional<std::pair<int64_t, int64_t>> {
-            auto it = states_.find(seq);
-            if (it == states_.end()) return std::nullopt;
-            return std::make_pair(alloc.Length(it->second->kv_seq),
-                                  static_cast<int64_t>(it->second->history.size()));
-          }));
-  std::vector<size_t> with_rows;  // observations that carry hidden states
-  std::vector<std::pair<SeqId, int64_t>> growth;
-  for (size_t i = 0; i < observations.size(); ++i) {
-    if (rows[i] == 0) continue;
-    with_rows.push_back(i);
-    growth.emplace_back(states_.at(observations[i].seq)->kv_seq, rows[i]);
-  }
-  auto appended = alloc.AppendAll(growth);
-  if (!appended.ok()) return appended.status().WithContext("Beagle true-state cache");
-
-  if (!with_rows.empty()) {
+  // Validate everything and reserve the new positions first: on error nothing changes.
+  ASSIGN_OR_RETURN(auto reserved,
+                   states_.Reserve(observations, vocab, 1, d, "Beagle true-state cache"));
+  if (!reserved.observations.empty()) {
     std::vector<int64_t> writes, positions;
     std::vector<torch::Tensor> hidden;
-    for (size_t r = 0; r < with_rows.size(); ++r) {
-      const std::vector<int64_t>& slots = (*appended)[r];
-      const int64_t start = alloc.Length(growth[r].first) - growth[r].second;
-      writes.insert(writes.end(), slots.begin(), slots.end());
-      for (int64_t j = 0; j < growth[r].second; ++j) positions.push_back(start + j);
-      hidden.push_back(observations[with_rows[r]].hidden[0]);
+    for (size_t r = 0; r < reserved.observations.size(); ++r) {
+      writes.insert(writes.end(), reserved.slots[r].begin(), reserved.slots[r].end());
+      for (int64_t j = 0; j < reserved.rows[r]; ++j) positions.push_back(reserved.start[r] + j);
+      hidden.push_back(observations[reserved.observations[r]].hidden[0]);
     }
     try {
       torch::NoGradGuard no_grad;
@@ -147,22 +120,17 @@ Status BeagleDrafter::Observe(const std::vector<DrafterObservation>& observation
       kv_->keys(0).index_copy_(0, slots, k);
       kv_->values(0).index_copy_(0, slots, v);
     } catch (const c10::Error& e) {
-      for (const auto& [kv_seq, m] : growth) {
-        (void)alloc.Truncate(kv_seq, alloc.Length(kv_seq) - m);
-      }
+      states_.Unreserve(reserved);
       return InternalError(StrCat("Beagle key/value forward failed: ", e.what_without_backtrace()));
     }
   }
-  for (const DrafterObservation& o : observations) {
-    auto& history = states_.at(o.seq)->history;
-    history.insert(history.end(), o.tokens.begin(), o.tokens.end());
-  }
+  states_.AppendTokens(observations);
   return OkStatus();
 }
 
 StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
     const std::vector<DraftRequest>& requests) {
-  RETURN_IF_ERROR(CheckDraftRequests(requests, [&](SeqId seq) { return states_.count(seq) > 0; }));
+  RETURN_IF_ERROR(CheckDraftRequests(requests, [&](SeqId seq) { return states_.contains(seq); }));
   std::vector<CandidateTree> trees(requests.size());
   const BlockAllocator& alloc = kv_->allocator();
   // Sequences with a budget and at least one true state.
@@ -170,7 +138,7 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
   std::vector<State*> states;
   std::vector<DynamicTree> builders;
   for (size_t i = 0; i < requests.size(); ++i) {
-    State* st = states_.at(requests[i].seq).get();
+    State* st = states_.find(requests[i].seq);
     if (requests[i].max_nodes <= 0 || requests[i].max_depth <= 0) continue;
     if (alloc.Length(st->kv_seq) == 0 || st->history.empty()) continue;
     const int32_t depth = std::min(options_.depth, requests[i].max_depth);
@@ -328,23 +296,16 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
   return trees;
 }
 
-std::vector<SeqId> BeagleDrafter::sequences() const {
-  std::vector<SeqId> seqs;
-  for (const auto& [seq, st] : states_) seqs.push_back(seq);
-  std::sort(seqs.begin(), seqs.end());
-  return seqs;
-}
+std::vector<SeqId> BeagleDrafter::sequences() const { return states_.ids(); }
 
 StatusOr<std::vector<int32_t>> BeagleDrafter::Tokens(SeqId seq) const {
-  auto it = states_.find(seq);
-  if (it == states_.end()) return NotFoundError(StrCat("sequence ", seq, " was not added"));
-  return it->second->history;
+  ASSIGN_OR_RETURN(const State* st, states_.Get(seq));
+  return st->history;
 }
 
 StatusOr<std::pair<at::Tensor, at::Tensor>> BeagleDrafter::TrueCache(SeqId seq) const {
-  auto it = states_.find(seq);
-  if (it == states_.end()) return NotFoundError(StrCat("sequence ", seq, " was not added"));
-  std::vector<int64_t> slots = kv_->allocator().Slots(it->second->kv_seq);
+  ASSIGN_OR_RETURN(const State* st, states_.Get(seq));
+  std::vector<int64_t> slots = kv_->allocator().Slots(st->kv_seq);
   auto index = LongTensor(slots, kv_->keys(0).device());
   return std::make_pair(kv_->keys(0).index_select(0, index).clone(),
                         kv_->values(0).index_select(0, index).clone());

@@ -27,11 +27,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "common/drafters/beagle/beagle_config.h"
+#include "common/drafters/cached_sequences.h"
 #include "common/kv/paged_kv_cache.h"
 #include "common/model/model_runner.h"
 #include "common/spec/drafter.h"
@@ -109,7 +109,7 @@ class BeagleDrafter : public Drafter {
   int64_t target_layers_ = 0;
   std::unique_ptr<PagedKvCache> kv_;
   BeagleDrafterOptions options_;
-  std::unordered_map<SeqId, std::unique_ptr<State>> states_;
+  CachedSequences<State> states_;
 };
 
 }  // namespace specula

@@ -143,7 +143,10 @@ StatusOr<std::unique_ptr<SpecFormerDrafter>> SpecFormerDrafter::Create(
 SpecFormerDrafter::SpecFormerDrafter(std::shared_ptr<SpecFormerImpl> module,
                                      std::unique_ptr<PagedKvCache> kv,
                                      SpecFormerDrafterOptions options)
-    : module_(std::move(module)), kv_(std::move(kv)), options_(std::move(options)) {}
+    : module_(std::move(module)),
+      kv_(std::move(kv)),
+      options_(std::move(options)),
+      states_(&kv_->allocator()) {}
 
 SpecFormerDrafter::~SpecFormerDrafter() = default;
 
@@ -154,60 +157,33 @@ std::vector<int64_t> SpecFormerDrafter::hidden_layers() const {
 }
 
 Status SpecFormerDrafter::AddSequence(SeqId seq, const SamplingParams& sampling) {
-  if (states_.count(seq)) return AlreadyExistsError(StrCat("sequence ", seq, " was already added"));
-  RETURN_IF_ERROR(sampling.Validate());
-  const SeqId kv_seq = NewSequenceId();
-  RETURN_IF_ERROR(kv_->allocator().AddSequence(kv_seq));
-  states_.emplace(seq, std::make_unique<State>(kv_seq, sampling));
-  return OkStatus();
+  return states_.Add(seq, sampling);
 }
 
-void SpecFormerDrafter::ReleaseSequence(SeqId seq) {
-  auto it = states_.find(seq);
-  if (it == states_.end()) return;
-  (void)kv_->allocator().FreeSequence(it->second->kv_seq);
-  states_.erase(it);
-}
+void SpecFormerDrafter::ReleaseSequence(SeqId seq) { states_.Release(seq); }
 
 Status SpecFormerDrafter::Observe(const std::vector<DrafterObservation>& observations) {
   const SpecFormerConfig& config = module_->config();
   const size_t K = config.hidden_layers.size();
   const int64_t d = config.target_hidden_size;
-  BlockAllocator& alloc = kv_->allocator();
+  const BlockAllocator& alloc = kv_->allocator();
 
-  // Validate everything first: on error nothing changes.
-  ASSIGN_OR_RETURN(std::vector<int64_t> rows,
-                   CheckHiddenObservations(
-                       observations, config.target_vocab_size, K, d,
-                       [&](SeqId seq) -> std::optional<std::pair<int64_t, int64_t>> {
-                         auto it = states_.find(seq);
-                         if (it == states_.end()) return std::nullopt;
-                         return std::make_pair(alloc.Length(it->second->kv_seq),
-                                               static_cast<int64_t>(it->second->history.size()));
-                       }));
-  std::vector<size_t> with_rows;  // observations that carry hidden states
-  std::vector<std::pair<SeqId, int64_t>> growth;
-  for (size_t i = 0; i < observations.size(); ++i) {
-    if (rows[i] == 0) continue;
-    with_rows.push_back(i);
-    growth.emplace_back(states_.at(observations[i].seq)->kv_seq, rows[i]);
-  }
-  auto appended = alloc.AppendAll(growth);
-  if (!appended.ok()) return appended.status().WithContext("SpecFormer context cache");
-
+  // Validate everything and reserve the new positions first: on error nothing changes.
+  ASSIGN_OR_RETURN(auto reserved, states_.Reserve(observations, config.target_vocab_size, K, d,
+                                                  "SpecFormer context cache"));
+  const std::vector<size_t>& with_rows = reserved.observations;
   if (!with_rows.empty()) {
     // Packed layout of the new rows over each sequence's cached positions (as ModelRunner does for
     // the target): queries [B, max_q], keys [B, max_k], causal within and over the cache.
     const int64_t B = static_cast<int64_t>(with_rows.size());
-    std::vector<int64_t> old_len(B), q_index, writes, positions;
+    const std::vector<int64_t>& old_len = reserved.start;
+    std::vector<int64_t> q_index, writes, positions;
     std::vector<std::vector<int64_t>> slots(B);
     int64_t max_q = 0, max_k = 0;
     for (int64_t b = 0; b < B; ++b) {
-      const SeqId kv_seq = growth[b].first;
-      const int64_t m = growth[b].second;
-      old_len[b] = alloc.Length(kv_seq) - m;
-      writes.insert(writes.end(), (*appended)[b].begin(), (*appended)[b].end());
-      slots[b] = alloc.Slots(kv_seq);
+      const int64_t m = reserved.rows[b];
+      writes.insert(writes.end(), reserved.slots[b].begin(), reserved.slots[b].end());
+      slots[b] = alloc.Slots(reserved.kv_seqs[b]);
       max_q = std::max(max_q, m);
       max_k = std::max(max_k, old_len[b] + m);
     }
@@ -259,20 +235,15 @@ Status SpecFormerDrafter::Observe(const std::vector<DrafterObservation>& observa
       LayerKvCache layer{kv_->keys(0), kv_->values(0)};
       torch::Tensor c = module_->Context(module_->Hook(hidden), in, &layer);  // [N, d]
       for (int64_t b = 0; b < B; ++b) {
-        states_.at(observations[with_rows[b]].seq)->last = c[last_row[b]].clone();
+        states_.find(observations[with_rows[b]].seq)->last = c[last_row[b]].clone();
       }
     } catch (const c10::Error& e) {
-      for (int64_t b = 0; b < B; ++b) {
-        (void)alloc.Truncate(states_.at(observations[with_rows[b]].seq)->kv_seq, old_len[b]);
-      }
+      states_.Unreserve(reserved);
       return InternalError(
           StrCat("SpecFormer context forward failed: ", e.what_without_backtrace()));
     }
   }
-  for (const DrafterObservation& o : observations) {
-    auto& history = states_.at(o.seq)->history;
-    history.insert(history.end(), o.tokens.begin(), o.tokens.end());
-  }
+  states_.AppendTokens(observations);
   return OkStatus();
 }
 
@@ -290,12 +261,12 @@ StatusOr<at::Tensor> SpecFormerDrafter::DraftLogits(const std::vector<State*>& s
 
 StatusOr<std::vector<CandidateTree>> SpecFormerDrafter::Propose(
     const std::vector<DraftRequest>& requests) {
-  RETURN_IF_ERROR(CheckDraftRequests(requests, [&](SeqId seq) { return states_.count(seq) > 0; }));
+  RETURN_IF_ERROR(CheckDraftRequests(requests, [&](SeqId seq) { return states_.contains(seq); }));
   std::vector<CandidateTree> trees(requests.size());
   std::vector<size_t> work;
   std::vector<State*> states;
   for (size_t i = 0; i < requests.size(); ++i) {
-    State* st = states_.at(requests[i].seq).get();
+    State* st = states_.find(requests[i].seq);
     // No budget, or nothing observed yet: an empty tree.
     if (requests[i].max_nodes <= 0 || requests[i].max_depth <= 0 || !st->last.defined()) continue;
     work.push_back(i);
@@ -318,35 +289,27 @@ StatusOr<std::vector<CandidateTree>> SpecFormerDrafter::Propose(
 
 int64_t SpecFormerDrafter::StateBytes() const { return kv_->stats().bytes_in_use(); }
 
-std::vector<SeqId> SpecFormerDrafter::sequences() const {
-  std::vector<SeqId> seqs;
-  for (const auto& [seq, st] : states_) seqs.push_back(seq);
-  std::sort(seqs.begin(), seqs.end());
-  return seqs;
-}
+std::vector<SeqId> SpecFormerDrafter::sequences() const { return states_.ids(); }
 
 StatusOr<std::vector<int32_t>> SpecFormerDrafter::Tokens(SeqId seq) const {
-  auto it = states_.find(seq);
-  if (it == states_.end()) return NotFoundError(StrCat("sequence ", seq, " was not added"));
-  return it->second->history;
+  ASSIGN_OR_RETURN(const State* st, states_.Get(seq));
+  return st->history;
 }
 
 StatusOr<std::pair<at::Tensor, at::Tensor>> SpecFormerDrafter::ContextCache(SeqId seq) const {
-  auto it = states_.find(seq);
-  if (it == states_.end()) return NotFoundError(StrCat("sequence ", seq, " was not added"));
-  std::vector<int64_t> slots = kv_->allocator().Slots(it->second->kv_seq);
+  ASSIGN_OR_RETURN(const State* st, states_.Get(seq));
+  std::vector<int64_t> slots = kv_->allocator().Slots(st->kv_seq);
   auto index = torch::tensor(slots, torch::kLong).to(kv_->keys(0).device());
   return std::make_pair(kv_->keys(0).index_select(0, index).clone(),
                         kv_->values(0).index_select(0, index).clone());
 }
 
 StatusOr<at::Tensor> SpecFormerDrafter::SlotLogits(SeqId seq) {
-  auto it = states_.find(seq);
-  if (it == states_.end()) return NotFoundError(StrCat("sequence ", seq, " was not added"));
-  if (!it->second->last.defined()) {
+  ASSIGN_OR_RETURN(State * st, states_.Get(seq));
+  if (!st->last.defined()) {
     return FailedPreconditionError(StrCat("sequence ", seq, " has no observed hidden state yet"));
   }
-  ASSIGN_OR_RETURN(at::Tensor logits, DraftLogits({it->second.get()}));
+  ASSIGN_OR_RETURN(at::Tensor logits, DraftLogits({st}));
   return logits[0];
 }
 

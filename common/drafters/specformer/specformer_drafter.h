@@ -28,10 +28,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "common/drafters/cached_sequences.h"
 #include "common/drafters/specformer/specformer_config.h"
 #include "common/kv/paged_kv_cache.h"
 #include "common/model/model_runner.h"
@@ -100,7 +100,7 @@ class SpecFormerDrafter : public Drafter {
   std::shared_ptr<CausalLMImpl> target_module_;  // keeps the shared head alive
   std::unique_ptr<PagedKvCache> kv_;
   SpecFormerDrafterOptions options_;
-  std::unordered_map<SeqId, std::unique_ptr<State>> states_;
+  CachedSequences<State> states_;
 };
 
 }  // namespace specula
