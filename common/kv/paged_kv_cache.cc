@@ -72,6 +72,13 @@ Status PagedKvCache::KeepOnly(SeqId seq, int64_t start, const std::vector<int64_
   return allocator_.Truncate(seq, start + static_cast<int64_t>(offsets.size()));
 }
 
+std::pair<at::Tensor, at::Tensor> PagedKvCache::SequenceKv(int64_t layer, SeqId seq) const {
+  const std::vector<int64_t> slots = allocator_.Slots(seq);
+  const at::Tensor index =
+      at::tensor(slots, at::TensorOptions().dtype(at::kLong)).to(keys_[layer].device());
+  return {keys_[layer].index_select(0, index), values_[layer].index_select(0, index)};
+}
+
 KvCacheStats PagedKvCache::stats() const {
   return KvCacheStats{allocator_.num_blocks(), allocator_.num_free_blocks(),
                       allocator_.block_size(), allocator_.num_sequences(), bytes_per_block_};

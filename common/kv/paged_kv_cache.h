@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/kv/block_allocator.h"
@@ -53,6 +54,10 @@ class PagedKvCache {
   // moving them to start + i, and truncates the sequence to start + offsets.size(). This is how an
   // accepted tree path is committed: the result equals a cache built by decoding the path alone.
   Status KeepOnly(SeqId seq, int64_t start, const std::vector<int64_t>& offsets);
+
+  // Copies of the keys and values [Length(seq), n_kv, head_dim] of `layer` for every position of a
+  // sequence the allocator holds (inspection and tests; the hot paths gather slots themselves).
+  std::pair<at::Tensor, at::Tensor> SequenceKv(int64_t layer, SeqId seq) const;
 
   KvCacheStats stats() const;
   // Bytes one block takes across all layers (keys and values).

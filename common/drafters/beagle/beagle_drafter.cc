@@ -185,7 +185,7 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
       const SamplingParams& p = states[s]->sampling;
       inv_temp[s] = (p.greedy() ? 1.0f : 1.0f / p.temperature) / options_.rank_temperature;
     }
-    auto inv_temp_t = torch::tensor(inv_temp, torch::kFloat).view({M, 1, 1});
+    auto inv_temp_t = torch::tensor(inv_temp, torch::kFloat).view({M, 1, 1}).to(device);
 
     // Drafted states of this call: keys/values of every expanded node's output, appended per
     // depth. node_state[s][c] = its row (candidate c of sequence s); root_state[s] for h_P.
@@ -211,12 +211,13 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
         const int64_t P = length[s];  // the pending token's position
         const auto& frontier = tree.frontier();
         for (int64_t r = 0; r < F; ++r) {
+          // A finished sequence (empty frontier) pads with its root query.
           const bool pad = r >= static_cast<int64_t>(frontier.size());
-          const int32_t f = pad ? frontier.empty() ? -1 : frontier[0] : frontier[r];
+          const int32_t f = frontier.empty() ? -1 : frontier[pad ? 0 : r];
           const int64_t row = s * F + r;
           tokens[row] = f < 0 ? states[s]->history.back() : tree.token(f);
           positions[row] = P + (f < 0 ? 0 : tree.depth(f));
-          if (D == 0 || pad || frontier.empty()) continue;
+          if (D == 0 || pad) continue;
           // The path's drafted states: h_P, then the ancestors of f's parent chain, then f's
           // parent, ..., ending with f's own parent (its output is f's input state).
           std::vector<int64_t> path;
@@ -247,7 +248,7 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
       }
       auto attn = BeagleCrossAttention(q, true_k, true_v, mask, row_k, row_v, row_mask);
       auto h = module_->Output(query.residual.view({M, F, -1}), attn);  // [M, F, d]
-      auto logits = module_->Logits(h).to(torch::kFloat) * inv_temp_t.to(device);
+      auto logits = module_->Logits(h).to(torch::kFloat) * inv_temp_t;
       auto logprobs = torch::log_softmax(logits, -1);
       const int64_t K = std::min<int64_t>(options_.tree ? options_.top_k : 1, logprobs.size(-1));
       auto top = logprobs.topk(K, -1);
@@ -305,10 +306,7 @@ StatusOr<std::vector<int32_t>> BeagleDrafter::Tokens(SeqId seq) const {
 
 StatusOr<std::pair<at::Tensor, at::Tensor>> BeagleDrafter::TrueCache(SeqId seq) const {
   ASSIGN_OR_RETURN(const State* st, states_.Get(seq));
-  std::vector<int64_t> slots = kv_->allocator().Slots(st->kv_seq);
-  auto index = LongTensor(slots, kv_->keys(0).device());
-  return std::make_pair(kv_->keys(0).index_select(0, index).clone(),
-                        kv_->values(0).index_select(0, index).clone());
+  return kv_->SequenceKv(0, st->kv_seq);
 }
 
 }  // namespace specula

@@ -298,10 +298,7 @@ StatusOr<std::vector<int32_t>> SpecFormerDrafter::Tokens(SeqId seq) const {
 
 StatusOr<std::pair<at::Tensor, at::Tensor>> SpecFormerDrafter::ContextCache(SeqId seq) const {
   ASSIGN_OR_RETURN(const State* st, states_.Get(seq));
-  std::vector<int64_t> slots = kv_->allocator().Slots(st->kv_seq);
-  auto index = torch::tensor(slots, torch::kLong).to(kv_->keys(0).device());
-  return std::make_pair(kv_->keys(0).index_select(0, index).clone(),
-                        kv_->values(0).index_select(0, index).clone());
+  return kv_->SequenceKv(0, st->kv_seq);
 }
 
 StatusOr<at::Tensor> SpecFormerDrafter::SlotLogits(SeqId seq) {
