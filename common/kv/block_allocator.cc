@@ -37,6 +37,12 @@ int64_t BlockAllocator::BlocksNeeded(SeqId seq, int64_t n) const {
   return need > have ? need - have : 0;
 }
 
+const std::vector<int32_t>& BlockAllocator::BlockTable(SeqId seq) const {
+  static const std::vector<int32_t> kEmpty;
+  const Table* t = Find(seq);
+  return t ? t->blocks : kEmpty;
+}
+
 StatusOr<std::vector<int64_t>> BlockAllocator::Append(SeqId seq, int64_t n) {
   auto it = tables_.find(seq);
   if (it == tables_.end()) return NotFoundError(StrCat("unknown sequence ", seq));

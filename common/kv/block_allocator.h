@@ -42,6 +42,9 @@ class BlockAllocator {
   // Precondition: the sequence exists and 0 <= position < Length(seq).
   int64_t SlotOf(SeqId seq, int64_t position) const;
   std::vector<int64_t> Slots(SeqId seq) const;  // slot of each position [Length(seq)]
+  // The sequence's block ids in position order (empty for unknown sequences): what paged attention
+  // walks instead of a per-position slot list.
+  const std::vector<int32_t>& BlockTable(SeqId seq) const;
   // Blocks needed to grow `seq` by n positions (0 if it fits in its last block).
   int64_t BlocksNeeded(SeqId seq, int64_t n) const;
 

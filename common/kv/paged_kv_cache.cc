@@ -25,51 +25,75 @@ StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(int64_t num_layers,
   cache->bytes_per_block_ = bytes_per_block;
   const auto opts = torch::TensorOptions().dtype(dtype).device(device);
   try {
+    // Uninitialised on CPU: the OS maps pages only when a block is first written, so resident
+    // memory follows the KV actually used, not the budget. Attention never reads a slot before it
+    // is written. Zeroed elsewhere (device memory is not lazily mapped anyway).
+    const std::vector<int64_t> shape = {2, num_layers, num_blocks * options.block_size,
+                                        num_kv_heads, head_dim};
+    cache->storage_ = device.is_cpu() ? torch::empty(shape, opts) : torch::zeros(shape, opts);
     for (int64_t l = 0; l < num_layers; ++l) {
-      cache->keys_.push_back(
-          torch::zeros({num_blocks * options.block_size, num_kv_heads, head_dim}, opts));
-      cache->values_.push_back(
-          torch::zeros({num_blocks * options.block_size, num_kv_heads, head_dim}, opts));
+      cache->keys_.push_back(cache->storage_[0][l]);
+      cache->values_.push_back(cache->storage_[1][l]);
     }
-  } catch (const c10::Error& e) {
-    return ResourceExhaustedError(StrCat("cannot allocate KV cache of ", num_blocks,
-                                         " blocks: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return ResourceExhaustedError(
+        StrCat("cannot allocate KV cache of ", num_blocks, " blocks: ", e.what()));
   }
   return cache;
 }
 
 Status PagedKvCache::KeepOnly(SeqId seq, int64_t start, const std::vector<int64_t>& offsets) {
-  if (!allocator_.HasSequence(seq)) return NotFoundError(StrCat("unknown sequence ", seq));
-  const int64_t length = allocator_.Length(seq);
-  if (start < 0 || start > length) {
-    return OutOfRangeError(
-        StrCat("keep-only start ", start, " outside sequence of length ", length));
-  }
-  for (size_t i = 0; i < offsets.size(); ++i) {
-    if (offsets[i] < 0 || start + offsets[i] >= length || (i > 0 && offsets[i] <= offsets[i - 1])) {
-      return InvalidArgumentError(
-          StrCat("keep-only offsets must be strictly increasing and inside the ", length - start,
-                 " uncommitted positions; offset ", i, " is ", offsets[i]));
+  return KeepOnlyAll({{.seq = seq, .start = start, .offsets = offsets}});
+}
+
+Status PagedKvCache::KeepOnlyAll(const std::vector<PathCommit>& commits) {
+  for (size_t c = 0; c < commits.size(); ++c) {
+    const PathCommit& commit = commits[c];
+    const SeqId seq = commit.seq;
+    if (!allocator_.HasSequence(seq)) return NotFoundError(StrCat("unknown sequence ", seq));
+    for (size_t p = 0; p < c; ++p) {
+      if (commits[p].seq == seq) {
+        return InvalidArgumentError(StrCat("sequence ", seq, " is committed twice"));
+      }
+    }
+    const int64_t length = allocator_.Length(seq);
+    const int64_t start = commit.start;
+    if (start < 0 || start > length) {
+      return OutOfRangeError(
+          StrCat("keep-only start ", start, " outside sequence of length ", length));
+    }
+    const std::vector<int64_t>& offsets = commit.offsets;
+    for (size_t i = 0; i < offsets.size(); ++i) {
+      if (offsets[i] < 0 || start + offsets[i] >= length ||
+          (i > 0 && offsets[i] <= offsets[i - 1])) {
+        return InvalidArgumentError(
+            StrCat("keep-only offsets must be strictly increasing and inside the ", length - start,
+                   " uncommitted positions; offset ", i, " is ", offsets[i]));
+      }
     }
   }
+  // Kept positions only move down (offsets[i] >= i) inside their own sequence, and index_select
+  // copies before index_copy_ writes, so overlapping rows are safe.
   std::vector<int64_t> src, dst;
-  for (size_t i = 0; i < offsets.size(); ++i) {
-    if (offsets[i] == static_cast<int64_t>(i)) continue;  // already in place
-    src.push_back(allocator_.SlotOf(seq, start + offsets[i]));
-    dst.push_back(allocator_.SlotOf(seq, start + static_cast<int64_t>(i)));
+  for (const PathCommit& commit : commits) {
+    for (size_t i = 0; i < commit.offsets.size(); ++i) {
+      if (commit.offsets[i] == static_cast<int64_t>(i)) continue;  // already in place
+      src.push_back(allocator_.SlotOf(commit.seq, commit.start + commit.offsets[i]));
+      dst.push_back(allocator_.SlotOf(commit.seq, commit.start + static_cast<int64_t>(i)));
+    }
   }
-  if (!src.empty() && !keys_.empty()) {
-    const auto device = keys_[0].device();
+  if (!src.empty() && storage_.defined()) {
+    c10::InferenceMode inference;
+    const auto device = storage_.device();
     auto src_t = torch::tensor(src, torch::kLong).to(device);
     auto dst_t = torch::tensor(dst, torch::kLong).to(device);
-    torch::NoGradGuard no_grad;
-    for (size_t l = 0; l < keys_.size(); ++l) {
-      // index_select copies first, so overlapping source/destination rows are safe.
-      keys_[l].index_copy_(0, dst_t, keys_[l].index_select(0, src_t));
-      values_[l].index_copy_(0, dst_t, values_[l].index_select(0, src_t));
-    }
+    storage_.index_copy_(2, dst_t, storage_.index_select(2, src_t));
   }
-  return allocator_.Truncate(seq, start + static_cast<int64_t>(offsets.size()));
+  for (const PathCommit& commit : commits) {
+    RETURN_IF_ERROR(allocator_.Truncate(
+        commit.seq, commit.start + static_cast<int64_t>(commit.offsets.size())));
+  }
+  return OkStatus();
 }
 
 std::pair<at::Tensor, at::Tensor> PagedKvCache::SequenceKv(int64_t layer, SeqId seq) const {

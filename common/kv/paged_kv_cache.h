@@ -36,6 +36,13 @@ struct KvCacheStats {
   double usage() const { return num_blocks ? 1.0 - double(free_blocks) / double(num_blocks) : 0.0; }
 };
 
+// One sequence's accepted path: keep positions start + offsets[i] (see PagedKvCache::KeepOnly).
+struct PathCommit {
+  SeqId seq = 0;
+  int64_t start = 0;
+  std::vector<int64_t> offsets;
+};
+
 class PagedKvCache {
  public:
   // INVALID_ARGUMENT if the budget holds no block. `dtype`/`device` are the model's.
@@ -54,6 +61,14 @@ class PagedKvCache {
   // moving them to start + i, and truncates the sequence to start + offsets.size(). This is how an
   // accepted tree path is committed: the result equals a cache built by decoding the path alone.
   Status KeepOnly(SeqId seq, int64_t start, const std::vector<int64_t>& offsets);
+  // KeepOnly for many sequences in one copy over every layer's keys and values (a step commits
+  // the whole batch with two tensor ops). All commits are validated before anything moves: an
+  // error changes nothing. A sequence may appear once.
+  Status KeepOnlyAll(const std::vector<PathCommit>& commits);
+
+  // All layers' keys and values in one tensor [2, num_layers, num_slots, n_kv, head_dim]; keys(l)
+  // and values(l) are views of it.
+  const at::Tensor& storage() const { return storage_; }
 
   // Copies of the keys and values [Length(seq), n_kv, head_dim] of `layer` for every position of a
   // sequence the allocator holds (inspection and tests; the hot paths gather slots themselves).
@@ -66,6 +81,7 @@ class PagedKvCache {
  private:
   PagedKvCache(int64_t num_blocks, int64_t block_size) : allocator_(num_blocks, block_size) {}
   BlockAllocator allocator_;
+  at::Tensor storage_;
   std::vector<at::Tensor> keys_;
   std::vector<at::Tensor> values_;
   int64_t bytes_per_block_ = 0;

@@ -143,6 +143,47 @@ TEST(PagedKvCacheTest, KeepOnlyMovesKeptRowsAndTruncates) {
   ExpectRows(cache, 2, {0, 1, 2, 3});
 }
 
+// One batched commit leaves the cache exactly as committing each sequence alone does.
+TEST(PagedKvCacheTest, KeepOnlyAllEqualsPerSequenceCommits) {
+  TwoSequences batched, single;
+  ASSERT_TRUE(batched.cache->allocator().Append(2, 5).ok());  // length 9, positions 4..8 new
+  ASSERT_TRUE(single.cache->allocator().Append(2, 5).ok());
+  WriteRows(*batched.cache, 2);
+  WriteRows(*single.cache, 2);
+  const std::vector<PathCommit> commits = {{.seq = 1, .start = 3, .offsets = {1, 4, 6}},
+                                           {.seq = 2, .start = 4, .offsets = {0, 2, 3}}};
+  ASSERT_TRUE(batched.cache->KeepOnlyAll(commits).ok());
+  for (const PathCommit& c : commits) {
+    ASSERT_TRUE(single.cache->KeepOnly(c.seq, c.start, c.offsets).ok());
+  }
+  for (SeqId seq : {1, 2}) {
+    for (int64_t l = 0; l < kLayers; ++l) {
+      auto [bk, bv] = batched.cache->SequenceKv(l, seq);
+      auto [sk, sv] = single.cache->SequenceKv(l, seq);
+      EXPECT_TRUE(torch::equal(bk, sk) && torch::equal(bv, sv)) << "seq " << seq << " layer " << l;
+    }
+  }
+  ExpectRows(*batched.cache, 1, {0, 1, 2, 4, 7, 9});
+  ExpectRows(*batched.cache, 2, {0, 1, 2, 3, 4, 6, 7});
+  EXPECT_EQ(batched.cache->stats().free_blocks, single.cache->stats().free_blocks);
+}
+
+TEST(PagedKvCacheTest, KeepOnlyAllValidatesEverythingFirst) {
+  TwoSequences t;
+  PagedKvCache& cache = *t.cache;
+  // The second commit is invalid: the first must not have moved anything.
+  Status bad = cache.KeepOnlyAll(
+      {{.seq = 1, .start = 3, .offsets = {1, 4}}, {.seq = 2, .start = 1, .offsets = {5}}});
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument) << bad;
+  ExpectRows(cache, 1, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  Status twice = cache.KeepOnlyAll(
+      {{.seq = 1, .start = 3, .offsets = {1}}, {.seq = 1, .start = 3, .offsets = {2}}});
+  EXPECT_EQ(twice.code(), StatusCode::kInvalidArgument) << twice;
+  EXPECT_NE(twice.message().find("twice"), std::string::npos) << twice;
+  ExpectRows(cache, 1, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  EXPECT_TRUE(cache.KeepOnlyAll({}).ok());
+}
+
 TEST(PagedKvCacheTest, KeepOnlyWithOverlappingMoves) {
   TwoSequences t;
   PagedKvCache& cache = *t.cache;
