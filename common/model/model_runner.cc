@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "common/model/checkpoint.h"
+#include "common/model/paged_attention.h"
 #include "common/model/rope.h"
 #include "common/model/transformer.h"
 #include "common/util/mapped_file.h"
@@ -19,6 +20,12 @@ SeqId NewSequenceId() {
 }
 
 namespace {
+
+// A LibTorch error without its C++ backtrace; any other exception's what().
+std::string ExceptionMessage(const std::exception& e) {
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->what_without_backtrace();
+  return e.what();
+}
 
 std::string ShapeString(const at::IntArrayRef& shape) {
   std::string s = "[";
@@ -36,6 +43,9 @@ struct ModelRunner::Impl {
   torch::Device device{torch::kCPU};
   torch::ScalarType dtype = torch::kFloat;
   torch::Tensor inv_freq;  // on device
+  // RoPE cos/sin for every position [max_position_embeddings, head_dim], model dtype, on device:
+  // a forward gathers its rows instead of recomputing them.
+  torch::Tensor rope_cos, rope_sin;
 
   Status Validate(const ForwardBatch& batch) const;
 };
@@ -131,6 +141,12 @@ StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::FromModule(std::shared_ptr<C
     module->eval();
     module->to(impl->device, impl->dtype);
     impl->inv_freq = module->inv_freq.to(impl->device);
+    auto all_positions = torch::arange(impl->config.max_position_embeddings,
+                                       torch::TensorOptions().dtype(torch::kLong))
+                             .to(impl->device);
+    std::tie(impl->rope_cos, impl->rope_sin) =
+        RopeCosSin(impl->inv_freq, all_positions, impl->dtype);
+    module->FuseForServing();
     ASSIGN_OR_RETURN(impl->kv, PagedKvCache::Create(
                                    impl->config.num_hidden_layers, impl->config.num_key_value_heads,
                                    impl->config.head_dim, impl->dtype, impl->device, options.kv));
@@ -170,7 +186,7 @@ int64_t ModelRunner::free_kv_positions() const {
 }
 
 Status ModelRunner::KeepOnly(SeqId seq, int64_t start, const std::vector<int64_t>& offsets) {
-  return impl_->kv->KeepOnly(seq, start, offsets);
+  return CommitPaths({{.seq = seq, .start = start, .offsets = offsets}});
 }
 
 Status ModelRunner::Truncate(SeqId seq, int64_t length) {
@@ -252,57 +268,30 @@ StatusOr<ForwardOutput> ModelRunner::Forward(const ForwardBatch& batch) {
   const int64_t B = static_cast<int64_t>(batch.seqs.size());
 
   // Reserve cache positions (validated to fit) and remember lengths for rollback on failure.
-  std::vector<int64_t> old_len(B), new_len(B);
-  std::vector<std::vector<int64_t>> write_slots(B);
-  int64_t max_q = 0, max_k = 0, N = 0;
+  std::vector<int64_t> old_len(B);
+  std::vector<std::pair<SeqId, int64_t>> growth(B);
   for (int64_t b = 0; b < B; ++b) {
-    const SequenceChunk& s = batch.seqs[b];
-    old_len[b] = alloc.Length(s.seq);
-    auto slots = alloc.Append(s.seq, static_cast<int64_t>(s.tokens.size()));
-    if (!slots.ok()) {
-      for (int64_t r = 0; r < b; ++r) (void)alloc.Truncate(batch.seqs[r].seq, old_len[r]);
-      return slots.status();
-    }
-    write_slots[b] = std::move(*slots);
-    new_len[b] = alloc.Length(s.seq);
-    const int64_t n = static_cast<int64_t>(s.tokens.size());
-    max_q = std::max(max_q, n);
-    max_k = std::max(max_k, new_len[b]);
-    N += n;
+    old_len[b] = alloc.Length(batch.seqs[b].seq);
+    growth[b] = {batch.seqs[b].seq, static_cast<int64_t>(batch.seqs[b].tokens.size())};
   }
+  auto appended = alloc.AppendAll(growth);
+  if (!appended.ok()) return appended.status();
+  auto rollback = [&] {
+    for (int64_t b = 0; b < B; ++b) (void)alloc.Truncate(batch.seqs[b].seq, old_len[b]);
+  };
 
-  // Host-side layout: packed tokens, positions, scatter indices, gather slots and the mask.
-  std::vector<int64_t> tokens(N), positions(N), q_index(N), writes(N), reads(B * max_k, 0),
-      logit_rows;
-  std::vector<uint8_t> mask(static_cast<size_t>(B * max_q * max_k), 0);
+  // Host-side layout: packed tokens, which cache positions each row sees, logits rows.
+  PagedAttentionLayout layout(alloc.block_size(), m.config.sliding_window.value_or(0));
+  std::vector<int64_t> tokens, logit_rows;
   ForwardOutput out;
   out.token_offset.push_back(0);
   out.logits_offset.push_back(0);
-  const int64_t window = m.config.sliding_window.value_or(0);
   int64_t row = 0;
   for (int64_t b = 0; b < B; ++b) {
     const SequenceChunk& s = batch.seqs[b];
-    const int64_t n = static_cast<int64_t>(s.tokens.size()), L = old_len[b];
-    std::vector<int64_t> all_slots = alloc.Slots(s.seq);
-    std::copy(all_slots.begin(), all_slots.end(), reads.begin() + b * max_k);
-    std::vector<int64_t> pos(n);
-    for (int64_t i = 0; i < n; ++i) pos[i] = s.positions.empty() ? L + i : s.positions[i];
-    for (int64_t i = 0; i < n; ++i) {
-      tokens[row + i] = s.tokens[i];
-      positions[row + i] = pos[i];
-      q_index[row + i] = b * max_q + i;
-      writes[row + i] = write_slots[b][i];
-      uint8_t* mrow = &mask[static_cast<size_t>((b * max_q + i) * max_k)];
-      for (int64_t j = 0; j < L; ++j) mrow[j] = (window == 0 || pos[i] - j < window);
-      if (s.parents.empty()) {
-        for (int64_t j = 0; j <= i; ++j) mrow[L + j] = (window == 0 || pos[i] - pos[j] < window);
-      } else {
-        for (int64_t a = i; a >= 0; a = s.parents[a])
-          mrow[L + a] = (window == 0 || pos[i] - pos[a] < window);
-      }
-    }
-    for (int64_t i = n; i < max_q; ++i)
-      mask[static_cast<size_t>((b * max_q + i) * max_k)] = 1;  // padding row
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    layout.AddSequence(alloc.BlockTable(s.seq), old_len[b], n, s.positions, s.parents);
+    tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
     switch (s.logits) {
       case LogitsRows::kLast:
         logit_rows.push_back(row + n - 1);
@@ -322,38 +311,38 @@ StatusOr<ForwardOutput> ModelRunner::Forward(const ForwardBatch& batch) {
   }
 
   try {
-    torch::NoGradGuard no_grad;
+    // Inference mode: no autograd bookkeeping (version counters, views) on any op of the forward.
+    c10::InferenceMode inference;
     auto long_opts = torch::TensorOptions().dtype(torch::kLong);
     auto to_dev = [&](std::vector<int64_t>& v) {
       return torch::from_blob(v.data(), {(int64_t)v.size()}, long_opts).to(m.device);
     };
-    AttentionInputs in;
-    in.batch = B;
-    in.max_q = max_q;
-    in.max_k = max_k;
-    auto pos_t = to_dev(positions);
-    auto cs = RopeCosSin(m.inv_freq, pos_t, m.dtype);
-    in.cos = cs.first;
-    in.sin = cs.second;
-    in.q_index = to_dev(q_index);
-    in.write_slots = to_dev(writes);
-    in.read_slots = to_dev(reads);
-    in.mask = torch::from_blob(mask.data(), {B, 1, 1, max_q, max_k},
-                               torch::TensorOptions().dtype(torch::kBool))
-                  .to(m.device);
+    auto positions = to_dev(const_cast<std::vector<int64_t>&>(layout.positions()));
+    AttentionInputs in = MakePagedInputs(layout, m.rope_cos.index_select(0, positions),
+                                         m.rope_sin.index_select(0, positions));
     auto result = m.module->forward(to_dev(tokens), in, &m.layer_kv, batch.hidden_layers);
     if (!logit_rows.empty()) {
-      out.logits = m.module->Logits(result.last_hidden.index_select(0, to_dev(logit_rows)))
-                       .to(torch::kFloat);
+      auto rows = static_cast<int64_t>(logit_rows.size()) == row
+                      ? result.last_hidden
+                      : result.last_hidden.index_select(0, to_dev(logit_rows));
+      out.logits = m.module->Logits(rows).to(torch::kFloat);
     } else {
       out.logits = torch::empty({0, m.config.vocab_size}, torch::kFloat);
     }
     out.hidden = std::move(result.hidden_states);
-  } catch (const c10::Error& e) {
-    for (int64_t b = 0; b < B; ++b) (void)alloc.Truncate(batch.seqs[b].seq, old_len[b]);
-    return InternalError(StrCat("forward failed: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    rollback();
+    return InternalError(StrCat("forward failed: ", ExceptionMessage(e)));
   }
   return out;
+}
+
+Status ModelRunner::CommitPaths(const std::vector<PathCommit>& commits) {
+  try {
+    return impl_->kv->KeepOnlyAll(commits);
+  } catch (const std::exception& e) {
+    return InternalError(StrCat("KV commit failed: ", ExceptionMessage(e)));
+  }
 }
 
 }  // namespace specula

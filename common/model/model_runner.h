@@ -68,6 +68,9 @@ class ModelRunner {
 
   // Commit an accepted path: keep positions start + offsets[i] (see PagedKvCache::KeepOnly).
   Status KeepOnly(SeqId seq, int64_t start, const std::vector<int64_t>& offsets);
+  // Commits the accepted paths of many sequences at once: one copy per step for the whole batch
+  // (PagedKvCache::KeepOnlyAll). All or nothing on validation errors.
+  Status CommitPaths(const std::vector<PathCommit>& commits);
   Status Truncate(SeqId seq, int64_t length);
 
   KvCacheStats kv_stats() const;

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "common/model/cpu_kernels.h"
+#include "common/model/paged_attention.h"
 #include "common/model/rope.h"
 
 namespace specula {
@@ -13,6 +15,9 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  if (!torch::GradMode::is_enabled() && CpuKernelsApply(x) && CpuKernelsApply(weight)) {
+    return RmsNormCpu(x, weight, eps_);  // one pass instead of six ops
+  }
   // As HF: normalise in float32, cast back, then scale.
   auto xf = x.to(torch::kFloat);
   auto var = xf.pow(2).mean(-1, /*keepdim=*/true);
@@ -64,37 +69,93 @@ torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
   return out.view({B, nkv, Tq, group, hd}).permute({0, 2, 1, 3, 4}).reshape({B, Tq, nh, hd});
 }
 
-torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& in,
-                                         LayerKvCache* kv) {
+namespace {
+
+// Whether `part` is the view of `fused` starting `offset` elements in (fusion still holds).
+bool SharesStorage(const torch::Tensor& part, const torch::Tensor& fused, int64_t offset) {
+  return fused.defined() && part.defined() && part.device() == fused.device() &&
+         part.scalar_type() == fused.scalar_type() &&
+         static_cast<const char*>(part.data_ptr()) ==
+             static_cast<const char*>(fused.data_ptr()) + offset * fused.element_size();
+}
+
+}  // namespace
+
+torch::Tensor ServingLinear(const torch::Tensor& x, const torch::Tensor& weight,
+                            const torch::Tensor& bias, const torch::Tensor* residual) {
+  if (!torch::GradMode::is_enabled() && SmallMatmulApplies(x, weight)) {
+    return SmallMatmulCpu(x, weight, bias, residual);
+  }
+  if (residual && !bias.defined() && !torch::GradMode::is_enabled() && x.dim() == 2) {
+    return torch::addmm(*residual, x, weight.t());
+  }
+  auto y = F::linear(x, weight, bias);
+  return residual ? *residual + y : y;
+}
+
+void SelfAttentionImpl::FuseProjections() {
+  torch::NoGradGuard no_grad;
+  const int64_t nq = num_heads_ * head_dim_, nk = num_kv_heads_ * head_dim_;
+  qkv_weight_ = torch::cat({q_proj->weight, k_proj->weight, v_proj->weight}, 0).contiguous();
+  q_proj->weight.set_data(qkv_weight_.narrow(0, 0, nq));
+  k_proj->weight.set_data(qkv_weight_.narrow(0, nq, nk));
+  v_proj->weight.set_data(qkv_weight_.narrow(0, nq + nk, nk));
+  if (q_proj->bias.defined()) {
+    qkv_bias_ = torch::cat({q_proj->bias, k_proj->bias, v_proj->bias}, 0).contiguous();
+    q_proj->bias.set_data(qkv_bias_.narrow(0, 0, nq));
+    k_proj->bias.set_data(qkv_bias_.narrow(0, nq, nk));
+    v_proj->bias.set_data(qkv_bias_.narrow(0, nq + nk, nk));
+  }
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> SelfAttentionImpl::Project(
+    const torch::Tensor& x) {
   const int64_t N = x.size(0);
-  auto q = q_proj(x).view({N, num_heads_, head_dim_});
-  auto k = k_proj(x).view({N, num_kv_heads_, head_dim_});
-  auto v = v_proj(x).view({N, num_kv_heads_, head_dim_});
+  const int64_t nq = num_heads_ * head_dim_, nk = num_kv_heads_ * head_dim_;
+  const int64_t d = x.size(-1);
+  const bool fused = !torch::GradMode::is_enabled() &&
+                     SharesStorage(q_proj->weight, qkv_weight_, 0) &&
+                     SharesStorage(k_proj->weight, qkv_weight_, nq * d) &&
+                     SharesStorage(v_proj->weight, qkv_weight_, (nq + nk) * d) &&
+                     (!q_proj->bias.defined() || SharesStorage(q_proj->bias, qkv_bias_, 0));
+  if (fused) {
+    auto qkv = ServingLinear(x, qkv_weight_, qkv_bias_);  // [N, nq + 2 nk]
+    return {qkv.narrow(1, 0, nq).view({N, num_heads_, head_dim_}),
+            qkv.narrow(1, nq, nk).view({N, num_kv_heads_, head_dim_}),
+            qkv.narrow(1, nq + nk, nk).view({N, num_kv_heads_, head_dim_})};
+  }
+  return {q_proj(x).view({N, num_heads_, head_dim_}), k_proj(x).view({N, num_kv_heads_, head_dim_}),
+          v_proj(x).view({N, num_kv_heads_, head_dim_})};
+}
+
+torch::Tensor SelfAttentionImpl::Attend(const torch::Tensor& x, const AttentionInputs& in,
+                                        LayerKvCache* kv) {
+  auto [q, k, v] = Project(x);
   if (q_norm) {
     q = q_norm(q);
     k = k_norm(k);
   }
+  if (in.paged()) return PagedSelfAttention(q, k, v, in, kv->keys, kv->values);
   q = ApplyRope(q, in.cos, in.sin);
   k = ApplyRope(k, in.cos, in.sin);
+  const int64_t B = in.batch, T = in.max_q;
+  return MaskedAttention(q.view({B, T, num_heads_, head_dim_}),
+                         k.view({B, T, num_kv_heads_, head_dim_}),
+                         v.view({B, T, num_kv_heads_, head_dim_}), in.mask)
+      .reshape({B * T, num_heads_ * head_dim_});
+}
 
-  const int64_t B = in.batch, Tq = in.max_q, Tk = in.max_k;
-  torch::Tensor q_pad, k_all, v_all;
-  if (in.paged()) {
-    kv->keys.index_copy_(0, in.write_slots, k.to(kv->keys.scalar_type()));
-    kv->values.index_copy_(0, in.write_slots, v.to(kv->values.scalar_type()));
-    k_all = kv->keys.index_select(0, in.read_slots).view({B, Tk, num_kv_heads_, head_dim_});
-    v_all = kv->values.index_select(0, in.read_slots).view({B, Tk, num_kv_heads_, head_dim_});
-    q_pad = torch::zeros({B * Tq, num_heads_, head_dim_}, q.options()).index_copy(0, in.q_index, q);
-    q_pad = q_pad.view({B, Tq, num_heads_, head_dim_});
-  } else {
-    q_pad = q.view({B, Tq, num_heads_, head_dim_});
-    k_all = k.view({B, Tk, num_kv_heads_, head_dim_});
-    v_all = v.view({B, Tk, num_kv_heads_, head_dim_});
+torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& in,
+                                         LayerKvCache* kv) {
+  return o_proj(Attend(x, in, kv));
+}
+
+torch::Tensor LinearAdd(const torch::Tensor& residual, const torch::Tensor& x,
+                        const torch::nn::Linear& linear) {
+  if (!torch::GradMode::is_enabled() && x.dim() == 2 && residual.dim() == 2) {
+    return ServingLinear(x, linear->weight, linear->bias, &residual);
   }
-  auto out =
-      MaskedAttention(q_pad, k_all, v_all, in.mask).reshape({B * Tq, num_heads_ * head_dim_});
-  if (in.paged()) out = out.index_select(0, in.q_index);
-  return o_proj(out);
+  return residual + F::linear(x, linear->weight, linear->bias);
 }
 
 MlpImpl::MlpImpl(const ModelConfig& c) {
@@ -107,9 +168,27 @@ MlpImpl::MlpImpl(const ModelConfig& c) {
       register_module("down_proj", torch::nn::Linear(torch::nn::LinearOptions(f, d).bias(false)));
 }
 
-torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return down_proj(F::silu(gate_proj(x)) * up_proj(x));
+void MlpImpl::FuseProjections() {
+  torch::NoGradGuard no_grad;
+  const int64_t f = gate_proj->weight.size(0);
+  gate_up_weight_ = torch::cat({gate_proj->weight, up_proj->weight}, 0).contiguous();
+  gate_proj->weight.set_data(gate_up_weight_.narrow(0, 0, f));
+  up_proj->weight.set_data(gate_up_weight_.narrow(0, f, f));
 }
+
+torch::Tensor MlpImpl::Activation(const torch::Tensor& x) {
+  const int64_t f = gate_proj->weight.size(0), d = gate_proj->weight.size(1);
+  if (!torch::GradMode::is_enabled() && SharesStorage(gate_proj->weight, gate_up_weight_, 0) &&
+      SharesStorage(up_proj->weight, gate_up_weight_, f * d)) {
+    auto gate_up = x.dim() == 2 ? ServingLinear(x, gate_up_weight_, {})
+                                : F::linear(x, gate_up_weight_);  // [..., 2f]
+    if (CpuKernelsApply(gate_up)) return SiluMulCpu(gate_up);
+    return F::silu(gate_up.narrow(-1, 0, f)) * gate_up.narrow(-1, f, f);
+  }
+  return F::silu(gate_proj(x)) * up_proj(x);
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) { return down_proj(Activation(x)); }
 
 DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c) {
   input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
@@ -121,8 +200,8 @@ DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c) {
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const AttentionInputs& in,
                                         LayerKvCache* kv) {
-  auto h = x + self_attn(input_layernorm(x), in, kv);
-  return h + mlp(post_attention_layernorm(h));
+  auto h = LinearAdd(x, self_attn->Attend(input_layernorm(x), in, kv), self_attn->o_proj);
+  return LinearAdd(h, mlp->Activation(post_attention_layernorm(h)), mlp->down_proj);
 }
 
 TransformerImpl::TransformerImpl(const ModelConfig& c) {
@@ -142,11 +221,20 @@ CausalLMImpl::CausalLMImpl(const ModelConfig& c) : config_(c) {
   inv_freq = RopeInverseFrequencies(c, torch::kCPU);  // float32 whatever the model dtype
 }
 
+void CausalLMImpl::FuseForServing() {
+  for (const auto& layer : *model->layers) {
+    auto* decoder = layer->as<DecoderLayer>();
+    decoder->self_attn->FuseProjections();
+    decoder->mlp->FuseProjections();
+  }
+}
+
 const torch::Tensor& CausalLMImpl::lm_head_weight() const {
   return lm_head ? lm_head->weight : model->embed_tokens->weight;
 }
 
 torch::Tensor CausalLMImpl::Logits(const torch::Tensor& hidden) {
+  if (hidden.dim() == 2) return ServingLinear(hidden, lm_head_weight(), {});
   return F::linear(hidden, lm_head_weight());
 }
 

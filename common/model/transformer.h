@@ -31,20 +31,36 @@ class SelfAttentionImpl : public torch::nn::Module {
   explicit SelfAttentionImpl(const ModelConfig& config);
   // x [N, d] -> [N, d]. With `kv` the new keys/values are written to the cache (paged mode).
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, LayerKvCache* kv);
+  // The attention output before o_proj, [N, heads * head_dim].
+  torch::Tensor Attend(const torch::Tensor& x, const AttentionInputs& in, LayerKvCache* kv);
+
+  // Serving: q/k/v become views of one [q+k+v, d] weight so that a forward runs one matmul. The
+  // parameters keep their names and stay trainable (they share the fused storage).
+  void FuseProjections();
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
 
  private:
+  // q, k, v [N, heads, head_dim] of x: one matmul when fused (views of its output), else three.
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> Project(const torch::Tensor& x);
+
   int64_t num_heads_, num_kv_heads_, head_dim_;
+  torch::Tensor qkv_weight_, qkv_bias_;  // fused storage (undefined until FuseProjections)
 };
 TORCH_MODULE(SelfAttention);
 
 class MlpImpl : public torch::nn::Module {
  public:
   explicit MlpImpl(const ModelConfig& config);
-  torch::Tensor forward(const torch::Tensor& x);  // SwiGLU: down(silu(gate(x)) * up(x))
+  torch::Tensor forward(const torch::Tensor& x);     // SwiGLU: down(silu(gate(x)) * up(x))
+  torch::Tensor Activation(const torch::Tensor& x);  // silu(gate(x)) * up(x)
+  // Serving: gate and up become views of one [2f, d] weight (one matmul per forward).
+  void FuseProjections();
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  torch::Tensor gate_up_weight_;
 };
 TORCH_MODULE(Mlp);
 
@@ -94,6 +110,11 @@ class CausalLMImpl : public torch::nn::Module {
   // residual projections (o_proj, down_proj).
   void InitWeights(uint64_t seed, bool depth_scaled = true);
 
+  // Fuses each layer's q/k/v and gate/up projections (see SelfAttentionImpl::FuseProjections).
+  // Call after the module is on its device and dtype: moving it again un-fuses (safely: the fused
+  // path is used only while the parameters still share its storage).
+  void FuseForServing();
+
   const ModelConfig& config() const { return config_; }
   Transformer model{nullptr};
   torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings
@@ -108,6 +129,15 @@ TORCH_MODULE(CausalLM);
 // (grouped-query: query head h uses kv head h / (nh / nkv)); softmax in float32. -> [B, Tq, nh, hd]
 torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask);
+
+// x [M, in] -> x W^T + bias (+ *residual): without autograd, SmallMatmulCpu for a few float32 CPU
+// rows, else one (add)mm; with autograd, F::linear.
+torch::Tensor ServingLinear(const torch::Tensor& x, const torch::Tensor& weight,
+                            const torch::Tensor& bias, const torch::Tensor* residual = nullptr);
+
+// residual + linear(x): ServingLinear without autograd.
+torch::Tensor LinearAdd(const torch::Tensor& residual, const torch::Tensor& x,
+                        const torch::nn::Linear& linear);
 
 torch::ScalarType ParseTorchDtype(const std::string& name, bool* ok);
 

@@ -128,7 +128,7 @@ TEST_F(SpeculaCliTest, BenchForwardWritesJson) {
   const std::string json_path = dir_->File("bench.json");
   RunResult r =
       Run("bench-forward --model " + model() +
-          " --batch-sizes 1,4 --tokens-per-seq 1,8 --context 8 --repeats 2 --json " + json_path);
+          " --batch-sizes 1,4 --tokens-per-seq 1,8 --contexts 8 --repeats 2 --json " + json_path);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(ReadFileToString(json_path).value());
   ASSERT_EQ(j["results"].size(), 4u);

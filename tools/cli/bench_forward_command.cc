@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 
 #include "common/util/mapped_file.h"
@@ -13,6 +14,7 @@
 #include "tools/cli/model_flags.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 namespace specula::cli {
 namespace {
@@ -24,10 +26,35 @@ struct BenchFlags {
   std::vector<int64_t> batch_sizes = {1, 4, 16, 64};
   std::vector<int64_t> tokens_per_seq = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
   int64_t max_tokens = 1024;
-  int64_t context = 128;
+  std::vector<int64_t> contexts = {128};
   int64_t repeats = 5;
   int64_t seed = 0;
   std::string json_out = "bench-forward.json";
+  bool list_ops = false;
+};
+
+// Dispatched LibTorch ops (every aten:: call, nested ones included) while a counter is installed:
+// the per-op overhead that bounds a small model's forward on CPU.
+int64_t g_op_count = 0;
+bool g_list_ops = false;
+
+class OpCounter {
+ public:
+  OpCounter() {
+    g_op_count = 0;
+    handle_ = at::addThreadLocalCallback(
+        at::RecordFunctionCallback([](const at::RecordFunction& fn)
+                                       -> std::unique_ptr<at::ObserverContext> {
+          ++g_op_count;
+          if (std::getenv("SPECULA_PRINT_OPS")) std::fprintf(stderr, "op %s\n", fn.name());
+          return nullptr;
+        }).scopes({at::RecordScope::FUNCTION}));
+  }
+  ~OpCounter() { at::removeCallback(handle_); }
+  int64_t count() const { return g_op_count; }
+
+ private:
+  at::CallbackHandle handle_;
 };
 
 double Median(std::vector<double> v) {
@@ -38,8 +65,8 @@ double Median(std::vector<double> v) {
 
 Status Run(const BenchFlags& f) {
   if (f.repeats <= 0) return InvalidArgumentError("--repeats must be positive");
-  if (f.context <= 0) return InvalidArgumentError("--context must be positive");
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, f.model.Load());
+  g_list_ops = f.list_ops;
   const ModelConfig& config = runner->config();
   std::mt19937 rng(static_cast<uint32_t>(f.seed));
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size - 1));
@@ -50,52 +77,62 @@ Status Run(const BenchFlags& f) {
   };
 
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("%6s %8s %7s %10s %10s %12s\n", "batch", "tok/seq", "tokens", "min_ms", "median_ms",
-              "tokens/s");
+  std::printf("%7s %6s %8s %7s %10s %10s %12s %6s\n", "context", "batch", "tok/seq", "tokens",
+              "min_ms", "median_ms", "tokens/s", "ops");
   SeqId next_id = 1;
-  for (int64_t B : f.batch_sizes) {
-    if (B <= 0) return InvalidArgumentError("--batch-sizes must be positive");
-    std::vector<SeqId> seqs;
-    ForwardBatch prefill;
-    for (int64_t b = 0; b < B; ++b) {
-      seqs.push_back(next_id++);
-      RETURN_IF_ERROR(runner->AddSequence(seqs.back()));
-      prefill.seqs.push_back({.seq = seqs.back(), .tokens = random_tokens(f.context)});
-    }
-    RETURN_IF_ERROR(runner->Forward(prefill).status());
-    for (int64_t n : f.tokens_per_seq) {
-      if (B * n > f.max_tokens) continue;
-      if (f.context + n > config.max_position_embeddings) continue;
-      ForwardBatch step;
-      for (SeqId s : seqs)
-        step.seqs.push_back({.seq = s, .tokens = random_tokens(n), .logits = LogitsRows::kAll});
-      std::vector<double> ms;
-      for (int64_t r = 0; r <= f.repeats; ++r) {  // r == 0 warms up
-        auto t0 = std::chrono::steady_clock::now();
-        ASSIGN_OR_RETURN(ForwardOutput out, runner->Forward(step));
-        at::Tensor host = out.logits.to(at::kCPU);  // includes the device sync a verifier pays
-        const double elapsed =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                .count();
-        for (SeqId s : seqs) RETURN_IF_ERROR(runner->Truncate(s, f.context));
-        if (r > 0) ms.push_back(elapsed);
+  for (int64_t context : f.contexts) {
+    if (context <= 0) return InvalidArgumentError("--contexts must be positive");
+    for (int64_t B : f.batch_sizes) {
+      if (B <= 0) return InvalidArgumentError("--batch-sizes must be positive");
+      if (context >= config.max_position_embeddings) continue;
+      std::vector<SeqId> seqs;
+      ForwardBatch prefill;
+      for (int64_t b = 0; b < B; ++b) {
+        seqs.push_back(next_id++);
+        RETURN_IF_ERROR(runner->AddSequence(seqs.back()));
+        prefill.seqs.push_back({.seq = seqs.back(), .tokens = random_tokens(context)});
       }
-      const double min_ms = *std::min_element(ms.begin(), ms.end()), med_ms = Median(ms);
-      const double tps = B * n / (med_ms / 1000.0);
-      std::printf("%6ld %8ld %7ld %10.3f %10.3f %12.1f\n", B, n, B * n, min_ms, med_ms, tps);
-      std::fflush(stdout);
-      rows.push_back({{"batch", B},
-                      {"tokens_per_seq", n},
-                      {"tokens", B * n},
-                      {"context", f.context},
-                      {"min_ms", min_ms},
-                      {"median_ms", med_ms},
-                      {"tokens_per_s", tps}});
+      RETURN_IF_ERROR(runner->Forward(prefill).status());
+      for (int64_t n : f.tokens_per_seq) {
+        if (B * n > f.max_tokens) continue;
+        if (context + n > config.max_position_embeddings) continue;
+        ForwardBatch step;
+        for (SeqId s : seqs)
+          step.seqs.push_back({.seq = s, .tokens = random_tokens(n), .logits = LogitsRows::kAll});
+        std::vector<double> ms;
+        int64_t ops = 0;
+        for (int64_t r = 0; r <= f.repeats; ++r) {  // r == 0 warms up and counts ops
+          std::optional<OpCounter> counter;
+          if (r == 0) counter.emplace();
+          auto t0 = std::chrono::steady_clock::now();
+          ASSIGN_OR_RETURN(ForwardOutput out, runner->Forward(step));
+          at::Tensor host = out.logits.to(at::kCPU);  // includes the device sync a verifier pays
+          const double elapsed =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                  .count();
+          if (counter) ops = counter->count();
+          for (SeqId s : seqs) RETURN_IF_ERROR(runner->Truncate(s, context));
+          if (r > 0) ms.push_back(elapsed);
+        }
+        const double min_ms = *std::min_element(ms.begin(), ms.end()), med_ms = Median(ms);
+        const double tps = B * n / (med_ms / 1000.0);
+        std::printf("%7ld %6ld %8ld %7ld %10.3f %10.3f %12.1f %6ld\n", context, B, n, B * n, min_ms,
+                    med_ms, tps, ops);
+        std::fflush(stdout);
+        rows.push_back({{"batch", B},
+                        {"tokens_per_seq", n},
+                        {"tokens", B * n},
+                        {"context", context},
+                        {"min_ms", min_ms},
+                        {"median_ms", med_ms},
+                        {"tokens_per_s", tps},
+                        {"ops", ops}});
+      }
+      for (SeqId s : seqs) RETURN_IF_ERROR(runner->ReleaseSequence(s));
     }
-    for (SeqId s : seqs) RETURN_IF_ERROR(runner->ReleaseSequence(s));
   }
   nlohmann::json report = {{"model", f.model.model}, {"device", runner->device_name()},
-                           {"dtype", f.model.dtype}, {"context", f.context},
+                           {"dtype", f.model.dtype}, {"contexts", f.contexts},
                            {"repeats", f.repeats},   {"num_parameters", config.num_parameters()},
                            {"results", rows}};
   RETURN_IF_ERROR(WriteStringToFile(f.json_out, report.dump(2) + "\n"));
@@ -113,10 +150,12 @@ int RunBenchForward(const std::vector<std::string>& args) {
   flags.AddIntList("tokens-per-seq", &f.tokens_per_seq, "new tokens per sequence in the forward");
   flags.AddInt("max-tokens", &f.max_tokens,
                "skip settings with more tokens than this in one forward");
-  flags.AddInt("context", &f.context, "cached positions per sequence before the timed forward");
+  flags.AddIntList("contexts", &f.contexts,
+                   "cached positions per sequence before the timed forward (one table each)");
   flags.AddInt("repeats", &f.repeats, "timed repeats per setting (after one warm-up)");
   flags.AddInt("seed", &f.seed, "seed for the random token ids");
   flags.AddString("json", &f.json_out, "where to write the JSON report");
+  flags.AddBool("list-ops", &f.list_ops, "print every op of each warm-up forward to stderr");
   return RunCommand(flags, args, [&] { return Run(f); });
 }
 

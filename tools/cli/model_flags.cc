@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "common/model/cpu_runtime.h"
+
 #include <cstdio>
 #include <iostream>
 
@@ -13,12 +15,13 @@ void ModelFlags::Register(FlagSet& flags) {
   flags.AddString("dtype", &dtype, "float32, bfloat16 or float16");
   flags.AddDouble("kv-memory-mb", &kv_memory_mb, "KV cache budget in MB");
   flags.AddInt("kv-block-size", &kv_block_size, "positions per KV block");
-  flags.AddInt("threads", &threads, "intra-op CPU threads (0 = LibTorch default)");
+  flags.AddInt("threads", &threads, "CPU threads for LibTorch and OpenBLAS (0 = one per core)");
 }
 
 StatusOr<std::unique_ptr<ModelRunner>> ModelFlags::Load() const {
   if (model.empty()) return InvalidArgumentError("--model is required");
-  if (threads > 0) SetThreads(threads);
+  SetThreads(threads);
+  ConfigureAllocatorForServing();
   ModelRunnerOptions options;
   options.device = device;
   options.dtype = dtype;
@@ -27,7 +30,7 @@ StatusOr<std::unique_ptr<ModelRunner>> ModelFlags::Load() const {
   return ModelRunner::Load(model, options);
 }
 
-void SetThreads(int64_t threads) { torch::set_num_threads(static_cast<int>(threads)); }
+void SetThreads(int64_t threads) { ConfigureCpuThreads(threads); }
 
 int ReportError(const std::string& command, const Status& status) {
   std::fprintf(stderr, "specula %s: %s\n", command.c_str(), status.ToString().c_str());

@@ -9,6 +9,7 @@
 
 #include "common/drafters/draft_sampling.h"
 #include "common/drafters/specformer/specformer_model.h"
+#include "common/model/paged_attention.h"
 #include "common/model/transformer.h"
 
 namespace specula {
@@ -173,74 +174,39 @@ Status SpecFormerDrafter::Observe(const std::vector<DrafterObservation>& observa
                                                   "SpecFormer context cache"));
   const std::vector<size_t>& with_rows = reserved.observations;
   if (!with_rows.empty()) {
-    // Packed layout of the new rows over each sequence's cached positions (as ModelRunner does for
-    // the target): queries [B, max_q], keys [B, max_k], causal within and over the cache.
+    // The new rows attend causally to their own sequence's cache in place (the same layout and
+    // kernel as the target's attention).
     const int64_t B = static_cast<int64_t>(with_rows.size());
     const std::vector<int64_t>& old_len = reserved.start;
-    std::vector<int64_t> q_index, writes, positions;
-    std::vector<std::vector<int64_t>> slots(B);
-    int64_t max_q = 0, max_k = 0;
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t m = reserved.rows[b];
-      writes.insert(writes.end(), reserved.slots[b].begin(), reserved.slots[b].end());
-      slots[b] = alloc.Slots(reserved.kv_seqs[b]);
-      max_q = std::max(max_q, m);
-      max_k = std::max(max_k, old_len[b] + m);
-    }
-    std::vector<int64_t> reads(B * max_k, 0);
-    std::vector<uint8_t> mask(static_cast<size_t>(B * max_q * max_k), 0);
+    PagedAttentionLayout layout(alloc.block_size(), /*sliding_window=*/0);
     std::vector<int64_t> last_row(B);
-    int64_t row = 0;
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t m = static_cast<int64_t>(slots[b].size()) - old_len[b];
-      std::copy(slots[b].begin(), slots[b].end(), reads.begin() + b * max_k);
-      for (int64_t i = 0; i < m; ++i) {
-        q_index.push_back(b * max_q + i);
-        positions.push_back(old_len[b] + i);
-        uint8_t* mrow = &mask[static_cast<size_t>((b * max_q + i) * max_k)];
-        for (int64_t j = 0; j <= old_len[b] + i; ++j) mrow[j] = 1;
-      }
-      for (int64_t i = m; i < max_q; ++i) mask[static_cast<size_t>((b * max_q + i) * max_k)] = 1;
-      row += m;
-      last_row[b] = row - 1;
+      layout.AddSequence(alloc.BlockTable(reserved.kv_seqs[b]), old_len[b], reserved.rows[b]);
+      last_row[b] = layout.num_rows() - 1;
     }
 
     try {
-      torch::NoGradGuard no_grad;
+      c10::InferenceMode inference;
       const auto& w = module_->downsampler->weight;
-      auto long_opts = torch::TensorOptions().dtype(torch::kLong);
-      auto to_dev = [&](std::vector<int64_t>& v) {
-        return torch::from_blob(v.data(), {static_cast<int64_t>(v.size())}, long_opts)
-            .to(w.device());
-      };
       std::vector<torch::Tensor> hidden(K);
       for (size_t k = 0; k < K; ++k) {
         std::vector<torch::Tensor> parts;
         for (size_t i : with_rows) parts.push_back(observations[i].hidden[k]);
         hidden[k] = torch::cat(parts, 0).to(w.device(), w.scalar_type());
       }
-      AttentionInputs in;
-      in.batch = B;
-      in.max_q = max_q;
-      in.max_k = max_k;
-      auto cs = module_->RopeFor(to_dev(positions));
-      in.cos = cs.first;
-      in.sin = cs.second;
-      in.q_index = to_dev(q_index);
-      in.write_slots = to_dev(writes);
-      in.read_slots = to_dev(reads);
-      in.mask = torch::from_blob(mask.data(), {B, 1, 1, max_q, max_k},
-                                 torch::TensorOptions().dtype(torch::kBool))
-                    .to(w.device());
+      std::vector<int64_t> positions = layout.positions();
+      auto cs = module_->RopeFor(torch::from_blob(positions.data(),
+                                                  {static_cast<int64_t>(positions.size())},
+                                                  torch::TensorOptions().dtype(torch::kLong)));
+      AttentionInputs in = MakePagedInputs(layout, cs.first, cs.second);
       LayerKvCache layer{kv_->keys(0), kv_->values(0)};
       torch::Tensor c = module_->Context(module_->Hook(hidden), in, &layer);  // [N, d]
       for (int64_t b = 0; b < B; ++b) {
         states_.find(observations[with_rows[b]].seq)->last = c[last_row[b]].clone();
       }
-    } catch (const c10::Error& e) {
+    } catch (const std::exception& e) {
       states_.Unreserve(reserved);
-      return InternalError(
-          StrCat("SpecFormer context forward failed: ", e.what_without_backtrace()));
+      return InternalError(StrCat("SpecFormer context forward failed: ", e.what()));
     }
   }
   states_.AppendTokens(observations);
@@ -249,7 +215,7 @@ Status SpecFormerDrafter::Observe(const std::vector<DrafterObservation>& observa
 
 StatusOr<at::Tensor> SpecFormerDrafter::DraftLogits(const std::vector<State*>& states) {
   try {
-    torch::NoGradGuard no_grad;
+    c10::InferenceMode inference;
     std::vector<torch::Tensor> rows;
     for (State* st : states) rows.push_back(st->last);
     torch::Tensor c = torch::stack(rows, 0);  // [M, d]

@@ -1,0 +1,506 @@
+#include "common/model/cpu_kernels.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/model/paged_attention_layout.h"
+
+// The inner loops are written so that GCC vectorises them (independent lanes, no reductions across
+// lanes); target_clones compiles them for AVX-512 and AVX2 too and picks one at load time, so the
+// binary still runs on any x86-64.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SPECULA_VECTOR_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define SPECULA_VECTOR_CLONES
+#endif
+
+namespace specula {
+namespace {
+
+constexpr int kLanes = 16;
+constexpr int64_t kChunk = 64;        // keys scored per online-softmax update
+constexpr int64_t kMaxHeads = 128;    // query heads the attention kernel handles
+constexpr int64_t kMaxVectors = 128;  // query vectors (rows x heads) sharing one key read
+constexpr int64_t kMaxHeadDim = 256;
+
+// exp(x) for x <= 0 (softmax after subtracting the max; silu uses it on clamped inputs):
+// Cephes' expf polynomial, relative error ~2 ulp, branch-free so loops over it vectorise.
+__attribute__((always_inline)) inline float ExpNonPositive(float x) {
+  x = std::max(x, -87.0f);
+  const float k = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - k * 0.693359375f + k * 2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  return y * std::bit_cast<float>(bits);
+}
+
+__attribute__((always_inline)) inline float Dot(const float* a, const float* b, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int t = 0; t < kLanes; ++t) acc[t] += a[i + t] * b[i + t];
+  }
+  float s = 0;
+  for (int t = 0; t < kLanes; ++t) s += acc[t];
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Max and sum over n floats with kLanes independent accumulators, so that the loops vectorise
+// without reassociation flags (float reductions are otherwise kept in order, scalar).
+__attribute__((always_inline)) inline float MaxOf(const float* x, int64_t n) {
+  float acc[kLanes];
+  for (int t = 0; t < kLanes; ++t) acc[t] = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int t = 0; t < kLanes; ++t) acc[t] = acc[t] > x[i + t] ? acc[t] : x[i + t];
+  }
+  float m = -std::numeric_limits<float>::infinity();
+  for (int t = 0; t < kLanes; ++t) m = std::max(m, acc[t]);
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+__attribute__((always_inline)) inline float SumOf(const float* x, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int t = 0; t < kLanes; ++t) acc[t] += x[i + t];
+  }
+  float s = 0;
+  for (int t = 0; t < kLanes; ++t) s += acc[t];
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+SPECULA_VECTOR_CLONES
+void RmsNormRows(const float* x, const float* w, float* out, int64_t rows, int64_t d, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * d;
+    float* o = out + r * d;
+    const float inv = 1.0f / std::sqrt(Dot(xr, xr, d) / static_cast<float>(d) + eps);
+    for (int64_t i = 0; i < d; ++i) o[i] = w[i] * (xr[i] * inv);
+  }
+}
+
+SPECULA_VECTOR_CLONES
+void SiluMulRows(const float* gu, float* out, int64_t rows, int64_t f) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gu + r * 2 * f;
+    const float* u = g + f;
+    float* o = out + r * f;
+    for (int64_t i = 0; i < f; ++i) {
+      // silu(g) = g / (1 + exp(-g)); exp of -|g| keeps the argument non-positive.
+      const float e = ExpNonPositive(-std::fabs(g[i]));
+      const float sig = g[i] >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+      o[i] = g[i] * sig * u[i];
+    }
+  }
+}
+
+SPECULA_VECTOR_CLONES
+void RotateRow(const float* x, const float* cos, const float* sin, float* out, int64_t heads,
+               int64_t head_stride, int64_t hd) {
+  const int64_t half = hd / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* xh = x + h * head_stride;
+    float* o = out + h * hd;
+    for (int64_t i = 0; i < half; ++i) o[i] = xh[i] * cos[i] + (-xh[i + half]) * sin[i];
+    for (int64_t i = half; i < hd; ++i) o[i] = xh[i] * cos[i] + xh[i - half] * sin[i];
+  }
+}
+
+// The attention kernel works on "query vectors": every head of a run of consecutive rows of one
+// sequence (row-major [rows, nh, hd], so vector i is head i % nh of row i / nh). Vectors of one run
+// share each key and value read; a slot row holds all kv heads contiguously.
+struct AttendArgs {
+  const float* q;  // first vector of the run
+  const float* kc;
+  const float* vc;
+  int64_t nh, nkv, group, hd;
+  float scale;
+  float* out;                // [vectors, hd], same indexing as q
+  float* m;                  // running max per vector
+  float* l;                  // running sum per vector
+  const int64_t* kv_offset;  // per vector: its kv head's offset inside a slot row (floats)
+};
+
+// 16 floats as one GCC vector: a zmm register in the AVX-512 clone, two ymm in the AVX2 one, four
+// xmm by default. Explicit vectors because GCC fully unrolls short fixed loops and then leaves them
+// scalar.
+typedef float Vec16 __attribute__((vector_size(64)));
+typedef float Vec16Unaligned __attribute__((vector_size(64), aligned(4)));
+
+__attribute__((always_inline)) inline Vec16 Load16(const float* p) {
+  return *reinterpret_cast<const Vec16Unaligned*>(p);
+}
+__attribute__((always_inline)) inline void Store16(float* p, Vec16 v) {
+  *reinterpret_cast<Vec16Unaligned*>(p) = v;
+}
+typedef float Vec8 __attribute__((vector_size(32)));
+typedef float Vec4 __attribute__((vector_size(16)));
+// Tree reduction: 3 shuffle+add levels instead of 15 dependent scalar adds.
+__attribute__((always_inline)) inline float HorizontalSum(Vec16 v) {
+  const Vec8 h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const Vec4 q =
+      __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+// HD > 0 (a multiple of 16): head_dim known at compile time, accumulators in registers;
+// HD == 0: a.hd at run time, scalar loops.
+template <int HD>
+__attribute__((always_inline)) inline float DotT(const float* a, const float* b, int64_t hd) {
+  if constexpr (HD > 0) {
+    Vec16 acc = Load16(a) * Load16(b);
+    for (int i = 16; i < HD; i += 16) acc += Load16(a + i) * Load16(b + i);
+    return HorizontalSum(acc);
+  } else {
+    return Dot(a, b, hd);
+  }
+}
+
+// Folds n keys (cache slots) into the running softmax of `nv` query vectors and accumulates the
+// weighted values. Always inlined into AttendRows so that it is compiled for the clone's ISA.
+template <int HD>
+__attribute__((always_inline)) inline void AttendChunk(const AttendArgs& a, const int64_t* slots,
+                                                       int64_t n, int64_t nv) {
+  const int64_t hd = HD > 0 ? HD : a.hd, slot_stride = a.nkv * hd;
+  float scores[kMaxVectors][kChunk];
+  for (int64_t c = 0; c < n; ++c) {
+    const float* k = a.kc + slots[c] * slot_stride;
+    for (int64_t i = 0; i < nv; ++i) {
+      scores[i][c] = DotT<HD>(a.q + i * hd, k + a.kv_offset[i], hd) * a.scale;
+    }
+  }
+  for (int64_t i = 0; i < nv; ++i) {
+    const float mx = std::max(a.m[i], MaxOf(scores[i], n));
+    const float correction = ExpNonPositive(a.m[i] - mx);  // m = -inf: exp -> ~0
+    for (int64_t c = 0; c < n; ++c) scores[i][c] = ExpNonPositive(scores[i][c] - mx);
+    const float sum = SumOf(scores[i], n);
+    a.l[i] = a.l[i] * correction + sum;
+    a.m[i] = mx;
+    // Accumulate this vector's values over the chunk in registers, then fold into out once.
+    float* o = a.out + i * hd;
+    if constexpr (HD > 0) {
+      Vec16 acc[HD / 16] = {};
+      for (int64_t c = 0; c < n; ++c) {
+        const float p = scores[i][c];
+        const float* v = a.vc + slots[c] * slot_stride + a.kv_offset[i];
+        for (int j = 0; j < HD / 16; ++j) acc[j] += p * Load16(v + 16 * j);
+      }
+      for (int j = 0; j < HD / 16; ++j)
+        Store16(o + 16 * j, Load16(o + 16 * j) * correction + acc[j]);
+      continue;
+    }
+    float acc[kMaxHeadDim];
+    for (int64_t d = 0; d < hd; ++d) acc[d] = 0;
+    for (int64_t c = 0; c < n; ++c) {
+      const float p = scores[i][c];
+      const float* v = a.vc + slots[c] * slot_stride + a.kv_offset[i];
+      for (int64_t d = 0; d < hd; ++d) acc[d] += p * v[d];
+    }
+    for (int64_t d = 0; d < hd; ++d) o[d] = o[d] * correction + acc[d];
+  }
+}
+
+// Feeds the positions [begin, end) of row r's sequence to AttendChunk in chunks, walking the block
+// table block by block (slots are consecutive inside a block).
+template <int HD>
+__attribute__((always_inline)) inline void AttendSpan(const AttendArgs& a,
+                                                      const PagedAttentionLayout& layout, int64_t r,
+                                                      int64_t begin, int64_t end, int64_t nv) {
+  const int64_t bs = layout.block_size();
+  int64_t slots[kChunk];
+  int64_t n = 0;
+  for (int64_t pos = begin; pos < end;) {
+    const int64_t block_end = std::min(end, (pos / bs + 1) * bs);
+    const int64_t base = layout.Slot(r, pos);
+    for (int64_t i = 0; pos < block_end; ++pos, ++i) {
+      slots[n++] = base + i;
+      if (n == kChunk) {
+        AttendChunk<HD>(a, slots, n, nv);
+        n = 0;
+      }
+    }
+  }
+  if (n > 0) AttendChunk<HD>(a, slots, n, nv);
+}
+
+// Rows [r0, r1) of one sequence: the key span all of them see is read once for all their heads,
+// then each row's own remainder (later chain positions, tree ancestors) separately.
+template <int HD>
+__attribute__((always_inline)) inline void AttendRowsT(AttendArgs a,
+                                                       const PagedAttentionLayout& layout,
+                                                       int64_t r0, int64_t r1) {
+  const int64_t nh = a.nh, hd = HD > 0 ? HD : a.hd, rows = r1 - r0;
+  for (int64_t i = 0; i < rows * nh; ++i) {
+    a.m[i] = -std::numeric_limits<float>::infinity();
+    a.l[i] = 0;
+  }
+  std::fill(a.out, a.out + rows * nh * hd, 0.0f);
+  int64_t shared_begin = 0, shared_end = std::numeric_limits<int64_t>::max();
+  for (int64_t r = r0; r < r1; ++r) {
+    shared_begin = std::max<int64_t>(shared_begin, layout.span_begin(r));
+    shared_end = std::min<int64_t>(shared_end, layout.span_end(r));
+  }
+  shared_end = std::max(shared_end, shared_begin);
+  AttendSpan<HD>(a, layout, r0, shared_begin, shared_end, rows * nh);
+  for (int64_t r = r0; r < r1; ++r) {
+    AttendArgs row = a;
+    const int64_t offset = (r - r0) * nh;
+    row.q += offset * hd;
+    row.out += offset * hd;
+    row.m += offset;
+    row.l += offset;
+    AttendSpan<HD>(row, layout, r, layout.span_begin(r),
+                   std::min<int64_t>(shared_begin, layout.span_end(r)), nh);
+    AttendSpan<HD>(row, layout, r, std::max<int64_t>(shared_end, layout.span_begin(r)),
+                   layout.span_end(r), nh);
+    int64_t slots[kChunk];
+    int64_t n = 0;
+    for (const int32_t* e = layout.extra_begin(r); e != layout.extra_end(r); ++e) {
+      slots[n++] = layout.Slot(r, *e);
+      if (n == kChunk) {
+        AttendChunk<HD>(row, slots, n, nh);
+        n = 0;
+      }
+    }
+    if (n > 0) AttendChunk<HD>(row, slots, n, nh);
+  }
+  for (int64_t i = 0; i < rows * nh; ++i) {
+    const float inv = a.l[i] > 0 ? 1.0f / a.l[i] : 0.0f;
+    float* o = a.out + i * hd;
+    for (int64_t d = 0; d < hd; ++d) o[d] *= inv;
+  }
+}
+
+SPECULA_VECTOR_CLONES
+void AttendRows(const AttendArgs& a, const PagedAttentionLayout& layout, int64_t r0, int64_t r1) {
+  switch (a.hd) {
+    case 32:
+      return AttendRowsT<32>(a, layout, r0, r1);
+    case 64:
+      return AttendRowsT<64>(a, layout, r0, r1);
+    case 128:
+      return AttendRowsT<128>(a, layout, r0, r1);
+    default:
+      return AttendRowsT<0>(a, layout, r0, r1);
+  }
+}
+
+// y[m][n] = bias[n] + residual[m][n] + sum_k x[m][k] w[n][k] for a few rows m: each weight row is
+// read once for all of them (the product is bound by reading the weights).
+template <int M>
+__attribute__((always_inline)) inline void SmallMatmulT(const float* x, const float* w,
+                                                        const float* bias, const float* residual,
+                                                        float* y, int64_t n_out, int64_t k) {
+  for (int64_t n = 0; n < n_out; ++n) {
+    const float* wr = w + n * k;
+    Vec16 acc[M] = {};
+    for (int64_t i = 0; i < k; i += 16) {
+      const Vec16 wv = Load16(wr + i);
+      for (int m = 0; m < M; ++m) acc[m] += Load16(x + m * k + i) * wv;
+    }
+    for (int m = 0; m < M; ++m) {
+      float v = HorizontalSum(acc[m]);
+      if (bias) v += bias[n];
+      if (residual) v += residual[m * n_out + n];
+      y[m * n_out + n] = v;
+    }
+  }
+}
+
+SPECULA_VECTOR_CLONES
+void SmallMatmul(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                 int64_t rows, int64_t n_out, int64_t k) {
+  switch (rows) {
+    case 1:
+      return SmallMatmulT<1>(x, w, bias, residual, y, n_out, k);
+    case 2:
+      return SmallMatmulT<2>(x, w, bias, residual, y, n_out, k);
+    case 3:
+      return SmallMatmulT<3>(x, w, bias, residual, y, n_out, k);
+    case 4:
+      return SmallMatmulT<4>(x, w, bias, residual, y, n_out, k);
+    case 5:
+      return SmallMatmulT<5>(x, w, bias, residual, y, n_out, k);
+    case 6:
+      return SmallMatmulT<6>(x, w, bias, residual, y, n_out, k);
+    case 7:
+      return SmallMatmulT<7>(x, w, bias, residual, y, n_out, k);
+    default:
+      return SmallMatmulT<8>(x, w, bias, residual, y, n_out, k);
+  }
+}
+
+void CheckRows(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(CpuKernelsApply(t), what, " must be a float32 CPU tensor");
+  TORCH_CHECK(t.stride(-1) == 1, what, " must have a contiguous last dimension");
+}
+
+}  // namespace
+
+bool SmallMatmulApplies(const at::Tensor& x, const at::Tensor& weight) {
+  return CpuKernelsApply(x) && CpuKernelsApply(weight) && x.dim() == 2 && x.size(0) >= 1 &&
+         x.size(0) <= kSmallMatmulMaxRows && x.size(1) % 16 == 0 && weight.is_contiguous() &&
+         weight.dim() == 2 && weight.size(1) == x.size(1);
+}
+
+at::Tensor SmallMatmulCpu(const at::Tensor& x_in, const at::Tensor& weight, const at::Tensor& bias,
+                          const at::Tensor* residual) {
+  TORCH_CHECK(SmallMatmulApplies(x_in, weight), "SmallMatmulCpu: unsupported shapes");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t rows = x.size(0), n = weight.size(0), k = x.size(1);
+  at::Tensor b = bias.defined() ? bias.contiguous() : at::Tensor();
+  at::Tensor res = residual ? residual->contiguous() : at::Tensor();
+  TORCH_CHECK(!b.defined() || (CpuKernelsApply(b) && b.numel() == n), "bad bias");
+  TORCH_CHECK(!res.defined() || (CpuKernelsApply(res) && res.numel() == rows * n), "bad residual");
+  at::Tensor y = at::empty({rows, n}, x.options());
+  SmallMatmul(x.data_ptr<float>(), weight.data_ptr<float>(),
+              b.defined() ? b.data_ptr<float>() : nullptr,
+              res.defined() ? res.data_ptr<float>() : nullptr, y.data_ptr<float>(), rows, n, k);
+  return y;
+}
+
+bool CpuKernelsApply(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat;
+}
+
+at::Tensor RmsNormCpu(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
+  at::Tensor x = x_in.contiguous();
+  CheckRows(x, "rms norm input");
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  at::Tensor w = weight.contiguous();
+  at::Tensor out = at::empty_like(x);
+  RmsNormRows(x.data_ptr<float>(), w.data_ptr<float>(), out.data_ptr<float>(), rows, d,
+              static_cast<float>(eps));
+  return out;
+}
+
+at::Tensor SiluMulCpu(const at::Tensor& gate_up_in) {
+  at::Tensor gu = gate_up_in.contiguous();
+  CheckRows(gu, "gate_up");
+  const int64_t f = gu.size(-1) / 2, rows = gu.numel() / std::max<int64_t>(1, 2 * f);
+  std::vector<int64_t> shape = gu.sizes().vec();
+  shape.back() = f;
+  at::Tensor out = at::empty(shape, gu.options());
+  SiluMulRows(gu.data_ptr<float>(), out.data_ptr<float>(), rows, f);
+  return out;
+}
+
+at::Tensor RopeAndCacheCpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& cos_in, const at::Tensor& sin_in,
+                           const std::vector<int64_t>& write_slots, at::Tensor& key_cache,
+                           at::Tensor& value_cache) {
+  CheckRows(q, "q");
+  CheckRows(k, "k");
+  CheckRows(v, "v");
+  CheckRows(key_cache, "key cache");
+  CheckRows(value_cache, "value cache");
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(),
+              "caches must be contiguous");
+  const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
+  CheckRows(cos, "cos");
+  CheckRows(sin, "sin");
+  const int64_t N = q.size(0), nh = q.size(1), nkv = k.size(1), hd = q.size(2);
+  TORCH_CHECK(static_cast<int64_t>(write_slots.size()) == N, "one write slot per row");
+  TORCH_CHECK(k.stride(1) == hd || nkv == 1, "k heads must be head_dim apart");
+  const int64_t slot_floats = nkv * hd;
+  const int64_t num_slots = key_cache.size(0);
+  at::Tensor q_out = at::empty({N, nh, hd}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* kc = key_cache.data_ptr<float>();
+  float* vc = value_cache.data_ptr<float>();
+  float* qo = q_out.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t slot = write_slots[i];
+    TORCH_CHECK(slot >= 0 && slot < num_slots, "write slot ", slot, " outside the cache");
+    RotateRow(qp + i * q.stride(0), cp + i * hd, sp + i * hd, qo + i * nh * hd, nh, q.stride(1),
+              hd);
+    RotateRow(kp + i * k.stride(0), cp + i * hd, sp + i * hd, kc + slot * slot_floats, nkv,
+              k.stride(1), hd);
+    float* vdst = vc + slot * slot_floats;
+    for (int64_t h = 0; h < nkv; ++h) {
+      std::memcpy(vdst + h * hd, vp + i * v.stride(0) + h * v.stride(1), hd * sizeof(float));
+    }
+  }
+  return q_out;
+}
+
+at::Tensor PagedAttentionCpu(const at::Tensor& q_in, const at::Tensor& key_cache,
+                             const at::Tensor& value_cache, const PagedAttentionLayout& layout) {
+  const at::Tensor q = q_in.contiguous();
+  CheckRows(q, "q");
+  CheckRows(key_cache, "key cache");
+  CheckRows(value_cache, "value cache");
+  const int64_t N = q.size(0), nh = q.size(1), hd = q.size(2), nkv = key_cache.size(1);
+  TORCH_CHECK(N == layout.num_rows(), "q has ", N, " rows, the layout ", layout.num_rows());
+  TORCH_CHECK(nh % nkv == 0 && nh <= kMaxHeads, "unsupported heads ", nh, "/", nkv);
+  at::Tensor out = at::empty({N, nh * hd}, q.options());
+  if (N == 0) return out;
+  TORCH_CHECK(hd <= kMaxHeadDim, "head_dim ", hd, " above ", kMaxHeadDim);
+  const int64_t group = nh / nkv;
+  const float* qp = q.data_ptr<float>();
+  const float* kc = key_cache.data_ptr<float>();
+  const float* vc = value_cache.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // Tasks: runs of consecutive rows of one sequence, at most kMaxVectors / nh rows each.
+  const int64_t max_rows = std::max<int64_t>(1, kMaxVectors / nh);
+  std::vector<int64_t> run_start;
+  for (int64_t r = 0; r < N; ++r) {
+    if (run_start.empty() || layout.row_sequence(r) != layout.row_sequence(r - 1) ||
+        r - run_start.back() >= max_rows) {
+      run_start.push_back(r);
+    }
+  }
+  const int64_t runs = static_cast<int64_t>(run_start.size());
+  run_start.push_back(N);
+  // Runs go in parallel once a thread gets ~256K multiply-adds: at batch 1 a fork costs more than
+  // the work.
+  const int64_t work_per_run = std::max<int64_t>(1, layout.total_visible() * nh * hd / runs);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / work_per_run);
+  std::vector<int64_t> kv_offset(kMaxVectors);
+  for (int64_t i = 0; i < kMaxVectors; ++i) kv_offset[i] = ((i % nh) / group) * hd;
+  at::parallel_for(0, runs, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> m(kMaxVectors), l(kMaxVectors);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t r0 = run_start[t], r1 = run_start[t + 1];
+      AttendArgs a{.q = qp + r0 * nh * hd,
+                   .kc = kc,
+                   .vc = vc,
+                   .nh = nh,
+                   .nkv = nkv,
+                   .group = group,
+                   .hd = hd,
+                   .scale = scale,
+                   .out = op + r0 * nh * hd,
+                   .m = m.data(),
+                   .l = l.data(),
+                   .kv_offset = kv_offset.data()};
+      AttendRows(a, layout, r0, r1);
+    }
+  });
+  return out;
+}
+
+}  // namespace specula

@@ -1,0 +1,280 @@
+// The in-place paged attention (CPU kernel, and the padded LibTorch fallback) against
+// MaskedAttention over keys gathered by a reference that derives every row's visible positions from
+// the forward's semantics directly (not from PagedAttentionLayout): ragged batches, token trees,
+// GQA, block boundaries, sliding windows, contexts 1..512.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <random>
+
+#include "common/kv/block_allocator.h"
+#include "common/model/cpu_kernels.h"
+#include "common/model/paged_attention.h"
+#include "common/model/paged_attention_layout.h"
+#include "common/model/rope.h"
+#include "common/model/transformer.h"
+
+namespace specula {
+namespace {
+
+struct SeqSpec {
+  int64_t cached = 0;
+  int64_t num_new = 1;
+  std::vector<int32_t> parents;    // empty = chain
+  std::vector<int32_t> positions;  // empty = cached + i
+};
+
+struct Case {
+  int64_t nh = 8, nkv = 4, hd = 32, block_size = 16, window = 0;
+  std::vector<SeqSpec> seqs;
+};
+
+// Visible cache positions of new row i of `s`, straight from the definition.
+std::vector<int64_t> ReferenceVisible(const SeqSpec& s, int64_t i, int64_t window) {
+  auto pos_of = [&](int64_t a) -> int64_t {
+    return s.positions.empty() ? s.cached + a : s.positions[a];
+  };
+  const int64_t p = pos_of(i);
+  std::vector<int64_t> visible;
+  for (int64_t j = 0; j < s.cached; ++j) {
+    if (window == 0 || p - j < window) visible.push_back(j);
+  }
+  for (int64_t a = 0; a <= i; ++a) {
+    bool ancestor = s.parents.empty();
+    for (int64_t x = i; !ancestor && x >= 0; x = s.parents[x]) ancestor = (x == a);
+    if (ancestor && (window == 0 || p - pos_of(a) < window)) visible.push_back(s.cached + a);
+  }
+  return visible;
+}
+
+class PagedAttentionTest : public ::testing::Test {
+ protected:
+  // Runs `c` through the kernel (or the padded fallback) and through the reference; returns the
+  // largest absolute difference.
+  double MaxError(const Case& c, bool padded, uint64_t seed) {
+    torch::manual_seed(seed);
+    int64_t total_positions = 0;
+    for (const SeqSpec& s : c.seqs) total_positions += s.cached + s.num_new;
+    const int64_t num_blocks = total_positions / c.block_size + c.seqs.size() + 4;
+    BlockAllocator alloc(num_blocks, c.block_size);
+    auto key_cache = torch::randn({num_blocks * c.block_size, c.nkv, c.hd});
+    auto value_cache = torch::randn({num_blocks * c.block_size, c.nkv, c.hd});
+    // Interleave the sequences' growth so that their blocks are scattered through the cache.
+    std::vector<SeqId> ids;
+    for (size_t b = 0; b < c.seqs.size(); ++b) {
+      ids.push_back(static_cast<SeqId>(b + 1));
+      EXPECT_TRUE(alloc.AddSequence(ids.back()).ok());
+    }
+    for (int64_t step = 0;; ++step) {
+      bool grew = false;
+      for (size_t b = 0; b < c.seqs.size(); ++b) {
+        const int64_t want = std::min<int64_t>(c.seqs[b].cached, (step + 1) * 7);
+        const int64_t have = alloc.Length(ids[b]);
+        if (want > have) {
+          EXPECT_TRUE(alloc.Append(ids[b], want - have).ok());
+          grew = true;
+        }
+      }
+      if (!grew) break;
+    }
+    PagedAttentionLayout layout(c.block_size, c.window);
+    int64_t N = 0;
+    for (size_t b = 0; b < c.seqs.size(); ++b) {
+      EXPECT_TRUE(alloc.Append(ids[b], c.seqs[b].num_new).ok());
+      layout.AddSequence(alloc.BlockTable(ids[b]), c.seqs[b].cached, c.seqs[b].num_new,
+                         c.seqs[b].positions, c.seqs[b].parents);
+      N += c.seqs[b].num_new;
+    }
+    EXPECT_EQ(layout.num_rows(), N);
+    auto q = torch::randn({N, c.nh, c.hd});
+    auto k = torch::randn({N, c.nkv, c.hd});
+    auto v = torch::randn({N, c.nkv, c.hd});
+    std::vector<int64_t> pos = layout.positions();
+    auto pos_t = torch::tensor(pos, torch::kLong);
+    ModelConfig config;
+    config.head_dim = c.hd;
+    config.rope_theta = 10000.0;
+    auto [cos, sin] = RopeCosSin(RopeInverseFrequencies(config, torch::kCPU), pos_t, torch::kFloat);
+
+    // Reference: rotate, write, then per row MaskedAttention over exactly its visible keys.
+    auto ref_keys = key_cache.clone(), ref_values = value_cache.clone();
+    auto q_rot = ApplyRope(q, cos, sin), k_rot = ApplyRope(k, cos, sin);
+    std::vector<torch::Tensor> ref_rows;
+    int64_t row = 0;
+    for (size_t b = 0; b < c.seqs.size(); ++b) {
+      for (int64_t i = 0; i < c.seqs[b].num_new; ++i, ++row) {
+        const int64_t slot = alloc.SlotOf(ids[b], c.seqs[b].cached + i);
+        ref_keys[slot] = k_rot[row];
+        ref_values[slot] = v[row];
+      }
+    }
+    row = 0;
+    for (size_t b = 0; b < c.seqs.size(); ++b) {
+      for (int64_t i = 0; i < c.seqs[b].num_new; ++i, ++row) {
+        std::vector<int64_t> slots;
+        for (int64_t p : ReferenceVisible(c.seqs[b], i, c.window)) {
+          slots.push_back(alloc.SlotOf(ids[b], p));
+        }
+        auto index = torch::tensor(slots, torch::kLong);
+        const int64_t T = static_cast<int64_t>(slots.size());
+        auto keys = ref_keys.index_select(0, index).view({1, T, c.nkv, c.hd});
+        auto values = ref_values.index_select(0, index).view({1, T, c.nkv, c.hd});
+        auto mask = torch::ones({1, 1, 1, 1, T}, torch::kBool);
+        ref_rows.push_back(
+            MaskedAttention(q_rot[row].view({1, 1, c.nh, c.hd}), keys, values, mask).view({-1}));
+      }
+    }
+    auto reference = torch::stack(ref_rows, 0);
+
+    AttentionInputs in = MakePagedInputs(layout, cos, sin);
+    if (padded) {
+      // The fallback's padded form, forced on CPU float32.
+      PagedAttentionLayout::Padded p = layout.ToPadded();
+      in.max_q = p.max_q;
+      in.max_k = p.max_k;
+      in.write_slots = torch::tensor(layout.write_slots(), torch::kLong);
+      in.q_index = torch::tensor(p.q_index, torch::kLong);
+      in.read_slots = torch::tensor(p.read_slots, torch::kLong);
+      in.mask = torch::tensor(std::vector<int64_t>(p.mask.begin(), p.mask.end()), torch::kLong)
+                    .to(torch::kBool)
+                    .view({in.batch, 1, 1, in.max_q, in.max_k});
+    }
+    auto out = PagedSelfAttention(q, k, v, in, key_cache, value_cache);
+    EXPECT_EQ(out.sizes(), reference.sizes());
+    // The cache holds exactly the rotated keys and the values afterwards.
+    EXPECT_LT((key_cache - ref_keys).abs().max().item<double>(), 1e-5);
+    EXPECT_LT((value_cache - ref_values).abs().max().item<double>(), 1e-6);
+    return (out - reference).abs().max().item<double>();
+  }
+};
+
+// Tolerance: float32 with a different summation order (chunked online softmax, vector lanes) and
+// a polynomial exp (~2 ulp): 2e-5 absolute on outputs of magnitude ~1.
+constexpr double kTolerance = 2e-5;
+
+TEST_F(PagedAttentionTest, DecodeRowsOverRaggedContexts) {
+  Case c;
+  for (int64_t ctx : {1, 2, 15, 16, 17, 31, 64, 100, 255, 256, 511}) {
+    c.seqs.push_back({.cached = ctx, .num_new = 1});
+  }
+  EXPECT_LT(MaxError(c, false, 1), kTolerance);
+  EXPECT_LT(MaxError(c, true, 1), kTolerance);
+}
+
+TEST_F(PagedAttentionTest, ChunksAndPrefillsAcrossBlockBoundaries) {
+  Case c;
+  c.seqs = {{.cached = 0, .num_new = 512},
+            {.cached = 13, .num_new = 5},
+            {.cached = 16, .num_new = 16},
+            {.cached = 47, .num_new = 33},
+            {.cached = 200, .num_new = 1}};
+  EXPECT_LT(MaxError(c, false, 2), kTolerance);
+  EXPECT_LT(MaxError(c, true, 2), kTolerance);
+}
+
+TEST_F(PagedAttentionTest, TokenTreesSeeOnlyTheirAncestors) {
+  Case c;
+  // A verify chunk: pending token (row 0) and a tree hanging off it, positions by depth.
+  SeqSpec tree{.cached = 40, .num_new = 7};
+  tree.parents = {-1, 0, 0, 1, 1, 2, 5};
+  tree.positions = {40, 41, 41, 42, 42, 42, 43};
+  SeqSpec chain{.cached = 9, .num_new = 4};
+  SeqSpec root_forest{.cached = 3, .num_new = 3};
+  root_forest.parents = {-1, -1, 1};
+  root_forest.positions = {3, 3, 4};
+  c.seqs = {tree, chain, root_forest};
+  EXPECT_LT(MaxError(c, false, 3), kTolerance);
+  EXPECT_LT(MaxError(c, true, 3), kTolerance);
+}
+
+TEST_F(PagedAttentionTest, GroupedQueryAndHeadShapes) {
+  for (auto [nh, nkv, hd] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {8, 8, 32}, {8, 1, 32}, {6, 2, 64}, {4, 2, 24}, {16, 2, 128}}) {
+    Case c;
+    c.nh = nh;
+    c.nkv = nkv;
+    c.hd = hd;
+    c.block_size = 8;
+    c.seqs = {{.cached = 70, .num_new = 3}, {.cached = 5, .num_new = 1}};
+    EXPECT_LT(MaxError(c, false, 4), kTolerance) << nh << "/" << nkv << "/" << hd;
+  }
+}
+
+TEST_F(PagedAttentionTest, SlidingWindowLimitsPrefixAndNewTokens) {
+  Case c;
+  c.window = 20;
+  SeqSpec tree{.cached = 64, .num_new = 4};
+  tree.parents = {-1, 0, 1, 0};
+  tree.positions = {64, 65, 66, 65};
+  c.seqs = {{.cached = 100, .num_new = 30}, {.cached = 3, .num_new = 2}, tree};
+  EXPECT_LT(MaxError(c, false, 5), kTolerance);
+  EXPECT_LT(MaxError(c, true, 5), kTolerance);
+}
+
+TEST_F(PagedAttentionTest, RandomBatchesMatchTheReference) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 12; ++trial) {
+    Case c;
+    c.block_size = std::uniform_int_distribution<int64_t>(1, 32)(rng);
+    const int64_t B = std::uniform_int_distribution<int64_t>(1, 9)(rng);
+    for (int64_t b = 0; b < B; ++b) {
+      SeqSpec s;
+      s.cached = std::uniform_int_distribution<int64_t>(0, 300)(rng);
+      s.num_new = std::uniform_int_distribution<int64_t>(1, 12)(rng);
+      if (rng() % 2) {  // a random tree, positions by depth
+        std::vector<int64_t> depth(s.num_new);
+        for (int64_t i = 0; i < s.num_new; ++i) {
+          const int32_t parent =
+              i == 0 ? -1 : std::uniform_int_distribution<int32_t>(-1, i - 1)(rng);
+          s.parents.push_back(parent);
+          depth[i] = parent < 0 ? 0 : depth[parent] + 1;
+          s.positions.push_back(static_cast<int32_t>(s.cached + depth[i]));
+        }
+      }
+      c.seqs.push_back(s);
+    }
+    EXPECT_LT(MaxError(c, false, 100 + trial), kTolerance) << "trial " << trial;
+  }
+}
+
+TEST(CpuKernelsTest, RmsNormAndSiluMulMatchLibTorch) {
+  torch::manual_seed(0);
+  auto x = torch::randn({5, 256}) * 3;
+  auto w = torch::randn({256});
+  auto var = x.pow(2).mean(-1, true);
+  auto ref = w * (x * torch::rsqrt(var + 1e-5));
+  EXPECT_LT((RmsNormCpu(x, w, 1e-5) - ref).abs().max().item<double>(), 1e-5);
+  auto gu = torch::randn({3, 2, 2 * 96}) * 8;  // large |gate| exercises both exp branches
+  auto silu_ref = torch::silu(gu.narrow(-1, 0, 96)) * gu.narrow(-1, 96, 96);
+  auto silu = SiluMulCpu(gu);
+  EXPECT_EQ(silu.sizes(), silu_ref.sizes());
+  EXPECT_LT((silu - silu_ref).abs().max().item<double>(), 1e-4);
+  EXPECT_LT(((silu - silu_ref).abs() / (silu_ref.abs() + 1e-3)).max().item<double>(), 1e-5);
+}
+
+}  // namespace
+}  // namespace specula
+
+namespace specula {
+namespace {
+
+TEST(CpuKernelsTest, SmallMatmulMatchesLinearForEveryRowCount) {
+  torch::manual_seed(1);
+  auto w = torch::randn({70, 48});
+  auto b = torch::randn({70});
+  for (int64_t rows = 1; rows <= kSmallMatmulMaxRows; ++rows) {
+    auto x = torch::randn({rows, 48});
+    auto r = torch::randn({rows, 70});
+    ASSERT_TRUE(SmallMatmulApplies(x, w));
+    auto ref = torch::nn::functional::linear(x, w, b) + r;
+    EXPECT_LT((SmallMatmulCpu(x, w, b, &r) - ref).abs().max().item<double>(), 1e-4) << rows;
+    EXPECT_LT((SmallMatmulCpu(x, w, {}, nullptr) - x.matmul(w.t())).abs().max().item<double>(),
+              1e-4)
+        << rows;
+  }
+  EXPECT_FALSE(SmallMatmulApplies(torch::randn({kSmallMatmulMaxRows + 1, 48}), w));
+  EXPECT_FALSE(SmallMatmulApplies(torch::randn({2, 40}), torch::randn({70, 40})));  // k % 16
+}
+
+}  // namespace
+}  // namespace specula
