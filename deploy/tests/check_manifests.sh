@@ -40,9 +40,11 @@ for dir in "${overlays[@]}"; do
 done
 
 # Broken variants: each must make the validator fail.
-expect_rejected() {  # description, sed expression applied to the rendered gpu-split overlay
-  sed -e "$2" "$work/gpu-split.yaml" >"$work/broken.yaml"
-  if cmp -s "$work/gpu-split.yaml" "$work/broken.yaml"; then
+expect_rejected() {  # overlay, description, sed expression applied to its rendering
+  local overlay="$1"
+  shift
+  sed -e "$2" "$work/$overlay.yaml" >"$work/broken.yaml"
+  if cmp -s "$work/$overlay.yaml" "$work/broken.yaml"; then
     echo "FAILED: broken variant '$1' changed nothing (stale sed expression)" >&2
     exit 1
   fi
@@ -52,9 +54,10 @@ expect_rejected() {  # description, sed expression applied to the rendered gpu-s
   fi
   echo "rejected as expected: $1"
 }
-expect_rejected "probe port as a string" '0,/port: 50052$/s//port: "50052"/'
-expect_rejected "the drafter open to any pod" 's/app.kubernetes.io\/component: target$/app.kubernetes.io\/component: router/'
-expect_rejected "grace period shorter than the drain" 's/terminationGracePeriodSeconds: 40/terminationGracePeriodSeconds: 10/'
-expect_rejected "an undefined \$(VAR)" 's/\$(SPECULA_DTYPE)/$(SPECULA_DTYPO)/'
-expect_rejected "an unknown kind" 's/^kind: PodMonitor$/kind: PodMonitr/'
+expect_rejected gpu-split "probe port as a string" '0,/port: 50052$/s//port: "50052"/'
+expect_rejected gpu-split "the drafter open to any pod" 's/app.kubernetes.io\/component: target$/app.kubernetes.io\/component: router/'
+expect_rejected gpu-split "grace period shorter than the drain" 's/terminationGracePeriodSeconds: 40/terminationGracePeriodSeconds: 10/'
+expect_rejected gpu-split "an undefined \$(VAR)" 's/\$(SPECULA_DTYPE)/$(SPECULA_DTYPO)/'
+expect_rejected gpu-split "an unknown kind" 's/^kind: PodMonitor$/kind: PodMonitr/'
+expect_rejected cpu "an HPA metric the adapter does not serve" 's/name: specula_num_requests_waiting/name: specula_requests_waiting/'
 echo "deploy manifests: OK"

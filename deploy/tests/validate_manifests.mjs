@@ -168,7 +168,17 @@ for (const labels of podLabels) {
 for (const pm of byKind("PodMonitor")) {
   if (!selectsPods(pm.spec.selector.matchLabels)) fail(`PodMonitor/${pm.metadata.name}`, "selects no pod");
 }
+// HPA custom metrics must be ones the Prometheus adapter's rules serve.
+const adapterUrl = new URL("../prometheus-adapter/config.yaml", import.meta.url);
+const adapterNames = new Set(
+  (parseAllDocuments(readFileSync(adapterUrl, "utf8"))[0].toJS().rules ?? []).map((r) => r.name?.as),
+);
 for (const h of byKind("HorizontalPodAutoscaler")) {
+  for (const m of h.spec.metrics ?? []) {
+    if (m.type === "Pods" && !adapterNames.has(m.pods.metric.name)) {
+      fail(`HorizontalPodAutoscaler/${h.metadata.name}`, `metric ${m.pods.metric.name} is not served by deploy/prometheus-adapter/config.yaml`);
+    }
+  }
   const ref = h.spec.scaleTargetRef;
   if (!deployments.some((d) => ref.kind === "Deployment" && d.metadata.name === ref.name)) {
     fail(`HorizontalPodAutoscaler/${h.metadata.name}`, `scales a missing ${ref.kind}/${ref.name}`);
