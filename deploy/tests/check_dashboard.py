@@ -84,14 +84,17 @@ class Server:
     """One `specula serve` child on free ports (--port 0, --metrics-port -1)."""
 
     def __init__(self, binary, args):
+        # stderr to a file: a pipe nobody reads would block a server that logs every request.
+        self.stderr = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([binary, "serve", "--port", "0", "--metrics-port", "-1", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True)
         line = self.proc.stdout.readline()
         match = re.search(r"listening on ([^ ]+):(\d+) .*metrics on (http://[^ ,)]+/metrics)", line)
         if not match:
-            err = self.proc.stderr.read() if self.proc.poll() is not None else ""
             self.stop()
-            raise RuntimeError(f"specula serve {' '.join(args)}: no listening line: {line!r} {err}")
+            self.stderr.seek(0)
+            raise RuntimeError(f"specula serve {' '.join(args)}: no listening line: {line!r} "
+                               f"{self.stderr.read()[-3000:]}")
         self.address = f"{match.group(1)}:{match.group(2)}"
         self.metrics_url = match.group(3)
 
