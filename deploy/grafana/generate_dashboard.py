@@ -124,6 +124,11 @@ PANELS = [
          "sequences whose state the drafter holds.", "short", "timeseries",
          [(f"sum(specula_target_sessions_total{{{JOB}}})", "target sessions"),
           (f"sum(specula_drafter_sequences{{{JOB}}})", "drafter sequences")]),
+        ("Process CPU per role", "CPU cores busy per role (process_cpu_seconds_total).", "short",
+         "timeseries",
+         [(rate("process_cpu_seconds_total", by="role"), "{{role}}")]),
+        ("Process memory per role", "Resident memory per role.", "bytes", "timeseries",
+         [(f"sum by (role) (process_resident_memory_bytes{{{JOB}}})", "{{role}}")]),
     ]),
 ]
 
