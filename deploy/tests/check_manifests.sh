@@ -59,5 +59,6 @@ expect_rejected gpu-split "the drafter open to any pod" 's/app.kubernetes.io\/co
 expect_rejected gpu-split "grace period shorter than the drain" 's/terminationGracePeriodSeconds: 40/terminationGracePeriodSeconds: 10/'
 expect_rejected gpu-split "an undefined \$(VAR)" 's/\$(SPECULA_DTYPE)/$(SPECULA_DTYPO)/'
 expect_rejected gpu-split "an unknown kind" 's/^kind: PodMonitor$/kind: PodMonitr/'
+expect_rejected gpu-split "a startup window shorter than the upstream wait" 's/failureThreshold: 130/failureThreshold: 100/'
 expect_rejected cpu "an HPA metric the adapter does not serve" 's/name: specula_num_requests_waiting/name: specula_requests_waiting/'
 echo "deploy manifests: OK"

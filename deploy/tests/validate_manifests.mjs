@@ -115,6 +115,12 @@ for (const d of deployments) {
     if (!((pod.terminationGracePeriodSeconds ?? 30) > needed)) {
       fail(where, `terminationGracePeriodSeconds must exceed preStop + --shutdown-grace-s (${needed} s)`);
     }
+    // A server listens only after --connect-timeout-s of waiting for its upstream at most.
+    const startup = (c.startupProbe?.periodSeconds ?? 10) * (c.startupProbe?.failureThreshold ?? 3);
+    const connect = Number(flag("connect-timeout-s") ?? 0);
+    if (startup <= connect) {
+      fail(cw, `startupProbe window ${startup} s <= --connect-timeout-s ${connect} s: restarts while waiting`);
+    }
     const role = flag("role");
     const gpus = c.resources?.limits?.["nvidia.com/gpu"];
     if ((role === "target" || role === "drafter") && overlay === "gpu-split" && gpus !== "1" && gpus !== 1) {
