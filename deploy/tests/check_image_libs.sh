@@ -12,18 +12,20 @@ dockerfile="$(dirname "$0")/../Dockerfile"
 runtime="$(awk '/^FROM /{block=""} /apt-get install/{grab=1} grab{block=block" "$0} /rm -rf \/var\/lib\/apt/{grab=0} END{print block}' "$dockerfile" |
   tr ' \\' '\n\n' | grep -E '^lib[a-z0-9.+-]+$' | sort -u)"
 [ -n "$runtime" ] || { echo "FAILED: no runtime packages found in $dockerfile" >&2; exit 1; }
+# Direct dependencies from dpkg's own database (works without apt lists; the build machine has
+# these runtime packages installed as dependencies of their -dev packages).
 allowed="$(printf '%s\n' $runtime libc6 libgcc-s1 libstdc++6
-  apt-cache depends --important $runtime 2>/dev/null | awk '/Depends:/{print $2}' | tr -d '<>')"
+  for p in $runtime; do
+    dpkg-query -W -f='${Depends}, ${Pre-Depends}\n' "$p" 2>/dev/null || true
+  done | tr ',|' '\n\n' | awk '{print $1}' | sed 's/:any$//' | grep -v '^$')"
 missing=0
+resolved="$(ldd "$binary")"
 while read -r lib; do
-  path="$(ldd "$binary" | awk -v l="$lib" '$1 == l {print $3}')"
+  path="$(awk -v l="$lib" '$1 == l {print $3}' <<<"$resolved")"
   [ -n "$path" ] || { echo "FAILED: $lib not resolved by ldd" >&2; missing=1; continue; }
   # dpkg knows a file under the path it was installed at: /lib or /usr/lib (merged /usr).
-  pkg=""
-  for candidate in "$path" "$(readlink -f "$path")" "${path/#\/lib\//\/usr\/lib\/}"; do
-    pkg="$(dpkg -S "$candidate" 2>/dev/null | head -1 | cut -d: -f1 || true)"
-    [ -n "$pkg" ] && break
-  done
+  pkg="$(dpkg -S "$path" "$(readlink -f "$path")" "${path/#\/lib\//\/usr\/lib\/}" 2>/dev/null |
+    head -1 | cut -d: -f1 || true)"
   if [ -z "$pkg" ]; then
     echo "FAILED: $lib ($path) belongs to no Debian package" >&2
     missing=1
