@@ -13,7 +13,13 @@ PACKAGES=(
   python3 python3-torch python3-numpy python3-grpcio python3-protobuf   # reference checks and the Python client example, run with /usr/bin/python3
   libjemalloc2                                       # training runs (scripts/train_models.sh)
   libpython3.11-stdlib                               # the training corpus (/usr/lib/python3.11)
+  yamllint prometheus nodejs                         # deploy/ checks: YAML lint, promtool + a real Prometheus, Node.js
 )
+# Installed only when their command is missing: a Node.js from elsewhere (NodeSource) ships its own
+# npm and conflicts with Debian's package; likewise a kubectl from Google's repository conflicts
+# with kubernetes-client (Debian 12: kubectl 1.20, whose `kubectl kustomize` renders deploy/).
+command -v npm >/dev/null || PACKAGES+=(npm)
+command -v kubectl >/dev/null || PACKAGES+=(kubernetes-client)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -21,10 +27,19 @@ for p in "${PACKAGES[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all packages present"
-  exit 0
+else
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
-echo "setup: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# The deploy/ validators' npm packages (Kubernetes schemas), pinned by package-lock.json; again
+# only when the lock file changed since the last install.
+cd "$(dirname "$0")/../deploy/tests"
+if ! [ node_modules/.specula-lock -nt package-lock.json ]; then
+  echo "setup: npm ci in deploy/tests"
+  npm ci --no-audit --no-fund --loglevel=error
+  touch node_modules/.specula-lock
+fi

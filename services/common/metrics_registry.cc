@@ -4,6 +4,7 @@
 #include <prometheus/text_serializer.h>
 
 #include "services/common/metrics_endpoint.h"
+#include "services/common/metrics_process.h"
 
 namespace specula::services {
 
@@ -20,7 +21,9 @@ StatusOr<int> MetricsRegistry::Expose(const std::string& host, int port) {
 }
 
 std::string MetricsRegistry::Text() const {
-  return prometheus::TextSerializer().Serialize(registry_->Collect());
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  for (auto& family : CollectProcessMetrics()) families.push_back(std::move(family));
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 }  // namespace specula::services

@@ -27,7 +27,8 @@ class MetricsRegistry {
   // Serves GET /metrics on host:port (0 = any free port) until destruction; returns the bound
   // port. UNAVAILABLE if it cannot bind; at most once.
   StatusOr<int> Expose(const std::string& host, int port);
-  // Every metric in Prometheus text format, as /metrics returns it.
+  // Every metric in Prometheus text format, as /metrics returns it, with the process_* metrics
+  // (metrics_process.h) after the registry's own.
   std::string Text() const;
 
  private:
