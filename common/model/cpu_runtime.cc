@@ -9,15 +9,14 @@
 namespace specula {
 
 int ConfigureCpuThreads(int64_t threads) {
-  int n = threads > 0 ? static_cast<int>(threads)
-                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  // LibTorch's OpenMP pool stays at one thread: its workers spin after every parallel region and
-  // then compete with OpenBLAS's for the same cores (measured on 2 cores: batch 64 x 5 tokens
-  // 1.5-3x slower with both pools at 2). The matmuls, where the time goes, use OpenBLAS's threads.
+  const int n = threads > 0 ? static_cast<int>(threads)
+                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // The matmuls, where the time goes, run on OpenBLAS's pool; LibTorch's OpenMP pool stays at one
+  // thread. Measured on 2 cores (docs/BENCHMARKS.md): both pools at 2 made batch 64 x 5 tokens
+  // 1.5-3x slower (the pools' spinning workers fight over the cores), and one OpenMP pool of 2
+  // with single-threaded BLAS inside it was 1.5x slower than this. Looked up at run time so that
+  // builds against another BLAS (or a CUDA-only LibTorch) need nothing.
   at::set_num_threads(1);
-  // OpenBLAS keeps its own thread pool (LibTorch does not size it): spinning BLAS threads next to
-  // LibTorch's pool cost more than they gain on a small machine. Looked up at run time so that
-  // builds against another BLAS (or CUDA-only LibTorch) need nothing.
   using SetThreadsFn = void (*)(int);
   if (auto fn = reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
     fn(n);

@@ -1,6 +1,6 @@
-// Process-wide CPU settings for serving: threads for the matmuls (OpenBLAS's pool; LibTorch's
-// OpenMP pool stays at one so the two do not fight over the cores), and an allocator that keeps
-// freed buffers instead of returning them to the OS after every forward.
+// Process-wide CPU settings for serving: the matmuls' threads (OpenBLAS's pool; LibTorch's OpenMP
+// pool stays at one so the two do not fight over the cores), and an allocator that keeps freed
+// buffers instead of returning them to the OS after every forward.
 #pragma once
 
 #include <cstdint>
