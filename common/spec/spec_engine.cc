@@ -185,7 +185,9 @@ Status SpecEngine::AdmitWaiting(std::vector<Sequence*>* prefills, StepReport* re
   int32_t running = num_running();
   int64_t prefill_tokens = 0;
   std::vector<RequestId> admitted;
-  for (RequestId id : waiting_) {
+  // A copy: Finish removes a failed request from waiting_ while we walk the queue.
+  const std::vector<RequestId> queue = waiting_;
+  for (RequestId id : queue) {
     Sequence& s = *sequences_.at(id);
     const int64_t prompt = static_cast<int64_t>(s.request.generation.prompt.size());
     if (running >= options_.max_batch_size) break;

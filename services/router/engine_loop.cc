@@ -255,7 +255,12 @@ StepPlan EngineLoop::PlanStep() {
   plan.cancel.swap(to_cancel_);
   int64_t prefill_tokens = 0;
   while (!waiting_.empty()) {
-    Active& a = *active_.at(waiting_.front());
+    auto it = active_.find(waiting_.front());
+    if (it == active_.end()) {  // cannot happen (Erase dequeues); never abort the server for it
+      waiting_.pop_front();
+      continue;
+    }
+    Active& a = *it->second;
     const int64_t prompt = static_cast<int64_t>(a.request.spec.generation.prompt.size());
     if (admitted_ >= options_.max_batch_size) break;
     if (reserved_blocks_ + a.reserved_blocks > info_.kv_cache_blocks) break;  // FIFO: no overtaking
@@ -284,6 +289,10 @@ void EngineLoop::Erase(RequestId id) {
   if (it->second->admitted) {
     --admitted_;
     reserved_blocks_ -= it->second->reserved_blocks;
+  } else {
+    // A request that leaves while queued (cancelled, deadline, shutdown) must leave the queue
+    // too: PlanStep looks up every queued id in active_.
+    std::erase(waiting_, id);
   }
   active_.erase(it);
 }

@@ -433,6 +433,73 @@ TEST_F(SpecEngineTest, CancelFreesKvBlocksAndLeavesOthersIntact) {
   EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
 }
 
+TEST_F(SpecEngineTest, AFailedAdmissionEndsOnlyThatRequest) {
+  // Submit takes the next process-wide sequence ids; occupying the second one in the target makes
+  // that request's AddSequence fail in the middle of admission (issue 19.1: the failed request
+  // was erased from the queue while the queue was being walked, so a later one was admitted
+  // twice and a request was skipped).
+  const auto requests = Prompts(5, 6, 37);
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get());
+  const SeqId taken = NewSequenceId() + 2;
+  ASSERT_TRUE(target_->AddSequence(taken).ok());
+  std::vector<RequestId> ids;
+  for (const auto& r : WithDrafter(requests, "none", 0)) ids.push_back(*engine.Submit(r));
+  std::map<RequestId, std::vector<int32_t>> got;
+  std::map<RequestId, RequestUpdate> last;
+  int steps = 0;
+  while (engine.HasWork() && ++steps < 100) {
+    auto report = engine.Step();
+    ASSERT_TRUE(report.ok()) << report.status();
+    for (const auto& u : report->updates) {
+      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (u.finished) last[u.id] = u;
+    }
+  }
+  ASSERT_EQ(last.size(), requests.size());
+  EXPECT_EQ(last[ids[1]].finish_reason, "error");
+  EXPECT_EQ(last[ids[1]].error.code(), StatusCode::kAlreadyExists) << last[ids[1]].error;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i == 1) continue;
+    EXPECT_EQ(last[ids[i]].finish_reason, "length") << i << ": " << last[ids[i]].error;
+    EXPECT_EQ(got[ids[i]], plain[i]) << i;
+  }
+  ASSERT_TRUE(target_->ReleaseSequence(taken).ok());
+  EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
+}
+
+TEST_F(SpecEngineTest, CancellingWaitingRequestsLeavesTheQueueConsistent) {
+  const auto requests = Prompts(6, 8, 41);
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get(), {.max_batch_size = 1});
+  std::vector<RequestId> ids;
+  for (const auto& r : WithDrafter(requests, "none", 0)) ids.push_back(*engine.Submit(r));
+  std::map<RequestId, std::vector<int32_t>> got;
+  std::map<RequestId, std::string> reasons;
+  for (int step = 0; engine.HasWork() && step < 200; ++step) {
+    if (step == 1) {  // ids[0] runs; cancel queued ones, including the queue's head and tail
+      for (size_t i : {1, 3, 5}) ASSERT_TRUE(engine.Cancel(ids[i]).ok());
+    }
+    auto report = engine.Step();
+    ASSERT_TRUE(report.ok()) << report.status();
+    for (const auto& u : report->updates) {
+      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (u.finished) reasons[u.id] = u.finish_reason;
+    }
+    if (step == 1) EXPECT_EQ(engine.num_waiting(), 2);
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i % 2) {
+      EXPECT_EQ(reasons[ids[i]], "cancelled") << i;
+      EXPECT_TRUE(got[ids[i]].empty()) << i;
+    } else {
+      EXPECT_EQ(reasons[ids[i]], "length") << i;
+      EXPECT_EQ(got[ids[i]], plain[i]) << i;
+    }
+  }
+  EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
+}
+
 TEST_F(SpecEngineTest, AdmissionWaitsForKvMemory) {
   // 4 MB of KV holds few blocks: requests that do not fit wait in FIFO order, and all complete.
   const auto requests = Prompts(12, 100, 23);
