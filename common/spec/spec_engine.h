@@ -115,8 +115,10 @@ class SpecEngine {
   Status SetDraftBudget(RequestId id, int32_t max_draft_tokens);
 
   // Runs one step. Per-request failures (a drafter error, an invalid tree) degrade that request to
-  // no speculation for the step and are counted in its stats; a failed target forward finishes
-  // every request in it with reason "error".
+  // no speculation for the step and are counted in its stats. A target forward that fails because
+  // of one sequence drops that sequence's draft (or ends that request with reason "error") and runs
+  // again without it; an unattributable failure drops the drafts, then runs each sequence alone.
+  // Exceptions (LibTorch, bad_alloc) become a Status of the requests affected.
   StatusOr<StepReport> Step();
 
   bool HasWork() const;
@@ -125,7 +127,22 @@ class SpecEngine {
 
  private:
   struct Sequence;
-  Status AdmitWaiting(std::vector<Sequence*>* prefills, StepReport* report);
+  struct ForwardGroup;
+  struct Observations;
+  // The step, one verb each (in order).
+  void RunStep(StepReport* report);
+  void FinishCancelled(StepReport* report);
+  void AdmitWaiting(std::vector<Sequence*>* prefills, StepReport* report);
+  void Draft(const std::vector<Sequence*>& decoding);
+  ForwardBatch Assemble(const std::vector<Sequence*>& members) const;
+  // Runs the members' forward; a failure attributable to one sequence drops its draft or ends
+  // it, and the rest run again. Returns the forwards that ran (usually one).
+  std::vector<ForwardGroup> ForwardIsolating(std::vector<Sequence*> members, StepReport* report);
+  void CommitGroup(ForwardGroup& group, StepReport* report, Observations* observations);
+  void CommitSequence(ForwardGroup& group, size_t b, const at::Tensor& logits, StepReport* report,
+                      Observations* observations);
+  void ObserveAll(const Observations& observations);
+  void DropDraft(Sequence& s, const Status& error);
   void Finish(Sequence& s, const std::string& reason, Status error, StepReport* report);
 
   ModelRunner* target_;

@@ -30,6 +30,7 @@ class ScriptedDrafter : public Drafter {
     kOracle,      // the true continuation as a chain
     kRandomTree,  // random trees that sometimes contain the true path
     kBadTree,     // invalid trees (by sequence: OOV token, over budget, parent after child)
+    kWideTree,    // max_nodes siblings at depth 1: the most cache positions a budget allows
   };
   ScriptedDrafter(std::string name, Kind kind, std::vector<std::vector<int32_t>> references,
                   int32_t vocab)
@@ -47,6 +48,7 @@ class ScriptedDrafter : public Drafter {
   }
   Status Observe(const std::vector<DrafterObservation>& observations) override {
     if (fail_observe) return InternalError("scripted observe failure");
+    if (throw_observe) throw std::bad_alloc();
     for (const auto& o : observations) {
       auto& h = history_.at(o.seq);
       h.insert(h.end(), o.tokens.begin(), o.tokens.end());
@@ -55,6 +57,7 @@ class ScriptedDrafter : public Drafter {
   }
   StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override {
     if (fail_propose) return InternalError("scripted propose failure");
+    if (throw_propose) (void)at::zeros({2}).view({3});  // throws c10::Error
     std::vector<CandidateTree> trees;
     for (const auto& r : requests) {
       const auto& h = history_.at(r.seq);
@@ -91,6 +94,9 @@ class ScriptedDrafter : public Drafter {
           }
           break;
         }
+        case Kind::kWideTree:
+          for (int32_t i = 0; i < r.max_nodes; ++i) tree.AddNode(-1, (i * 7 + 1) % vocab_);
+          break;
         case Kind::kBadTree: {
           const int64_t which = r.seq % 3;
           if (which == 0) {
@@ -111,6 +117,8 @@ class ScriptedDrafter : public Drafter {
 
   bool fail_propose = false;
   bool fail_observe = false;
+  bool throw_propose = false;
+  bool throw_observe = false;
   int released = 0;
 
  private:
@@ -385,6 +393,89 @@ TEST_F(SpecEngineTest, DrafterFailuresFallBackToPlainDecoding) {
     }
     EXPECT_EQ(raw->released, 4) << "every drafter sequence is released exactly once";
   }
+}
+
+TEST_F(SpecEngineTest, DrafterExceptionsFallBackToPlainDecoding) {
+  // A LibTorch error in Propose and bad_alloc in Observe stop at the engine (issue 19.2).
+  const auto requests = Prompts(4, 10, 43);
+  const auto plain = Plain(requests);
+  for (bool in_observe : {false, true}) {
+    SpecEngine engine(target_.get());
+    auto drafter = std::make_unique<ScriptedDrafter>("oracle", ScriptedDrafter::Kind::kOracle,
+                                                     References(requests, plain), 64);
+    drafter->throw_propose = !in_observe;
+    drafter->throw_observe = in_observe;
+    ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+    auto results = GenerateAll(engine, WithDrafter(requests, "oracle", 4));
+    ASSERT_TRUE(results.ok()) << results.status();
+    EXPECT_EQ(Tokens(*results), plain);
+    for (const auto& r : *results) {
+      EXPECT_GT(r.stats.draft_errors, 0);
+      EXPECT_THAT(r.stats.last_draft_error, HasSubstr("INTERNAL"));
+      EXPECT_THAT(r.stats.last_draft_error, HasSubstr(in_observe ? "Observe" : "Propose"));
+    }
+    EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
+  }
+}
+
+TEST_F(SpecEngineTest, TreesAtTheContextEdgeNeverFailTheStep) {
+  // Issue 19.2: prompt + max_new_tokens == context with a wide tree: the tree's depth was bounded
+  // by the room left but not its node count, so the forward overran the context and every
+  // sequence in the step ended with OUT_OF_RANGE.
+  auto requests = Prompts(8, 10, 47);
+  requests[0].max_new_tokens = config_.max_position_embeddings - requests[0].prompt.size();
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get());
+  ASSERT_TRUE(engine
+                  .AddDrafter(std::make_unique<ScriptedDrafter>(
+                      "wide", ScriptedDrafter::Kind::kWideTree, References(requests, plain), 64))
+                  .ok());
+  auto spec = WithDrafter(requests, "none", 0);
+  spec[0].speculation = {.drafter = "wide", .max_draft_tokens = 16};
+  spec[3].speculation = {.drafter = "wide", .max_draft_tokens = 5};
+  auto results = GenerateAll(engine, spec);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ(Tokens(*results), plain);
+  EXPECT_EQ((*results)[0].stats.draft_errors, 0) << (*results)[0].stats.last_draft_error;
+  EXPECT_GT((*results)[0].stats.draft_tokens, 0);
+  EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
+}
+
+TEST_F(SpecEngineTest, AForwardErrorNamingOneSequenceEndsOnlyThatRequest) {
+  // The target refuses one sequence (here: its cache was released behind the engine's back, so
+  // the forward fails NOT_FOUND naming it). Its draft is dropped, then the request ends with the
+  // error; the others run again without it and are unaffected.
+  const auto requests = Prompts(4, 12, 53);
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get());
+  ASSERT_TRUE(engine
+                  .AddDrafter(std::make_unique<ScriptedDrafter>(
+                      "oracle", ScriptedDrafter::Kind::kOracle, References(requests, plain), 64))
+                  .ok());
+  const SeqId victim = NewSequenceId() + 2;  // the second request's sequence
+  std::vector<RequestId> ids;
+  for (const auto& r : WithDrafter(requests, "oracle", 3)) ids.push_back(*engine.Submit(r));
+  std::map<RequestId, std::vector<int32_t>> got;
+  std::map<RequestId, RequestUpdate> last;
+  for (int step = 0; engine.HasWork() && step < 100; ++step) {
+    if (step == 2) ASSERT_TRUE(target_->ReleaseSequence(victim).ok());
+    auto report = engine.Step();
+    ASSERT_TRUE(report.ok()) << report.status();
+    for (const auto& u : report->updates) {
+      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (u.finished) last[u.id] = u;
+    }
+  }
+  ASSERT_EQ(last.size(), requests.size());
+  EXPECT_EQ(last[ids[1]].finish_reason, "error");
+  EXPECT_EQ(last[ids[1]].error.code(), StatusCode::kNotFound) << last[ids[1]].error;
+  EXPECT_GT(last[ids[1]].stats.draft_errors, 0) << "the draft is dropped first";
+  for (size_t i : {0, 2, 3}) {
+    EXPECT_EQ(last[ids[i]].finish_reason, "length") << i << ": " << last[ids[i]].error;
+    EXPECT_EQ(got[ids[i]], plain[i]) << i;
+    EXPECT_EQ(last[ids[i]].stats.draft_errors, 0) << i;
+  }
+  EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
 }
 
 TEST_F(SpecEngineTest, StopTokenInsideAcceptedDraftEndsTheOutput) {
