@@ -60,8 +60,14 @@ struct SpecEngine::Sequence {
   SeqId seq = 0;
   SpecRequest request;
   SequenceRng rng{0};
-  bool running = false;  // admitted and prefilled (or being prefilled this step)
-  bool prefilled = false;
+  bool running = false;     // admitted (its prompt may still be being prefilled)
+  bool prefilled = false;   // the whole prompt is in the cache and the first token sampled
+  int64_t prompt_done = 0;  // prompt tokens in the target's cache
+  int64_t chunk = 0;        // prompt tokens this step prefills
+  // The target's hidden states of the prompt chunks prefilled so far (per chunk, per layer of the
+  // drafter): the drafter observes the whole prompt at once after the last chunk, exactly as it
+  // would after a one-shot prefill.
+  std::vector<std::vector<at::Tensor>> prompt_hidden;
   std::vector<int32_t> generated;
   Drafter* drafter = nullptr;  // null: no speculation (off, or the drafter failed)
   int64_t reserved_blocks = 0;
@@ -72,7 +78,9 @@ struct SpecEngine::Sequence {
 };
 
 SpecEngine::SpecEngine(ModelRunner* target, SpecEngineOptions options)
-    : target_(target), options_(options) {}
+    : target_(target), options_(options) {
+  options_.max_step_tokens = std::max<int64_t>(options_.max_step_tokens, 1);
+}
 
 SpecEngine::~SpecEngine() {
   for (auto& [id, s] : sequences_) {
@@ -211,19 +219,19 @@ void SpecEngine::Finish(Sequence& s, const std::string& reason, Status error, St
   sequences_.erase(s.id);
 }
 
-void SpecEngine::AdmitWaiting(std::vector<Sequence*>* prefills, StepReport* report) {
+void SpecEngine::AdmitWaiting(StepReport* report) {
+  // Admission needs batch room and the request's worst-case KV blocks only: prompts are prefilled
+  // in chunks within the step's token budget (PlanChunks), so a long prompt never has to wait
+  // for a step of its own.
   const int64_t num_blocks = target_->kv_stats().num_blocks;
   int32_t running = num_running();
-  int64_t prefill_tokens = 0;
   std::vector<RequestId> admitted;
   // A copy: Finish removes a failed request from waiting_ while we walk the queue.
   const std::vector<RequestId> queue = waiting_;
   for (RequestId id : queue) {
     Sequence& s = *sequences_.at(id);
-    const int64_t prompt = static_cast<int64_t>(s.request.generation.prompt.size());
     if (running >= options_.max_batch_size) break;
     if (reserved_blocks_ + s.reserved_blocks > num_blocks) break;  // FIFO: no overtaking
-    if (!prefills->empty() && prefill_tokens + prompt > options_.max_prefill_tokens) break;
     Status added = target_->AddSequence(s.seq);
     if (!added.ok()) {
       Finish(s, "error", added, report);
@@ -231,7 +239,6 @@ void SpecEngine::AdmitWaiting(std::vector<Sequence*>* prefills, StepReport* repo
     }
     s.running = true;
     reserved_blocks_ += s.reserved_blocks;
-    prefill_tokens += prompt;
     ++running;
     admitted.push_back(id);
     if (s.request.speculation.enabled()) {
@@ -244,7 +251,6 @@ void SpecEngine::AdmitWaiting(std::vector<Sequence*>* prefills, StepReport* repo
         s.stats.last_draft_error = st.ToString();
       }
     }
-    prefills->push_back(&s);
   }
   for (RequestId id : admitted) {
     waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
@@ -284,20 +290,19 @@ StatusOr<StepReport> SpecEngine::Step() {
 
 void SpecEngine::RunStep(StepReport* report) {
   FinishCancelled(report);
-  std::vector<Sequence*> decoding;
+  AdmitWaiting(report);
+  std::vector<Sequence*> decoding, prefilling;  // prefilling in admission (= id) order
   for (auto& [id, s] : sequences_) {
-    if (s->running && s->prefilled) decoding.push_back(s.get());
+    if (s->running) (s->prefilled ? decoding : prefilling).push_back(s.get());
   }
-  std::vector<Sequence*> prefills;
-  AdmitWaiting(&prefills, report);
-  if (decoding.empty() && prefills.empty()) return;
+  if (decoding.empty() && prefilling.empty()) return;
 
   auto t_draft = Clock::now();
   Draft(decoding);
   report->draft_seconds += SecondsSince(t_draft);
 
   auto t_verify = Clock::now();
-  std::vector<Sequence*> members = prefills;
+  std::vector<Sequence*> members = PlanChunks(decoding, prefilling);
   members.insert(members.end(), decoding.begin(), decoding.end());
   std::vector<ForwardGroup> groups = ForwardIsolating(std::move(members), report);
   Observations observations;
@@ -314,6 +319,28 @@ void SpecEngine::RunStep(StepReport* report) {
   auto t_observe = Clock::now();
   ObserveAll(observations);
   report->draft_seconds += SecondsSince(t_observe);
+}
+
+std::vector<SpecEngine::Sequence*> SpecEngine::PlanChunks(
+    const std::vector<Sequence*>& decoding, const std::vector<Sequence*>& prefilling) {
+  // The step's token budget: decoding sequences first (pending token + draft tree: a decode
+  // never waits for a prompt), then prompt chunks in admission order fill what is left. At least
+  // one prompt token is prefilled per step, so a prompt progresses even when decodes fill the
+  // budget.
+  int64_t left = options_.max_step_tokens;
+  for (const Sequence* s : decoding) left -= 1 + s->tree.size();
+  std::vector<Sequence*> chunked;
+  for (Sequence* s : prefilling) {
+    const int64_t remaining =
+        static_cast<int64_t>(s->request.generation.prompt.size()) - s->prompt_done;
+    int64_t take = std::min(remaining, std::max<int64_t>(left, 0));
+    if (chunked.empty()) take = std::max<int64_t>(take, 1);
+    s->chunk = take;
+    if (take == 0) continue;
+    left -= take;
+    chunked.push_back(s);
+  }
+  return chunked;
 }
 
 void SpecEngine::FinishCancelled(StepReport* report) {
@@ -396,7 +423,14 @@ ForwardBatch SpecEngine::Assemble(const std::vector<Sequence*>& members) const {
   batch.hidden_layers.assign(layer_set.begin(), layer_set.end());
   for (Sequence* s : members) {
     if (!s->prefilled) {
-      batch.seqs.push_back({.seq = s->seq, .tokens = s->request.generation.prompt});
+      // A prompt chunk; only the last one needs logits (it samples the first token).
+      const std::vector<int32_t>& prompt = s->request.generation.prompt;
+      const int64_t end = s->prompt_done + s->chunk;
+      batch.seqs.push_back(
+          {.seq = s->seq,
+           .tokens = std::vector<int32_t>(prompt.begin() + s->prompt_done, prompt.begin() + end),
+           .logits =
+               end == static_cast<int64_t>(prompt.size()) ? LogitsRows::kLast : LogitsRows::kNone});
       continue;
     }
     const int64_t start = target_->SequenceLength(s->seq);
@@ -519,8 +553,19 @@ void SpecEngine::CommitSequence(ForwardGroup& group, size_t b, const at::Tensor&
   const int64_t row0 = out.token_offset[b];
   const bool was_prefill = !s.prefilled;
   if (was_prefill) {
+    if (s.drafter && !s.drafter->hidden_layers().empty()) {
+      // This chunk's rows, kept until the drafter observes the whole prompt.
+      const std::vector<int64_t>& have = group.batch.hidden_layers;
+      std::vector<at::Tensor> chunk_hidden;
+      for (int64_t l : s.drafter->hidden_layers()) {
+        const auto pos = std::lower_bound(have.begin(), have.end(), l) - have.begin();
+        chunk_hidden.push_back(out.hidden[pos].slice(0, row0, out.token_offset[b + 1]).clone());
+      }
+      s.prompt_hidden.push_back(std::move(chunk_hidden));
+    }
+    s.prompt_done += out.token_offset[b + 1] - row0;
+    if (s.prompt_done < static_cast<int64_t>(g.prompt.size())) return;  // more chunks to come
     emitted.push_back(SampleToken({rows, static_cast<size_t>(vocab)}, g.sampling, s.rng));
-    for (int64_t r = row0; r < out.token_offset[b + 1]; ++r) hidden_rows.push_back(r);
     s.prefilled = true;
   } else {
     const CandidateTree& tree = s.tree;
@@ -584,7 +629,14 @@ void SpecEngine::CommitSequence(ForwardGroup& group, size_t b, const at::Tensor&
     if (was_prefill) obs.tokens = g.prompt;
     obs.tokens.insert(obs.tokens.end(), emitted.begin(), emitted.end());
     const std::vector<int64_t> layers = s.drafter->hidden_layers();
-    if (!layers.empty()) {
+    if (was_prefill) {
+      for (size_t k = 0; k < layers.size(); ++k) {
+        std::vector<at::Tensor> chunks;
+        for (const auto& chunk_hidden : s.prompt_hidden) chunks.push_back(chunk_hidden[k]);
+        obs.hidden.push_back(chunks.size() == 1 ? chunks[0] : at::cat(chunks, 0));
+      }
+      s.prompt_hidden.clear();
+    } else if (!layers.empty()) {
       at::Tensor index = at::tensor(hidden_rows, at::kLong).to(out.hidden[0].device());
       const std::vector<int64_t>& have = group.batch.hidden_layers;
       for (int64_t l : layers) {

@@ -253,7 +253,9 @@ void EngineLoop::CheckCancellations() {
 StepPlan EngineLoop::PlanStep() {
   StepPlan plan;
   plan.cancel.swap(to_cancel_);
-  int64_t prefill_tokens = 0;
+  // Admission needs batch room and the worst-case KV blocks (the engine's rule, KvBlocksReserved);
+  // prompt tokens are budgeted by the target's engine, which prefills prompts in chunks
+  // (SpecEngineOptions::max_step_tokens), so the router does not budget them again.
   while (!waiting_.empty()) {
     auto it = active_.find(waiting_.front());
     if (it == active_.end()) {  // cannot happen (Erase dequeues); never abort the server for it
@@ -264,12 +266,10 @@ StepPlan EngineLoop::PlanStep() {
     const int64_t prompt = static_cast<int64_t>(a.request.spec.generation.prompt.size());
     if (admitted_ >= options_.max_batch_size) break;
     if (reserved_blocks_ + a.reserved_blocks > info_.kv_cache_blocks) break;  // FIFO: no overtaking
-    if (!plan.admit.empty() && prefill_tokens + prompt > options_.max_prefill_tokens) break;
     plan.admit.push_back({.id = waiting_.front(), .request = a.request.spec});
     a.admitted = true;
     ++admitted_;
     reserved_blocks_ += a.reserved_blocks;
-    prefill_tokens += prompt;
     if (metrics_) metrics_->Admitted(prompt, a.stats.lossy);
     waiting_.pop_front();
   }

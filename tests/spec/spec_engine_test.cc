@@ -458,7 +458,9 @@ TEST_F(SpecEngineTest, AForwardErrorNamingOneSequenceEndsOnlyThatRequest) {
   std::map<RequestId, std::vector<int32_t>> got;
   std::map<RequestId, RequestUpdate> last;
   for (int step = 0; engine.HasWork() && step < 100; ++step) {
-    if (step == 2) ASSERT_TRUE(target_->ReleaseSequence(victim).ok());
+    if (step == 2) {
+      ASSERT_TRUE(target_->ReleaseSequence(victim).ok());
+    }
     auto report = engine.Step();
     ASSERT_TRUE(report.ok()) << report.status();
     for (const auto& u : report->updates) {
@@ -577,7 +579,9 @@ TEST_F(SpecEngineTest, CancellingWaitingRequestsLeavesTheQueueConsistent) {
       got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
       if (u.finished) reasons[u.id] = u.finish_reason;
     }
-    if (step == 1) EXPECT_EQ(engine.num_waiting(), 2);
+    if (step == 1) {
+      EXPECT_EQ(engine.num_waiting(), 2);
+    }
   }
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i % 2) {
@@ -643,46 +647,157 @@ TEST_F(SpecEngineTest, RejectsBadRequestsNamingTheField) {
 }
 
 TEST_F(SpecEngineTest, DraftersObserveTheTargetsHiddenStatesOfCommittedPositions) {
-  const auto requests = Prompts(4, 16, 31);
-  const auto plain = Plain(requests);
-  auto drafter = std::make_unique<HiddenRecordingDrafter>();
-  HiddenRecordingDrafter* raw = drafter.get();
-  SpecEngine engine(target_.get());
-  ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
-  auto results = GenerateAll(engine, WithDrafter(requests, "hidden", 3));
-  ASSERT_TRUE(results.ok()) << results.status();
-  EXPECT_EQ(Tokens(*results), plain);
-  ASSERT_EQ(raw->finished_.size(), requests.size());
-  for (const auto& seen : raw->finished_) {
-    // Which request: the observed tokens start with its prompt.
-    size_t i = 0;
-    while (i < requests.size() &&
-           !std::equal(requests[i].prompt.begin(), requests[i].prompt.end(), seen.tokens.begin())) {
-      ++i;
-    }
-    ASSERT_LT(i, requests.size());
-    std::vector<int32_t> full = requests[i].prompt;
-    full.insert(full.end(), plain[i].begin(), plain[i].end());
-    // Every observed token is the sequence's, in order; hidden rows cover all but the pending one.
-    ASSERT_LE(seen.tokens.size(), full.size());
-    EXPECT_TRUE(std::equal(seen.tokens.begin(), seen.tokens.end(), full.begin()));
-    auto reference = ModelRunner::FromModule(target_->module(), {});
-    ASSERT_TRUE(reference.ok());
-    ASSERT_TRUE((*reference)->AddSequence(1).ok());
-    auto out =
-        (*reference)->Forward({.seqs = {{.seq = 1, .tokens = full}}, .hidden_layers = {0, 1, 2}});
-    ASSERT_TRUE(out.ok()) << out.status();
-    for (int l = 0; l < 3; ++l) {
-      at::Tensor got = at::cat(seen.hidden[l], 0);
-      EXPECT_EQ(got.size(0), static_cast<int64_t>(seen.tokens.size()) - 1) << "layer " << l;
-      at::Tensor want = out->hidden[l].slice(0, 0, got.size(0)).to(at::kFloat);
-      // Relative to the layer's scale (weight_scale 10 makes activations large); a wrong row would
-      // be off by O(1).
-      const float scale = want.abs().max().item<float>();
-      const float diff = (got - want).abs().max().item<float>();
-      EXPECT_LT(diff, 1e-4f * scale) << "layer " << l << " max diff " << diff << " scale " << scale;
+  // Also with chunked prefill (a step budget of 1 or 7 tokens): the drafter sees the same prompt
+  // rows as after a one-shot prefill, and the final layer's states (hence the logits) match.
+  for (int64_t max_step_tokens : {kDefaultMaxStepTokens, int64_t{7}, int64_t{1}}) {
+    SCOPED_TRACE(max_step_tokens);
+    const auto requests = Prompts(4, 16, 31);
+    const auto plain = Plain(requests);
+    auto drafter = std::make_unique<HiddenRecordingDrafter>();
+    HiddenRecordingDrafter* raw = drafter.get();
+    SpecEngine engine(target_.get(), {.max_step_tokens = max_step_tokens});
+    ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+    auto results = GenerateAll(engine, WithDrafter(requests, "hidden", 3));
+    ASSERT_TRUE(results.ok()) << results.status();
+    EXPECT_EQ(Tokens(*results), plain);
+    ASSERT_EQ(raw->finished_.size(), requests.size());
+    for (const auto& seen : raw->finished_) {
+      // Which request: the observed tokens start with its prompt.
+      size_t i = 0;
+      while (i < requests.size() && !std::equal(requests[i].prompt.begin(),
+                                                requests[i].prompt.end(), seen.tokens.begin())) {
+        ++i;
+      }
+      ASSERT_LT(i, requests.size());
+      std::vector<int32_t> full = requests[i].prompt;
+      full.insert(full.end(), plain[i].begin(), plain[i].end());
+      // Every observed token is the sequence's, in order; hidden rows cover all but the pending
+      // one.
+      ASSERT_LE(seen.tokens.size(), full.size());
+      EXPECT_TRUE(std::equal(seen.tokens.begin(), seen.tokens.end(), full.begin()));
+      auto reference = ModelRunner::FromModule(target_->module(), {});
+      ASSERT_TRUE(reference.ok());
+      ASSERT_TRUE((*reference)->AddSequence(1).ok());
+      auto out =
+          (*reference)->Forward({.seqs = {{.seq = 1, .tokens = full}}, .hidden_layers = {0, 1, 2}});
+      ASSERT_TRUE(out.ok()) << out.status();
+      for (int l = 0; l < 3; ++l) {
+        at::Tensor got = at::cat(seen.hidden[l], 0);
+        EXPECT_EQ(got.size(0), static_cast<int64_t>(seen.tokens.size()) - 1) << "layer " << l;
+        at::Tensor want = out->hidden[l].slice(0, 0, got.size(0)).to(at::kFloat);
+        // Relative to the layer's scale (weight_scale 10 makes activations large); a wrong row
+        // would be off by O(1).
+        const float scale = want.abs().max().item<float>();
+        const float diff = (got - want).abs().max().item<float>();
+        EXPECT_LT(diff, 1e-4f * scale)
+            << "layer " << l << " max diff " << diff << " scale " << scale;
+      }
     }
   }
+}
+
+TEST_F(SpecEngineTest, ChunkedPrefillGivesTheOneShotLogits) {
+  // The target appends a prompt chunk by chunk (no logits until the last chunk) and ends with the
+  // logits of a one-shot prefill, within fp32 rounding.
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 45; ++i) prompt.push_back((i * 13 + 5) % 64);
+  const SeqId whole = NewSequenceId(), chunked = NewSequenceId();
+  ASSERT_TRUE(target_->AddSequence(whole).ok());
+  ASSERT_TRUE(target_->AddSequence(chunked).ok());
+  auto one_shot = target_->Forward({.seqs = {{.seq = whole, .tokens = prompt}}});
+  ASSERT_TRUE(one_shot.ok()) << one_shot.status();
+  at::Tensor last;
+  for (size_t begin = 0; begin < prompt.size(); begin += 16) {
+    const size_t end = std::min(prompt.size(), begin + 16);
+    auto out = target_->Forward(
+        {.seqs = {{.seq = chunked,
+                   .tokens = std::vector<int32_t>(prompt.begin() + begin, prompt.begin() + end),
+                   .logits = end == prompt.size() ? LogitsRows::kLast : LogitsRows::kNone}}});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->logits.size(0), end == prompt.size() ? 1 : 0);
+    last = out->logits;
+  }
+  const float scale = one_shot->logits.abs().max().item<float>();
+  EXPECT_LT((last - one_shot->logits).abs().max().item<float>(), 1e-5f * scale);
+  EXPECT_EQ(last.argmax(-1).item<int64_t>(), one_shot->logits.argmax(-1).item<int64_t>());
+  ASSERT_TRUE(target_->ReleaseSequence(whole).ok());
+  ASSERT_TRUE(target_->ReleaseSequence(chunked).ok());
+}
+
+TEST_F(SpecEngineTest, ChunkedPrefillKeepsGreedyOutputForEveryBudget) {
+  const auto requests = Prompts(6, 12, 61);
+  const auto plain = Plain(requests);
+  for (int64_t max_step_tokens : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{16}}) {
+    SpecEngine engine(target_.get(), {.max_step_tokens = max_step_tokens});
+    ASSERT_TRUE(
+        engine
+            .AddDrafter(std::make_unique<ScriptedDrafter>(
+                "random", ScriptedDrafter::Kind::kRandomTree, References(requests, plain), 64))
+            .ok());
+    auto spec = WithDrafter(requests, "random", 4);
+    spec[0].speculation.drafter = "none";
+    SpecRunStats run;
+    auto results = GenerateAll(engine, spec, nullptr, &run);
+    ASSERT_TRUE(results.ok()) << results.status();
+    EXPECT_EQ(Tokens(*results), plain) << "max_step_tokens " << max_step_tokens;
+    EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
+  }
+}
+
+TEST_F(SpecEngineTest, LongPromptIsPrefilledInChunksWhileRunningSequencesDecode) {
+  // Issue 13: with a step budget of 24 tokens, a 100-token prompt admitted among three running
+  // decodes is prefilled over several steps, and the running sequences emit a token every step.
+  auto requests = Prompts(3, 40, 67);
+  for (auto& r : requests) r.max_new_tokens = 40;
+  GenerationRequest long_prompt;
+  for (int i = 0; i < 100; ++i) long_prompt.prompt.push_back((i * 29 + 3) % 64);
+  long_prompt.max_new_tokens = 6;
+  requests.push_back(long_prompt);
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get(), {.max_step_tokens = 24});
+  ASSERT_TRUE(engine
+                  .AddDrafter(std::make_unique<ScriptedDrafter>(
+                      "oracle", ScriptedDrafter::Kind::kOracle, References(requests, plain), 64))
+                  .ok());
+  auto spec = WithDrafter(requests, "none", 0);
+  spec[1].speculation = {.drafter = "oracle", .max_draft_tokens = 3};
+  std::vector<RequestId> ids;
+  std::map<RequestId, std::vector<int32_t>> got;
+  auto step = [&]() {
+    auto report = engine.Step();
+    EXPECT_TRUE(report.ok()) << report.status();
+    for (const auto& u : report->updates) {
+      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+    }
+    return *report;
+  };
+  for (size_t i = 0; i < 3; ++i) ids.push_back(*engine.Submit(spec[i]));
+  // The three short prompts (up to 20 tokens each) take a few steps of 24 tokens.
+  for (int i = 0; i < 10 && (got[ids[0]].empty() || got[ids[1]].empty() || got[ids[2]].empty());
+       ++i) {
+    step();
+  }
+  for (size_t i = 0; i < 3; ++i) ASSERT_FALSE(got[ids[i]].empty()) << i;
+  ids.push_back(*engine.Submit(spec[3]));
+  int prefill_steps = 0;
+  while (got[ids[3]].empty()) {
+    ASSERT_LT(prefill_steps, 50);
+    const StepReport report = step();
+    ++prefill_steps;
+    // Decodes first (3 pending tokens + at most 3 draft nodes), the prompt gets the rest.
+    EXPECT_GT(report.prefill_tokens, 0);
+    EXPECT_LE(report.prefill_tokens + report.verify_tokens, 24);
+    EXPECT_EQ(report.batch_size, 4);
+    std::set<RequestId> emitted;
+    for (const auto& u : report.updates) {
+      if (!u.new_tokens.empty()) emitted.insert(u.id);
+    }
+    for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(emitted.count(ids[i])) << "step " << prefill_steps;
+  }
+  EXPECT_GE(prefill_steps, 100 / 24 + 1);
+  while (engine.HasWork()) step();
+  for (size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(got[ids[i]], plain[i]) << i;
+  EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
 }
 
 TEST_F(SpecEngineTest, LossyVerificationChangesOutputOnlyWhenEnabled) {
