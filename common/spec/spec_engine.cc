@@ -84,7 +84,7 @@ SpecEngine::SpecEngine(ModelRunner* target, SpecEngineOptions options)
 
 SpecEngine::~SpecEngine() {
   for (auto& [id, s] : sequences_) {
-    if (target_->HasSequence(s->seq)) (void)target_->ReleaseSequence(s->seq);
+    if (s->running && target_->HasSequence(s->seq)) (void)target_->ReleaseSequence(s->seq);
     if (s->drafter) s->drafter->ReleaseSequence(s->seq);
   }
 }
@@ -199,7 +199,9 @@ int32_t SpecEngine::num_running() const {
 int32_t SpecEngine::num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
 
 void SpecEngine::Finish(Sequence& s, const std::string& reason, Status error, StepReport* report) {
-  if (target_->HasSequence(s.seq)) (void)target_->ReleaseSequence(s.seq);
+  // Only an admitted sequence was added to the target: a failed AddSequence (the id in use) must
+  // not release someone else's cache.
+  if (s.running && target_->HasSequence(s.seq)) (void)target_->ReleaseSequence(s.seq);
   if (s.drafter) s.drafter->ReleaseSequence(s.seq);
   if (s.running) reserved_blocks_ -= s.reserved_blocks;
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), s.id), waiting_.end());
