@@ -544,71 +544,95 @@ void SpecEngine::CommitGroup(ForwardGroup& group, StepReport* report, Observatio
 
 void SpecEngine::CommitSequence(ForwardGroup& group, size_t b, const at::Tensor& logits,
                                 StepReport* report, Observations* observations) {
-  // Verify, commit the accepted path, emit tokens, queue the drafter's observation.
   Sequence& s = *group.members[b];
-  const ForwardOutput& out = group.out;
-  const GenerationRequest& g = s.request.generation;
   const int64_t vocab = logits.size(1);
-  const float* rows = logits.data_ptr<float>() + out.logits_offset[b] * vocab;
+  const float* rows = logits.data_ptr<float>() + group.out.logits_offset[b] * vocab;
+  const bool was_prefill = !s.prefilled;
   std::vector<int32_t> emitted;
   std::vector<int64_t> hidden_rows;  // packed rows whose hidden states the drafter observes
-  const int64_t row0 = out.token_offset[b];
-  const bool was_prefill = !s.prefilled;
   if (was_prefill) {
-    if (s.drafter && !s.drafter->hidden_layers().empty()) {
-      // This chunk's rows, kept until the drafter observes the whole prompt.
-      const std::vector<int64_t>& have = group.batch.hidden_layers;
-      std::vector<at::Tensor> chunk_hidden;
-      for (int64_t l : s.drafter->hidden_layers()) {
-        const auto pos = std::lower_bound(have.begin(), have.end(), l) - have.begin();
-        chunk_hidden.push_back(out.hidden[pos].slice(0, row0, out.token_offset[b + 1]).clone());
-      }
-      s.prompt_hidden.push_back(std::move(chunk_hidden));
-    }
-    s.prompt_done += out.token_offset[b + 1] - row0;
-    if (s.prompt_done < static_cast<int64_t>(g.prompt.size())) return;  // more chunks to come
-    emitted.push_back(SampleToken({rows, static_cast<size_t>(vocab)}, g.sampling, s.rng));
-    s.prefilled = true;
+    if (!CommitPrefillChunk(group, b, rows, vocab, &emitted)) return;  // more chunks to come
   } else {
-    const CandidateTree& tree = s.tree;
-    TreeLogits tree_logits{.data = rows, .rows = tree.size() + 1, .vocab = vocab};
-    auto verified = VerifyTree(tree, tree_logits, g.sampling, s.request.speculation.verify, s.rng);
-    if (!verified.ok()) {
-      Finish(s, "error", verified.status().WithContext("verification"), report);
+    Status accepted = AcceptTree(group, b, rows, vocab, &emitted, &hidden_rows);
+    if (!accepted.ok()) {
+      Finish(s, "error", accepted, report);
       return;
     }
-    std::vector<int64_t> offsets = {0};
-    hidden_rows.push_back(row0);
-    for (int32_t node : verified->accepted_nodes) {
-      emitted.push_back(tree.token(node));
-      offsets.push_back(node + 1);
-      hidden_rows.push_back(row0 + node + 1);
-    }
-    emitted.push_back(verified->bonus_token);
-    if (!tree.empty()) {
-      Status kept = target_->KeepOnly(s.seq, group.starts[b], offsets);
-      if (!kept.ok()) {
-        Finish(s, "error", kept.WithContext("KV commit"), report);
-        return;
-      }
-      ++s.stats.draft_steps;
-      s.stats.draft_tokens += tree.size();
-      s.stats.draft_depth += tree.max_depth();
-      const int64_t accepted = static_cast<int64_t>(verified->accepted_nodes.size());
-      s.stats.accepted_tokens += accepted;
-      if (static_cast<int64_t>(s.stats.accepted_per_position.size()) < tree.max_depth()) {
-        s.stats.accepted_per_position.resize(tree.max_depth(), 0);
-      }
-      for (int64_t d = 0; d < accepted; ++d) ++s.stats.accepted_per_position[d];
-    }
-    ++s.stats.steps;
   }
+  const std::string reason = ApplyStops(s, &emitted);
+  report->updates.push_back({.id = s.id, .new_tokens = emitted, .stats = s.stats});
+  if (!reason.empty()) {
+    Finish(s, reason, OkStatus(), report);
+    return;
+  }
+  if (s.drafter) QueueObservation(group, b, was_prefill, emitted, hidden_rows, observations);
+}
 
+bool SpecEngine::CommitPrefillChunk(ForwardGroup& group, size_t b, const float* rows, int64_t vocab,
+                                    std::vector<int32_t>* emitted) {
+  Sequence& s = *group.members[b];
+  const ForwardOutput& out = group.out;
+  const int64_t row0 = out.token_offset[b], row_end = out.token_offset[b + 1];
+  if (s.drafter && !s.drafter->hidden_layers().empty()) {
+    // This chunk's rows, kept until the drafter observes the whole prompt.
+    const std::vector<int64_t>& have = group.batch.hidden_layers;
+    std::vector<at::Tensor> chunk_hidden;
+    for (int64_t l : s.drafter->hidden_layers()) {
+      const auto pos = std::lower_bound(have.begin(), have.end(), l) - have.begin();
+      chunk_hidden.push_back(out.hidden[pos].slice(0, row0, row_end).clone());
+    }
+    s.prompt_hidden.push_back(std::move(chunk_hidden));
+  }
+  s.prompt_done += row_end - row0;
+  const GenerationRequest& g = s.request.generation;
+  if (s.prompt_done < static_cast<int64_t>(g.prompt.size())) return false;
+  emitted->push_back(SampleToken({rows, static_cast<size_t>(vocab)}, g.sampling, s.rng));
+  s.prefilled = true;
+  return true;
+}
+
+Status SpecEngine::AcceptTree(ForwardGroup& group, size_t b, const float* rows, int64_t vocab,
+                              std::vector<int32_t>* emitted, std::vector<int64_t>* hidden_rows) {
+  // Verify the tree, commit the accepted path to the KV cache, count the draft's stats.
+  Sequence& s = *group.members[b];
+  const CandidateTree& tree = s.tree;
+  const int64_t row0 = group.out.token_offset[b];
+  TreeLogits tree_logits{.data = rows, .rows = tree.size() + 1, .vocab = vocab};
+  auto verified = VerifyTree(tree, tree_logits, s.request.generation.sampling,
+                             s.request.speculation.verify, s.rng);
+  if (!verified.ok()) return verified.status().WithContext("verification");
+  std::vector<int64_t> offsets = {0};
+  hidden_rows->push_back(row0);
+  for (int32_t node : verified->accepted_nodes) {
+    emitted->push_back(tree.token(node));
+    offsets.push_back(node + 1);
+    hidden_rows->push_back(row0 + node + 1);
+  }
+  emitted->push_back(verified->bonus_token);
+  if (!tree.empty()) {
+    Status kept = target_->KeepOnly(s.seq, group.starts[b], offsets);
+    if (!kept.ok()) return kept.WithContext("KV commit");
+    ++s.stats.draft_steps;
+    s.stats.draft_tokens += tree.size();
+    s.stats.draft_depth += tree.max_depth();
+    const int64_t accepted = static_cast<int64_t>(verified->accepted_nodes.size());
+    s.stats.accepted_tokens += accepted;
+    if (static_cast<int64_t>(s.stats.accepted_per_position.size()) < tree.max_depth()) {
+      s.stats.accepted_per_position.resize(tree.max_depth(), 0);
+    }
+    for (int64_t d = 0; d < accepted; ++d) ++s.stats.accepted_per_position[d];
+  }
+  ++s.stats.steps;
+  return OkStatus();
+}
+
+std::string SpecEngine::ApplyStops(Sequence& s, std::vector<int32_t>* emitted) {
   // Stop conditions apply token by token: nothing after a stop token or past max_new_tokens.
+  const GenerationRequest& g = s.request.generation;
   std::string reason;
   size_t keep = 0;
-  for (; keep < emitted.size(); ++keep) {
-    const int32_t t = emitted[keep];
+  for (; keep < emitted->size(); ++keep) {
+    const int32_t t = (*emitted)[keep];
     s.generated.push_back(t);
     if (std::find(g.stop_token_ids.begin(), g.stop_token_ids.end(), t) != g.stop_token_ids.end()) {
       reason = "stop";
@@ -620,35 +644,37 @@ void SpecEngine::CommitSequence(ForwardGroup& group, size_t b, const at::Tensor&
       break;
     }
   }
-  emitted.resize(keep);
-  report->updates.push_back({.id = s.id, .new_tokens = emitted, .stats = s.stats});
-  if (!reason.empty()) {
-    Finish(s, reason, OkStatus(), report);
-    return;
-  }
-  if (s.drafter) {
-    DrafterObservation obs{.seq = s.seq};
-    if (was_prefill) obs.tokens = g.prompt;
-    obs.tokens.insert(obs.tokens.end(), emitted.begin(), emitted.end());
-    const std::vector<int64_t> layers = s.drafter->hidden_layers();
-    if (was_prefill) {
-      for (size_t k = 0; k < layers.size(); ++k) {
-        std::vector<at::Tensor> chunks;
-        for (const auto& chunk_hidden : s.prompt_hidden) chunks.push_back(chunk_hidden[k]);
-        obs.hidden.push_back(chunks.size() == 1 ? chunks[0] : at::cat(chunks, 0));
-      }
-      s.prompt_hidden.clear();
-    } else if (!layers.empty()) {
-      at::Tensor index = at::tensor(hidden_rows, at::kLong).to(out.hidden[0].device());
-      const std::vector<int64_t>& have = group.batch.hidden_layers;
-      for (int64_t l : layers) {
-        const auto pos = std::lower_bound(have.begin(), have.end(), l) - have.begin();
-        obs.hidden.push_back(out.hidden[pos].index_select(0, index));
-      }
+  emitted->resize(keep);
+  return reason;
+}
+
+void SpecEngine::QueueObservation(const ForwardGroup& group, size_t b, bool was_prefill,
+                                  const std::vector<int32_t>& emitted,
+                                  const std::vector<int64_t>& hidden_rows,
+                                  Observations* observations) {
+  Sequence& s = *group.members[b];
+  DrafterObservation obs{.seq = s.seq};
+  if (was_prefill) obs.tokens = s.request.generation.prompt;
+  obs.tokens.insert(obs.tokens.end(), emitted.begin(), emitted.end());
+  const std::vector<int64_t> layers = s.drafter->hidden_layers();
+  if (was_prefill) {
+    for (size_t k = 0; k < layers.size(); ++k) {
+      std::vector<at::Tensor> chunks;
+      for (const auto& chunk_hidden : s.prompt_hidden) chunks.push_back(chunk_hidden[k]);
+      obs.hidden.push_back(chunks.size() == 1 ? chunks[0] : at::cat(chunks, 0));
     }
-    observations->observations[s.drafter].push_back(std::move(obs));
-    observations->observed[s.drafter].push_back(&s);
+    s.prompt_hidden.clear();
+  } else if (!layers.empty()) {
+    const ForwardOutput& out = group.out;
+    at::Tensor index = at::tensor(hidden_rows, at::kLong).to(out.hidden[0].device());
+    const std::vector<int64_t>& have = group.batch.hidden_layers;
+    for (int64_t l : layers) {
+      const auto pos = std::lower_bound(have.begin(), have.end(), l) - have.begin();
+      obs.hidden.push_back(out.hidden[pos].index_select(0, index));
+    }
   }
+  observations->observations[s.drafter].push_back(std::move(obs));
+  observations->observed[s.drafter].push_back(&s);
 }
 
 void SpecEngine::ObserveAll(const Observations& observations) {

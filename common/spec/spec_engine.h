@@ -150,8 +150,20 @@ class SpecEngine {
   // it, and the rest run again. Returns the forwards that ran (usually one).
   std::vector<ForwardGroup> ForwardIsolating(std::vector<Sequence*> members, StepReport* report);
   void CommitGroup(ForwardGroup& group, StepReport* report, Observations* observations);
+  // Per member of a forward: a prefill chunk or a verified tree, then stops, then what its drafter
+  // observes.
   void CommitSequence(ForwardGroup& group, size_t b, const at::Tensor& logits, StepReport* report,
                       Observations* observations);
+  // Keeps the chunk's hidden states; after the last chunk samples the first token (true).
+  bool CommitPrefillChunk(ForwardGroup& group, size_t b, const float* rows, int64_t vocab,
+                          std::vector<int32_t>* emitted);
+  Status AcceptTree(ForwardGroup& group, size_t b, const float* rows, int64_t vocab,
+                    std::vector<int32_t>* emitted, std::vector<int64_t>* hidden_rows);
+  // Appends the emitted tokens up to the first stop; returns "stop", "length" or "".
+  std::string ApplyStops(Sequence& s, std::vector<int32_t>* emitted);
+  void QueueObservation(const ForwardGroup& group, size_t b, bool was_prefill,
+                        const std::vector<int32_t>& emitted,
+                        const std::vector<int64_t>& hidden_rows, Observations* observations);
   void ObserveAll(const Observations& observations);
   void DropDraft(Sequence& s, const Status& error);
   void Finish(Sequence& s, const std::string& reason, Status error, StepReport* report);
