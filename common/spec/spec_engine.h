@@ -81,7 +81,7 @@ int64_t KvBlocksReserved(const SpecRequest& request, int64_t block_size);
 inline constexpr int32_t kMaxDraftTokens = 256;
 
 // Default of SpecEngineOptions::max_step_tokens (docs/BENCHMARKS.md: chunked prefill).
-inline constexpr int64_t kDefaultMaxStepTokens = 512;
+inline constexpr int64_t kDefaultMaxStepTokens = 256;
 
 struct SpecEngineOptions {
   int32_t max_batch_size = 64;  // running sequences
