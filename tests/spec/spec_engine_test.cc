@@ -480,6 +480,68 @@ TEST_F(SpecEngineTest, AForwardErrorNamingOneSequenceEndsOnlyThatRequest) {
   EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
 }
 
+TEST_F(SpecEngineTest, AnUnattributableForwardErrorDropsDraftsThenIsolatesSequences) {
+  // The KV cache fills up behind the engine's back (RESOURCE_EXHAUSTED names no sequence): the
+  // drafts go first, then each sequence runs alone, so only those that cannot get a block end.
+  ModelRunnerOptions options;
+  options.kv = {.block_size = 4, .num_blocks = 96};
+  auto runner = ModelRunner::FromModule(target_->module(), options);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  ModelRunner& target = **runner;
+  auto requests = Prompts(4, 12, 71);
+  for (auto& r : requests) r.max_new_tokens = 12;
+  const auto plain = Plain(requests);
+  SpecEngine engine(&target);
+  ASSERT_TRUE(engine
+                  .AddDrafter(std::make_unique<ScriptedDrafter>(
+                      "oracle", ScriptedDrafter::Kind::kOracle, References(requests, plain), 64))
+                  .ok());
+  std::vector<RequestId> ids;
+  for (const auto& r : WithDrafter(requests, "oracle", 3)) ids.push_back(*engine.Submit(r));
+  std::map<RequestId, std::vector<int32_t>> got;
+  std::map<RequestId, RequestUpdate> last;
+  std::vector<SeqId> hogs;
+  for (int step = 0; engine.HasWork() && step < 100; ++step) {
+    if (step == 2) {  // every free block but one goes to other users of the cache
+      while (target.kv_stats().free_blocks > 1) {
+        const int64_t n = std::min<int64_t>((target.kv_stats().free_blocks - 1) * 4, 120);
+        hogs.push_back(NewSequenceId());
+        ASSERT_TRUE(target.AddSequence(hogs.back()).ok());
+        ASSERT_TRUE(
+            target.Forward({.seqs = {{.seq = hogs.back(), .tokens = std::vector<int32_t>(n, 1)}}})
+                .ok());
+      }
+    }
+    auto report = engine.Step();
+    ASSERT_TRUE(report.ok()) << report.status();
+    for (const auto& u : report->updates) {
+      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (u.finished) last[u.id] = u;
+    }
+  }
+  ASSERT_EQ(last.size(), requests.size());
+  int completed = 0;
+  bool kv_full_draft_error = false;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const RequestUpdate& u = last[ids[i]];
+    kv_full_draft_error |= u.stats.last_draft_error.find("KV cache full") != std::string::npos;
+    const std::vector<int32_t>& tokens = got[ids[i]];
+    ASSERT_LE(tokens.size(), plain[i].size());
+    EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), plain[i].begin())) << i;
+    if (u.finish_reason == "length") {
+      EXPECT_EQ(tokens, plain[i]) << i;
+      ++completed;
+    } else {
+      EXPECT_EQ(u.finish_reason, "error") << i;
+      EXPECT_EQ(u.error.code(), StatusCode::kResourceExhausted) << i << ": " << u.error;
+    }
+  }
+  EXPECT_TRUE(kv_full_draft_error) << "the drafts are dropped before any request ends";
+  EXPECT_GE(completed, 1);
+  for (SeqId h : hogs) ASSERT_TRUE(target.ReleaseSequence(h).ok());
+  EXPECT_EQ(target.kv_stats().free_blocks, target.kv_stats().num_blocks);
+}
+
 TEST_F(SpecEngineTest, StopTokenInsideAcceptedDraftEndsTheOutput) {
   auto requests = Prompts(3, 30, 17);
   const auto unstopped = Plain(requests);
