@@ -460,7 +460,7 @@ std::vector<SpecEngine::ForwardGroup> SpecEngine::ForwardIsolating(std::vector<S
     ForwardGroup group;
     group.batch = Assemble(members);
     for (Sequence* s : members) group.starts.push_back(target_->SequenceLength(s->seq));
-    auto out = Guarded("target forward", [&] { return target_->Forward(group.batch); });
+    auto out = Guarded("exception", [&] { return target_->Forward(group.batch); });
     if (out.ok()) {
       group.members = std::move(members);
       group.out = std::move(*out);
