@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <set>
 #include <unordered_map>
@@ -18,6 +19,36 @@ double SecondsSince(Clock::time_point t) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The sequence a ModelRunner::Forward error names: its per-sequence validation messages start
+// with "sequence <id>" ("sequence 7: ...", "sequence 7 was not added"). -1 when none is named.
+SeqId NamedSequence(const Status& status) {
+  const std::string& m = status.message();
+  const std::string key = "sequence ";
+  for (size_t at = m.find(key); at != std::string::npos; at = m.find(key, at + 1)) {
+    size_t i = at + key.size();
+    if (i >= m.size() || !std::isdigit(static_cast<unsigned char>(m[i]))) continue;
+    SeqId id = 0;
+    for (; i < m.size() && std::isdigit(static_cast<unsigned char>(m[i])); ++i) {
+      id = id * 10 + (m[i] - '0');
+    }
+    return id;
+  }
+  return -1;
+}
+
+// Runs `f` (returning Status or StatusOr), turning a LibTorch or standard exception (including
+// bad_alloc) into INTERNAL naming `what`: no exception crosses the engine's step.
+template <typename F>
+auto Guarded(const std::string& what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    return InternalError(StrCat(what, ": ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return InternalError(StrCat(what, ": ", e.what()));
+  }
+}
+
 }  // namespace
 
 double SpecRequestStats::mean_accepted_len() const {
@@ -29,8 +60,14 @@ struct SpecEngine::Sequence {
   SeqId seq = 0;
   SpecRequest request;
   SequenceRng rng{0};
-  bool running = false;  // admitted and prefilled (or being prefilled this step)
-  bool prefilled = false;
+  bool running = false;     // admitted (its prompt may still be being prefilled)
+  bool prefilled = false;   // the whole prompt is in the cache and the first token sampled
+  int64_t prompt_done = 0;  // prompt tokens in the target's cache
+  int64_t chunk = 0;        // prompt tokens this step prefills
+  // The target's hidden states of the prompt chunks prefilled so far (per chunk, per layer of the
+  // drafter): the drafter observes the whole prompt at once after the last chunk, exactly as it
+  // would after a one-shot prefill.
+  std::vector<std::vector<at::Tensor>> prompt_hidden;
   std::vector<int32_t> generated;
   Drafter* drafter = nullptr;  // null: no speculation (off, or the drafter failed)
   int64_t reserved_blocks = 0;
@@ -41,11 +78,13 @@ struct SpecEngine::Sequence {
 };
 
 SpecEngine::SpecEngine(ModelRunner* target, SpecEngineOptions options)
-    : target_(target), options_(options) {}
+    : target_(target), options_(options) {
+  options_.max_step_tokens = std::max<int64_t>(options_.max_step_tokens, 1);
+}
 
 SpecEngine::~SpecEngine() {
   for (auto& [id, s] : sequences_) {
-    if (target_->HasSequence(s->seq)) (void)target_->ReleaseSequence(s->seq);
+    if (s->running && target_->HasSequence(s->seq)) (void)target_->ReleaseSequence(s->seq);
     if (s->drafter) s->drafter->ReleaseSequence(s->seq);
   }
 }
@@ -160,7 +199,9 @@ int32_t SpecEngine::num_running() const {
 int32_t SpecEngine::num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
 
 void SpecEngine::Finish(Sequence& s, const std::string& reason, Status error, StepReport* report) {
-  if (target_->HasSequence(s.seq)) (void)target_->ReleaseSequence(s.seq);
+  // Only an admitted sequence was added to the target: a failed AddSequence (the id in use) must
+  // not release someone else's cache.
+  if (s.running && target_->HasSequence(s.seq)) (void)target_->ReleaseSequence(s.seq);
   if (s.drafter) s.drafter->ReleaseSequence(s.seq);
   if (s.running) reserved_blocks_ -= s.reserved_blocks;
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), s.id), waiting_.end());
@@ -180,17 +221,19 @@ void SpecEngine::Finish(Sequence& s, const std::string& reason, Status error, St
   sequences_.erase(s.id);
 }
 
-Status SpecEngine::AdmitWaiting(std::vector<Sequence*>* prefills, StepReport* report) {
+void SpecEngine::AdmitWaiting(StepReport* report) {
+  // Admission needs batch room and the request's worst-case KV blocks only: prompts are prefilled
+  // in chunks within the step's token budget (PlanChunks), so a long prompt never has to wait
+  // for a step of its own.
   const int64_t num_blocks = target_->kv_stats().num_blocks;
   int32_t running = num_running();
-  int64_t prefill_tokens = 0;
   std::vector<RequestId> admitted;
-  for (RequestId id : waiting_) {
+  // A copy: Finish removes a failed request from waiting_ while we walk the queue.
+  const std::vector<RequestId> queue = waiting_;
+  for (RequestId id : queue) {
     Sequence& s = *sequences_.at(id);
-    const int64_t prompt = static_cast<int64_t>(s.request.generation.prompt.size());
     if (running >= options_.max_batch_size) break;
     if (reserved_blocks_ + s.reserved_blocks > num_blocks) break;  // FIFO: no overtaking
-    if (!prefills->empty() && prefill_tokens + prompt > options_.max_prefill_tokens) break;
     Status added = target_->AddSequence(s.seq);
     if (!added.ok()) {
       Finish(s, "error", added, report);
@@ -198,7 +241,6 @@ Status SpecEngine::AdmitWaiting(std::vector<Sequence*>* prefills, StepReport* re
     }
     s.running = true;
     reserved_blocks_ += s.reserved_blocks;
-    prefill_tokens += prompt;
     ++running;
     admitted.push_back(id);
     if (s.request.speculation.enabled()) {
@@ -211,33 +253,115 @@ Status SpecEngine::AdmitWaiting(std::vector<Sequence*>* prefills, StepReport* re
         s.stats.last_draft_error = st.ToString();
       }
     }
-    prefills->push_back(&s);
   }
   for (RequestId id : admitted) {
     waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
   }
-  return OkStatus();
 }
+
+// One target forward of the step: the sequences in it, the batch and its output.
+struct SpecEngine::ForwardGroup {
+  std::vector<Sequence*> members;
+  ForwardBatch batch;
+  ForwardOutput out;
+  std::vector<int64_t> starts;  // each member's cache length before the forward
+};
+
+// What the drafters observe after the step, per drafter.
+struct SpecEngine::Observations {
+  std::map<Drafter*, std::vector<DrafterObservation>> observations;
+  std::map<Drafter*, std::vector<Sequence*>> observed;
+};
 
 StatusOr<StepReport> SpecEngine::Step() {
   StepReport report;
+  try {
+    RunStep(&report);
+  } catch (const std::exception& e) {
+    // Every stage guards its LibTorch and drafter calls; this is the backstop for anything else.
+    // The state of the sequences in this step is unknown, so they end; waiting ones stay.
+    const Status error = InternalError(StrCat("engine step failed: ", e.what()));
+    std::vector<Sequence*> running;
+    for (auto& [id, s] : sequences_) {
+      if (s->running) running.push_back(s.get());
+    }
+    for (Sequence* s : running) Finish(*s, "error", error, &report);
+  }
+  return report;
+}
+
+void SpecEngine::RunStep(StepReport* report) {
+  FinishCancelled(report);
+  AdmitWaiting(report);
+  std::vector<Sequence*> decoding, prefilling;  // prefilling in admission (= id) order
+  for (auto& [id, s] : sequences_) {
+    if (s->running) (s->prefilled ? decoding : prefilling).push_back(s.get());
+  }
+  if (decoding.empty() && prefilling.empty()) return;
+
+  auto t_draft = Clock::now();
+  Draft(decoding);
+  report->draft_seconds += SecondsSince(t_draft);
+
+  auto t_verify = Clock::now();
+  std::vector<Sequence*> members = PlanChunks(decoding, prefilling);
+  members.insert(members.end(), decoding.begin(), decoding.end());
+  std::vector<ForwardGroup> groups = ForwardIsolating(std::move(members), report);
+  Observations observations;
+  for (ForwardGroup& group : groups) {
+    for (size_t b = 0; b < group.members.size(); ++b) {
+      const int64_t n = static_cast<int64_t>(group.batch.seqs[b].tokens.size());
+      ++report->batch_size;
+      (group.members[b]->prefilled ? report->verify_tokens : report->prefill_tokens) += n;
+    }
+    CommitGroup(group, report, &observations);
+  }
+  report->verify_seconds += SecondsSince(t_verify);
+
+  auto t_observe = Clock::now();
+  ObserveAll(observations);
+  report->draft_seconds += SecondsSince(t_observe);
+}
+
+std::vector<SpecEngine::Sequence*> SpecEngine::PlanChunks(
+    const std::vector<Sequence*>& decoding, const std::vector<Sequence*>& prefilling) {
+  // The step's token budget: decoding sequences first (pending token + draft tree: a decode
+  // never waits for a prompt), then prompt chunks in admission order fill what is left. At least
+  // one prompt token is prefilled per step, so a prompt progresses even when decodes fill the
+  // budget.
+  int64_t left = options_.max_step_tokens;
+  for (const Sequence* s : decoding) left -= 1 + s->tree.size();
+  std::vector<Sequence*> chunked;
+  for (Sequence* s : prefilling) {
+    const int64_t remaining =
+        static_cast<int64_t>(s->request.generation.prompt.size()) - s->prompt_done;
+    int64_t take = std::min(remaining, std::max<int64_t>(left, 0));
+    if (chunked.empty()) take = std::max<int64_t>(take, 1);
+    s->chunk = take;
+    if (take == 0) continue;
+    left -= take;
+    chunked.push_back(s);
+  }
+  return chunked;
+}
+
+void SpecEngine::FinishCancelled(StepReport* report) {
   for (RequestId id : cancelled_) {
     auto it = sequences_.find(id);
-    if (it != sequences_.end()) Finish(*it->second, "cancelled", OkStatus(), &report);
+    if (it != sequences_.end()) Finish(*it->second, "cancelled", OkStatus(), report);
   }
   cancelled_.clear();
+}
 
-  std::vector<Sequence*> decoding;
-  for (auto& [id, s] : sequences_) {
-    if (s->running && s->prefilled) decoding.push_back(s.get());
-  }
-  std::vector<Sequence*> prefills;
-  RETURN_IF_ERROR(AdmitWaiting(&prefills, &report));
-  if (decoding.empty() && prefills.empty()) return report;
+void SpecEngine::DropDraft(Sequence& s, const Status& error) {
+  ++s.stats.draft_errors;
+  s.stats.last_draft_error = error.ToString();
+  s.tree = CandidateTree();
+}
 
-  // Draft: one batched Propose per drafter.
+void SpecEngine::Draft(const std::vector<Sequence*>& decoding) {
+  // One batched Propose per drafter.
   const ModelConfig& config = target_->config();
-  auto t_draft = Clock::now();
   std::map<Drafter*, std::vector<Sequence*>> by_drafter;
   for (Sequence* s : decoding) {
     s->tree = CandidateTree();
@@ -248,19 +372,24 @@ StatusOr<StepReport> SpecEngine::Step() {
     std::vector<Sequence*> asked;
     for (Sequence* s : members) {
       const GenerationRequest& g = s->request.generation;
-      const int64_t length = static_cast<int64_t>(g.prompt.size() + s->generated.size());
-      // Every accepted draft token plus the target's own must fit max_new_tokens and the context
-      // (the deepest node sits at position length - 1 + depth).
-      const int64_t room =
-          std::min<int64_t>(g.max_new_tokens - static_cast<int64_t>(s->generated.size()) - 1,
-                            config.max_position_embeddings - length);
-      const int32_t max_depth = static_cast<int32_t>(std::min<int64_t>(room, s->draft_budget));
+      // Every accepted draft token plus the target's own must fit max_new_tokens. The tree's
+      // nodes occupy cache positions cached + 1 .. cached + nodes (after the pending token), so
+      // the context bounds the node count as well as the depth (a node at depth d sits at
+      // position cached + d <= cached + nodes).
+      const int64_t cache_room =
+          config.max_position_embeddings - target_->SequenceLength(s->seq) - 1;
+      const int64_t room = std::min<int64_t>(
+          g.max_new_tokens - static_cast<int64_t>(s->generated.size()) - 1, cache_room);
+      const int32_t max_nodes =
+          static_cast<int32_t>(std::min<int64_t>(cache_room, s->draft_budget));
+      const int32_t max_depth = static_cast<int32_t>(std::min<int64_t>(room, max_nodes));
       if (max_depth <= 0) continue;
-      requests.push_back({.seq = s->seq, .max_nodes = s->draft_budget, .max_depth = max_depth});
+      requests.push_back({.seq = s->seq, .max_nodes = max_nodes, .max_depth = max_depth});
       asked.push_back(s);
     }
     if (requests.empty()) continue;
-    auto trees = drafter->Propose(requests);
+    auto trees = Guarded(StrCat("drafter '", drafter->name(), "' Propose"),
+                         [&] { return drafter->Propose(requests); });
     if (!trees.ok() || trees->size() != requests.size()) {
       const std::string error =
           trees.ok() ? StrCat("drafter '", drafter->name(), "' returned ", trees->size(),
@@ -277,38 +406,35 @@ StatusOr<StepReport> SpecEngine::Step() {
       Status valid = tree.Validate(static_cast<int32_t>(config.vocab_size), requests[i].max_nodes,
                                    requests[i].max_depth);
       if (!valid.ok()) {
-        ++asked[i]->stats.draft_errors;
-        asked[i]->stats.last_draft_error =
-            valid.WithContext(StrCat("drafter '", drafter->name(), "'")).ToString();
+        DropDraft(*asked[i], valid.WithContext(StrCat("drafter '", drafter->name(), "'")));
         continue;
       }
       asked[i]->tree = std::move(tree);
     }
   }
-  report.draft_seconds += SecondsSince(t_draft);
+}
 
-  // Verify: one target forward over every prefill and every tree.
-  auto t_verify = Clock::now();
+ForwardBatch SpecEngine::Assemble(const std::vector<Sequence*>& members) const {
   ForwardBatch batch;
   std::set<int64_t> layer_set;
-  for (Sequence* s : prefills) {
-    if (s->drafter) {
-      for (int64_t l : s->drafter->hidden_layers()) layer_set.insert(l);
-    }
-  }
-  for (Sequence* s : decoding) {
+  for (Sequence* s : members) {
     if (s->drafter) {
       for (int64_t l : s->drafter->hidden_layers()) layer_set.insert(l);
     }
   }
   batch.hidden_layers.assign(layer_set.begin(), layer_set.end());
-  std::vector<Sequence*> members;
-  for (Sequence* s : prefills) {
-    batch.seqs.push_back({.seq = s->seq, .tokens = s->request.generation.prompt});
-    members.push_back(s);
-    report.prefill_tokens += static_cast<int64_t>(s->request.generation.prompt.size());
-  }
-  for (Sequence* s : decoding) {
+  for (Sequence* s : members) {
+    if (!s->prefilled) {
+      // A prompt chunk; only the last one needs logits (it samples the first token).
+      const std::vector<int32_t>& prompt = s->request.generation.prompt;
+      const int64_t end = s->prompt_done + s->chunk;
+      batch.seqs.push_back(
+          {.seq = s->seq,
+           .tokens = std::vector<int32_t>(prompt.begin() + s->prompt_done, prompt.begin() + end),
+           .logits =
+               end == static_cast<int64_t>(prompt.size()) ? LogitsRows::kLast : LogitsRows::kNone});
+      continue;
+    }
     const int64_t start = target_->SequenceLength(s->seq);
     SequenceChunk chunk{.seq = s->seq, .tokens = {s->generated.back()}};
     if (!s->tree.empty()) {
@@ -322,132 +448,248 @@ StatusOr<StepReport> SpecEngine::Step() {
       }
       chunk.logits = LogitsRows::kAll;
     }
-    report.verify_tokens += static_cast<int64_t>(chunk.tokens.size());
     batch.seqs.push_back(std::move(chunk));
-    members.push_back(s);
   }
-  report.batch_size = static_cast<int32_t>(members.size());
-  std::vector<int64_t> starts(members.size());
-  for (size_t b = 0; b < members.size(); ++b) starts[b] = target_->SequenceLength(members[b]->seq);
+  return batch;
+}
 
-  auto out = target_->Forward(batch);
-  if (!out.ok()) {
-    for (Sequence* s : members) Finish(*s, "error", out.status(), &report);
-    report.verify_seconds += SecondsSince(t_verify);
-    return report;
-  }
-  at::Tensor logits = out->logits.to(at::kCPU).contiguous();
-  const int64_t vocab = logits.size(1);
-  const float* logits_data = logits.data_ptr<float>();
-
-  // Per sequence: verify, commit the accepted path, emit tokens, collect drafter observations.
-  std::map<Drafter*, std::vector<DrafterObservation>> observations;
-  std::map<Drafter*, std::vector<Sequence*>> observed;
-  for (size_t b = 0; b < members.size(); ++b) {
-    Sequence& s = *members[b];
-    const GenerationRequest& g = s.request.generation;
-    const float* rows = logits_data + out->logits_offset[b] * vocab;
-    std::vector<int32_t> emitted;
-    std::vector<int64_t> hidden_rows;  // packed rows whose hidden states the drafter observes
-    const int64_t row0 = out->token_offset[b];
-    const bool was_prefill = !s.prefilled;
-    if (was_prefill) {
-      emitted.push_back(SampleToken({rows, static_cast<size_t>(vocab)}, g.sampling, s.rng));
-      for (int64_t r = row0; r < out->token_offset[b + 1]; ++r) hidden_rows.push_back(r);
-      s.prefilled = true;
-    } else {
-      const CandidateTree& tree = s.tree;
-      TreeLogits tree_logits{.data = rows, .rows = tree.size() + 1, .vocab = vocab};
-      auto verified =
-          VerifyTree(tree, tree_logits, g.sampling, s.request.speculation.verify, s.rng);
-      if (!verified.ok()) {
-        Finish(s, "error", verified.status().WithContext("verification"), &report);
-        continue;
-      }
-      std::vector<int64_t> offsets = {0};
-      hidden_rows.push_back(row0);
-      for (int32_t node : verified->accepted_nodes) {
-        emitted.push_back(tree.token(node));
-        offsets.push_back(node + 1);
-        hidden_rows.push_back(row0 + node + 1);
-      }
-      emitted.push_back(verified->bonus_token);
-      if (!tree.empty()) {
-        Status kept = target_->KeepOnly(s.seq, starts[b], offsets);
-        if (!kept.ok()) {
-          Finish(s, "error", kept.WithContext("KV commit"), &report);
-          continue;
-        }
-        ++s.stats.draft_steps;
-        s.stats.draft_tokens += tree.size();
-        s.stats.draft_depth += tree.max_depth();
-        const int64_t accepted = static_cast<int64_t>(verified->accepted_nodes.size());
-        s.stats.accepted_tokens += accepted;
-        if (static_cast<int64_t>(s.stats.accepted_per_position.size()) < tree.max_depth()) {
-          s.stats.accepted_per_position.resize(tree.max_depth(), 0);
-        }
-        for (int64_t d = 0; d < accepted; ++d) ++s.stats.accepted_per_position[d];
-      }
-      ++s.stats.steps;
+std::vector<SpecEngine::ForwardGroup> SpecEngine::ForwardIsolating(std::vector<Sequence*> members,
+                                                                   StepReport* report) {
+  std::vector<ForwardGroup> groups;
+  while (!members.empty()) {
+    ForwardGroup group;
+    group.batch = Assemble(members);
+    for (Sequence* s : members) group.starts.push_back(target_->SequenceLength(s->seq));
+    auto out = Guarded("exception", [&] { return target_->Forward(group.batch); });
+    if (out.ok()) {
+      group.members = std::move(members);
+      group.out = std::move(*out);
+      groups.push_back(std::move(group));
+      return groups;
     }
-
-    // Stop conditions apply token by token: nothing after a stop token or past max_new_tokens.
-    std::string reason;
-    size_t keep = 0;
-    for (; keep < emitted.size(); ++keep) {
-      const int32_t t = emitted[keep];
-      s.generated.push_back(t);
-      if (std::find(g.stop_token_ids.begin(), g.stop_token_ids.end(), t) !=
-          g.stop_token_ids.end()) {
-        reason = "stop";
-      } else if (static_cast<int64_t>(s.generated.size()) >= g.max_new_tokens) {
-        reason = "length";
-      }
-      if (!reason.empty()) {
-        ++keep;
-        break;
+    // ModelRunner rolls back its own failures; an exception that escaped it may not have.
+    for (size_t b = 0; b < members.size(); ++b) {
+      if (target_->SequenceLength(members[b]->seq) != group.starts[b]) {
+        (void)target_->Truncate(members[b]->seq, group.starts[b]);
       }
     }
-    emitted.resize(keep);
-    report.updates.push_back({.id = s.id, .new_tokens = emitted, .stats = s.stats});
-    if (!reason.empty()) {
-      Finish(s, reason, OkStatus(), &report);
+    const Status error = out.status().WithContext("target forward");
+    // One sequence's error (validation names it) costs that sequence its draft, or, when even
+    // its plain chunk is refused, the request; the others run again without it.
+    const SeqId named = NamedSequence(out.status());
+    auto it = std::find_if(members.begin(), members.end(),
+                           [&](const Sequence* s) { return s->seq == named; });
+    if (it != members.end()) {
+      if (!(*it)->tree.empty()) {
+        DropDraft(**it, error);
+      } else {
+        Finish(**it, "error", error, report);
+        members.erase(it);
+      }
       continue;
     }
-    if (s.drafter) {
-      DrafterObservation obs{.seq = s.seq};
-      if (was_prefill) obs.tokens = g.prompt;
-      obs.tokens.insert(obs.tokens.end(), emitted.begin(), emitted.end());
-      const std::vector<int64_t> layers = s.drafter->hidden_layers();
-      if (!layers.empty()) {
-        at::Tensor index = at::tensor(hidden_rows, at::kLong).to(out->hidden[0].device());
-        for (int64_t l : layers) {
-          const auto pos =
-              std::lower_bound(batch.hidden_layers.begin(), batch.hidden_layers.end(), l) -
-              batch.hidden_layers.begin();
-          obs.hidden.push_back(out->hidden[pos].index_select(0, index));
-        }
+    // Not attributable (KV exhausted, a kernel failure): drop the drafts first (they need the
+    // most room), then run every sequence alone so a failure ends only its own request.
+    bool dropped = false;
+    for (Sequence* s : members) {
+      if (!s->tree.empty()) {
+        DropDraft(*s, error);
+        dropped = true;
       }
-      observations[s.drafter].push_back(std::move(obs));
-      observed[s.drafter].push_back(&s);
+    }
+    if (dropped) continue;
+    if (members.size() == 1) {
+      Finish(*members[0], "error", error, report);
+      return groups;
+    }
+    for (Sequence* s : members) {
+      for (ForwardGroup& g : ForwardIsolating({s}, report)) groups.push_back(std::move(g));
+    }
+    return groups;
+  }
+  return groups;
+}
+
+void SpecEngine::CommitGroup(ForwardGroup& group, StepReport* report, Observations* observations) {
+  at::Tensor logits;
+  Status copied = Guarded("logits copy", [&] {
+    logits = group.out.logits.to(at::kCPU).contiguous();
+    return OkStatus();
+  });
+  if (!copied.ok()) {
+    for (Sequence* s : group.members) Finish(*s, "error", copied, report);
+    return;
+  }
+  for (size_t b = 0; b < group.members.size(); ++b) {
+    const RequestId id = group.members[b]->id;
+    Status committed = Guarded("commit", [&] {
+      CommitSequence(group, b, logits, report, observations);
+      return OkStatus();
+    });
+    if (committed.ok()) continue;
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) continue;
+    Sequence* s = it->second.get();
+    for (auto& [drafter, seqs] : observations->observed) {
+      // Its observation (if already queued) must not reach the drafter after it is released.
+      auto pos = std::find(seqs.begin(), seqs.end(), s);
+      if (pos == seqs.end()) continue;
+      auto& obs = observations->observations[drafter];
+      obs.erase(obs.begin() + (pos - seqs.begin()));
+      seqs.erase(pos);
+    }
+    Finish(*s, "error", committed, report);
+  }
+}
+
+void SpecEngine::CommitSequence(ForwardGroup& group, size_t b, const at::Tensor& logits,
+                                StepReport* report, Observations* observations) {
+  Sequence& s = *group.members[b];
+  const int64_t vocab = logits.size(1);
+  const float* rows = logits.data_ptr<float>() + group.out.logits_offset[b] * vocab;
+  const bool was_prefill = !s.prefilled;
+  std::vector<int32_t> emitted;
+  std::vector<int64_t> hidden_rows;  // packed rows whose hidden states the drafter observes
+  if (was_prefill) {
+    if (!CommitPrefillChunk(group, b, rows, vocab, &emitted)) return;  // more chunks to come
+  } else {
+    Status accepted = AcceptTree(group, b, rows, vocab, &emitted, &hidden_rows);
+    if (!accepted.ok()) {
+      Finish(s, "error", accepted, report);
+      return;
     }
   }
-  report.verify_seconds += SecondsSince(t_verify);
+  const std::string reason = ApplyStops(s, &emitted);
+  report->updates.push_back({.id = s.id, .new_tokens = emitted, .stats = s.stats});
+  if (!reason.empty()) {
+    Finish(s, reason, OkStatus(), report);
+    return;
+  }
+  if (s.drafter) QueueObservation(group, b, was_prefill, emitted, hidden_rows, observations);
+}
 
-  auto t_observe = Clock::now();
-  for (auto& [drafter, obs] : observations) {
-    Status st = drafter->Observe(obs);
+bool SpecEngine::CommitPrefillChunk(ForwardGroup& group, size_t b, const float* rows, int64_t vocab,
+                                    std::vector<int32_t>* emitted) {
+  Sequence& s = *group.members[b];
+  const ForwardOutput& out = group.out;
+  const int64_t row0 = out.token_offset[b], row_end = out.token_offset[b + 1];
+  if (s.drafter && !s.drafter->hidden_layers().empty()) {
+    // This chunk's rows, kept until the drafter observes the whole prompt.
+    const std::vector<int64_t>& have = group.batch.hidden_layers;
+    std::vector<at::Tensor> chunk_hidden;
+    for (int64_t l : s.drafter->hidden_layers()) {
+      const auto pos = std::lower_bound(have.begin(), have.end(), l) - have.begin();
+      chunk_hidden.push_back(out.hidden[pos].slice(0, row0, row_end).clone());
+    }
+    s.prompt_hidden.push_back(std::move(chunk_hidden));
+  }
+  s.prompt_done += row_end - row0;
+  const GenerationRequest& g = s.request.generation;
+  if (s.prompt_done < static_cast<int64_t>(g.prompt.size())) return false;
+  emitted->push_back(SampleToken({rows, static_cast<size_t>(vocab)}, g.sampling, s.rng));
+  s.prefilled = true;
+  return true;
+}
+
+Status SpecEngine::AcceptTree(ForwardGroup& group, size_t b, const float* rows, int64_t vocab,
+                              std::vector<int32_t>* emitted, std::vector<int64_t>* hidden_rows) {
+  // Verify the tree, commit the accepted path to the KV cache, count the draft's stats.
+  Sequence& s = *group.members[b];
+  const CandidateTree& tree = s.tree;
+  const int64_t row0 = group.out.token_offset[b];
+  TreeLogits tree_logits{.data = rows, .rows = tree.size() + 1, .vocab = vocab};
+  auto verified = VerifyTree(tree, tree_logits, s.request.generation.sampling,
+                             s.request.speculation.verify, s.rng);
+  if (!verified.ok()) return verified.status().WithContext("verification");
+  std::vector<int64_t> offsets = {0};
+  hidden_rows->push_back(row0);
+  for (int32_t node : verified->accepted_nodes) {
+    emitted->push_back(tree.token(node));
+    offsets.push_back(node + 1);
+    hidden_rows->push_back(row0 + node + 1);
+  }
+  emitted->push_back(verified->bonus_token);
+  if (!tree.empty()) {
+    Status kept = target_->KeepOnly(s.seq, group.starts[b], offsets);
+    if (!kept.ok()) return kept.WithContext("KV commit");
+    ++s.stats.draft_steps;
+    s.stats.draft_tokens += tree.size();
+    s.stats.draft_depth += tree.max_depth();
+    const int64_t accepted = static_cast<int64_t>(verified->accepted_nodes.size());
+    s.stats.accepted_tokens += accepted;
+    if (static_cast<int64_t>(s.stats.accepted_per_position.size()) < tree.max_depth()) {
+      s.stats.accepted_per_position.resize(tree.max_depth(), 0);
+    }
+    for (int64_t d = 0; d < accepted; ++d) ++s.stats.accepted_per_position[d];
+  }
+  ++s.stats.steps;
+  return OkStatus();
+}
+
+std::string SpecEngine::ApplyStops(Sequence& s, std::vector<int32_t>* emitted) {
+  // Stop conditions apply token by token: nothing after a stop token or past max_new_tokens.
+  const GenerationRequest& g = s.request.generation;
+  std::string reason;
+  size_t keep = 0;
+  for (; keep < emitted->size(); ++keep) {
+    const int32_t t = (*emitted)[keep];
+    s.generated.push_back(t);
+    if (std::find(g.stop_token_ids.begin(), g.stop_token_ids.end(), t) != g.stop_token_ids.end()) {
+      reason = "stop";
+    } else if (static_cast<int64_t>(s.generated.size()) >= g.max_new_tokens) {
+      reason = "length";
+    }
+    if (!reason.empty()) {
+      ++keep;
+      break;
+    }
+  }
+  emitted->resize(keep);
+  return reason;
+}
+
+void SpecEngine::QueueObservation(const ForwardGroup& group, size_t b, bool was_prefill,
+                                  const std::vector<int32_t>& emitted,
+                                  const std::vector<int64_t>& hidden_rows,
+                                  Observations* observations) {
+  Sequence& s = *group.members[b];
+  DrafterObservation obs{.seq = s.seq};
+  if (was_prefill) obs.tokens = s.request.generation.prompt;
+  obs.tokens.insert(obs.tokens.end(), emitted.begin(), emitted.end());
+  const std::vector<int64_t> layers = s.drafter->hidden_layers();
+  if (was_prefill) {
+    for (size_t k = 0; k < layers.size(); ++k) {
+      std::vector<at::Tensor> chunks;
+      for (const auto& chunk_hidden : s.prompt_hidden) chunks.push_back(chunk_hidden[k]);
+      obs.hidden.push_back(chunks.size() == 1 ? chunks[0] : at::cat(chunks, 0));
+    }
+    s.prompt_hidden.clear();
+  } else if (!layers.empty()) {
+    const ForwardOutput& out = group.out;
+    at::Tensor index = at::tensor(hidden_rows, at::kLong).to(out.hidden[0].device());
+    const std::vector<int64_t>& have = group.batch.hidden_layers;
+    for (int64_t l : layers) {
+      const auto pos = std::lower_bound(have.begin(), have.end(), l) - have.begin();
+      obs.hidden.push_back(out.hidden[pos].index_select(0, index));
+    }
+  }
+  observations->observations[s.drafter].push_back(std::move(obs));
+  observations->observed[s.drafter].push_back(&s);
+}
+
+void SpecEngine::ObserveAll(const Observations& observations) {
+  for (const auto& [drafter, obs] : observations.observations) {
+    Status st = Guarded(StrCat("drafter '", drafter->name(), "' Observe"),
+                        [&] { return drafter->Observe(obs); });
     if (st.ok()) continue;
     // The drafter's state for these sequences is unknown now: they finish without speculation.
-    for (Sequence* s : observed[drafter]) {
+    for (Sequence* s : observations.observed.at(drafter)) {
       ++s->stats.draft_errors;
       s->stats.last_draft_error = st.ToString();
       drafter->ReleaseSequence(s->seq);
       s->drafter = nullptr;
     }
   }
-  report.draft_seconds += SecondsSince(t_observe);
-  return report;
 }
 
 int64_t SpecEngine::DrafterStateBytes() const {

@@ -1,8 +1,9 @@
 // The speculative decoding loop over a continuously changing batch of sequences.
 //
-// Each Step() is one target forward: newly admitted requests are prefilled and every running
-// sequence verifies the candidate tree its drafter proposed (or decodes one token when speculation
-// is off for it), all packed into one ForwardBatch. Sequences join and finish independently and
+// Each Step() is one target forward: every running sequence verifies the candidate tree its
+// drafter proposed (or decodes one token when speculation is off for it), and admitted prompts are
+// prefilled in chunks with the rest of the step's token budget (max_step_tokens), all packed into
+// one ForwardBatch. Sequences join and finish independently and
 // each accepts a different number of tokens per step; the target's KV cache keeps exactly the
 // accepted path. Single-threaded: one caller drives Submit/Cancel/Step (the router's loop).
 #pragma once
@@ -64,11 +65,11 @@ struct RequestUpdate {
 
 struct StepReport {
   std::vector<RequestUpdate> updates;
-  int32_t batch_size = 0;  // sequences in the target forward
-  int64_t prefill_tokens = 0;
-  int64_t verify_tokens = 0;  // pending + tree tokens of running sequences
-  double draft_seconds = 0;   // drafter Observe + Propose
-  double verify_seconds = 0;  // target forward + verification + KV commit
+  int32_t batch_size = 0;      // sequences in the target forward
+  int64_t prefill_tokens = 0;  // prompt tokens (chunks) prefilled this step
+  int64_t verify_tokens = 0;   // pending + tree tokens of running sequences
+  double draft_seconds = 0;    // drafter Observe + Propose
+  double verify_seconds = 0;   // target forward + verification + KV commit
 };
 
 // KV blocks a request holds at most: its prompt and every generated token, plus one step's pending
@@ -79,9 +80,16 @@ int64_t KvBlocksReserved(const SpecRequest& request, int64_t block_size);
 // Largest per-step draft (tree nodes) a request may ask for.
 inline constexpr int32_t kMaxDraftTokens = 256;
 
+// Default of SpecEngineOptions::max_step_tokens (docs/BENCHMARKS.md: chunked prefill).
+inline constexpr int64_t kDefaultMaxStepTokens = 256;
+
 struct SpecEngineOptions {
-  int32_t max_batch_size = 64;        // running sequences
-  int64_t max_prefill_tokens = 8192;  // prompt tokens admitted per step (at least one request)
+  int32_t max_batch_size = 64;  // running sequences
+  // Tokens in one step's target forward (chunked prefill): the decoding sequences' pending tokens
+  // and draft trees first, then chunks of the prompts being prefilled fill what is left, so a
+  // long prompt is prefilled over several steps while the running sequences keep decoding. At
+  // least one prompt token progresses per step. Values below 1 count as 1.
+  int64_t max_step_tokens = kDefaultMaxStepTokens;
 };
 
 class SpecEngine {
@@ -115,8 +123,10 @@ class SpecEngine {
   Status SetDraftBudget(RequestId id, int32_t max_draft_tokens);
 
   // Runs one step. Per-request failures (a drafter error, an invalid tree) degrade that request to
-  // no speculation for the step and are counted in its stats; a failed target forward finishes
-  // every request in it with reason "error".
+  // no speculation for the step and are counted in its stats. A target forward that fails because
+  // of one sequence drops that sequence's draft (or ends that request with reason "error") and runs
+  // again without it; an unattributable failure drops the drafts, then runs each sequence alone.
+  // Exceptions (LibTorch, bad_alloc) become a Status of the requests affected.
   StatusOr<StepReport> Step();
 
   bool HasWork() const;
@@ -125,7 +135,37 @@ class SpecEngine {
 
  private:
   struct Sequence;
-  Status AdmitWaiting(std::vector<Sequence*>* prefills, StepReport* report);
+  struct ForwardGroup;
+  struct Observations;
+  // The step, one verb each (in order).
+  void RunStep(StepReport* report);
+  void FinishCancelled(StepReport* report);
+  void AdmitWaiting(StepReport* report);
+  void Draft(const std::vector<Sequence*>& decoding);
+  // Sets each prefilling sequence's chunk for the step; returns those with a non-empty one.
+  std::vector<Sequence*> PlanChunks(const std::vector<Sequence*>& decoding,
+                                    const std::vector<Sequence*>& prefilling);
+  ForwardBatch Assemble(const std::vector<Sequence*>& members) const;
+  // Runs the members' forward; a failure attributable to one sequence drops its draft or ends
+  // it, and the rest run again. Returns the forwards that ran (usually one).
+  std::vector<ForwardGroup> ForwardIsolating(std::vector<Sequence*> members, StepReport* report);
+  void CommitGroup(ForwardGroup& group, StepReport* report, Observations* observations);
+  // Per member of a forward: a prefill chunk or a verified tree, then stops, then what its drafter
+  // observes.
+  void CommitSequence(ForwardGroup& group, size_t b, const at::Tensor& logits, StepReport* report,
+                      Observations* observations);
+  // Keeps the chunk's hidden states; after the last chunk samples the first token (true).
+  bool CommitPrefillChunk(ForwardGroup& group, size_t b, const float* rows, int64_t vocab,
+                          std::vector<int32_t>* emitted);
+  Status AcceptTree(ForwardGroup& group, size_t b, const float* rows, int64_t vocab,
+                    std::vector<int32_t>* emitted, std::vector<int64_t>* hidden_rows);
+  // Appends the emitted tokens up to the first stop; returns "stop", "length" or "".
+  std::string ApplyStops(Sequence& s, std::vector<int32_t>* emitted);
+  void QueueObservation(const ForwardGroup& group, size_t b, bool was_prefill,
+                        const std::vector<int32_t>& emitted,
+                        const std::vector<int64_t>& hidden_rows, Observations* observations);
+  void ObserveAll(const Observations& observations);
+  void DropDraft(Sequence& s, const Status& error);
   void Finish(Sequence& s, const std::string& reason, Status error, StepReport* report);
 
   ModelRunner* target_;

@@ -253,18 +253,23 @@ void EngineLoop::CheckCancellations() {
 StepPlan EngineLoop::PlanStep() {
   StepPlan plan;
   plan.cancel.swap(to_cancel_);
-  int64_t prefill_tokens = 0;
+  // Admission needs batch room and the worst-case KV blocks (the engine's rule, KvBlocksReserved);
+  // prompt tokens are budgeted by the target's engine, which prefills prompts in chunks
+  // (SpecEngineOptions::max_step_tokens), so the router does not budget them again.
   while (!waiting_.empty()) {
-    Active& a = *active_.at(waiting_.front());
+    auto it = active_.find(waiting_.front());
+    if (it == active_.end()) {  // cannot happen (Erase dequeues); never abort the server for it
+      waiting_.pop_front();
+      continue;
+    }
+    Active& a = *it->second;
     const int64_t prompt = static_cast<int64_t>(a.request.spec.generation.prompt.size());
     if (admitted_ >= options_.max_batch_size) break;
     if (reserved_blocks_ + a.reserved_blocks > info_.kv_cache_blocks) break;  // FIFO: no overtaking
-    if (!plan.admit.empty() && prefill_tokens + prompt > options_.max_prefill_tokens) break;
     plan.admit.push_back({.id = waiting_.front(), .request = a.request.spec});
     a.admitted = true;
     ++admitted_;
     reserved_blocks_ += a.reserved_blocks;
-    prefill_tokens += prompt;
     if (metrics_) metrics_->Admitted(prompt, a.stats.lossy);
     waiting_.pop_front();
   }
@@ -284,6 +289,10 @@ void EngineLoop::Erase(RequestId id) {
   if (it->second->admitted) {
     --admitted_;
     reserved_blocks_ -= it->second->reserved_blocks;
+  } else {
+    // A request that leaves while queued (cancelled, deadline, shutdown) must leave the queue
+    // too: PlanStep looks up every queued id in active_.
+    std::erase(waiting_, id);
   }
   active_.erase(it);
 }

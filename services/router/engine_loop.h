@@ -7,9 +7,10 @@
 //      that could never fit the target's KV cache ends here with RESOURCE_EXHAUSTED);
 //   2. ends waiting requests whose handler cancelled them (client gone) or whose deadline passed,
 //      and plans the cancellation of running ones (the target frees their KV blocks);
-//   3. admits waiting requests in FIFO order while the batch has room (max_batch_size), the
-//      target's KV cache can hold each one's worst case (KvBlocksReserved) and the step's prefill
-//      budget allows; gives every running speculative request its draft budget for the step;
+//   3. admits waiting requests in FIFO order while the batch has room (max_batch_size) and the
+//      target's KV cache can hold each one's worst case (KvBlocksReserved); the target's engine
+//      prefills their prompts in chunks within its per-step token budget (max_step_tokens);
+//      gives every running speculative request its draft budget for the step;
 //   4. runs the step (TargetBackend::Step) and turns each request's new tokens into a LoopEvent on
 //      its RequestChannel: incremental detokenization (StreamDecoder), stop strings
 //      (StopStringMatcher; a match cancels the rest of the request), and on the last event the
@@ -57,8 +58,6 @@ struct EngineLoopOptions {
   int32_t max_queue = 256;
   // Sequences in one step's batch; at most the target's own limit.
   int32_t max_batch_size = 64;
-  // Prompt tokens admitted per step (at least one request per step is admitted regardless).
-  int64_t max_prefill_tokens = 8192;
   // Used for requests that leave the drafter empty: a drafter added to the engine, or "none".
   std::string default_drafter = "none";
   // Used for requests that leave max_draft_tokens at 0.

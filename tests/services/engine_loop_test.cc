@@ -187,6 +187,42 @@ TEST_P(EngineLoopTest, CancelledAndExpiredRequestsFreeTheirBlocksWithoutDisturbi
             std::string::npos);
 }
 
+TEST_P(EngineLoopTest, QueuedRequestsThatLeaveNeverStopTheLoop) {
+  // One sequence per step: everything submitted behind the long request stays queued, so the
+  // deadlines and the client cancel below all end requests that never reached the target (issue
+  // 19.1: they used to stay in the queue after being erased, and the next plan aborted).
+  auto loop = MakeLoop({.max_batch_size = 1});
+  ASSERT_TRUE(loop);
+  auto running = loop->Submit(Greedy({5, 6, 7}, 1000, "none"));
+  ASSERT_TRUE(running.ok());
+  while ((*running)->Wait(1s).empty()) {
+  }
+  std::vector<std::shared_ptr<RequestChannel>> expiring;
+  for (int i = 0; i < 8; ++i) {
+    LoopRequest r = Greedy({5, 6, 7 + i}, 8, i % 2 ? "ngram" : "none");
+    r.deadline = Clock::now() + std::chrono::milliseconds(1 + i);
+    auto ch = loop->Submit(std::move(r));
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    expiring.push_back(*ch);
+  }
+  auto cancelled = loop->Submit(Greedy({9, 10}, 8, "ngram"));
+  auto behind = loop->Submit(Greedy({10, 11, 12}, 12, "ngram"));
+  ASSERT_TRUE(cancelled.ok() && behind.ok());
+  loop->Cancel(**cancelled);
+  for (auto& ch : expiring) {
+    Collected c = Collect(*ch);
+    EXPECT_EQ(c.last.status.code(), StatusCode::kDeadlineExceeded) << c.last.status;
+    EXPECT_TRUE(c.tokens.empty());
+  }
+  Collected c = Collect(**cancelled);
+  EXPECT_EQ(c.last.status.code(), StatusCode::kCancelled) << c.last.status;
+  loop->Cancel(**running);
+  EXPECT_EQ(Collect(**running).last.status.code(), StatusCode::kCancelled);
+  // The loop still serves: the request queued behind the ones that left runs to the end.
+  EXPECT_EQ(Collect(**behind).tokens, reference_->Greedy({10, 11, 12}, 12));
+  EXPECT_TRUE(WaitIdle(*loop));
+}
+
 TEST_P(EngineLoopTest, QueueLimitCountsWaitingAndRunningRequests) {
   auto loop = MakeLoop({.max_queue = 2});
   ASSERT_TRUE(loop);

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <thread>
 
 #include "common/util/mapped_file.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -187,6 +188,47 @@ TEST(SpeculaServeProcessTest, SigtermAndSigintStopTheServerCleanly) {
     EXPECT_EQ(server.Stop(signal), 0) << server.Stderr();
     EXPECT_NE(server.Stderr().find("shutting down"), std::string::npos) << server.Stderr();
   }
+}
+
+TEST(SpeculaServeProcessTest, ShortDeadlinesCancelsAndShutdownWithQueuedRequestsNeverAbort) {
+  // Issue 19.1: requests that left while queued (deadline, client cancel, shutdown past the grace
+  // period) aborted the server. One sequence per step keeps most of each burst queued.
+  const TestModelDirs& dirs = TinyServedModelDirs();
+  ServerProcess server;
+  ASSERT_TRUE(
+      server.Start({"--model", dirs.target, "--drafter", "ngram", "--port", "0", "--metrics-port",
+                    "0", "--max-batch-size", "1", "--shutdown-grace-s", "0.2"}))
+      << server.error();
+  auto stub = v1::Generation::NewStub(Channel(server.port()));
+  auto generate = [&](int first_token, int max_new, int deadline_ms) {
+    v1::GenerateRequest request;
+    request.mutable_token_ids()->add_ids(5);
+    request.mutable_token_ids()->add_ids(first_token);
+    request.set_max_new_tokens(max_new);
+    grpc::ClientContext context;
+    if (deadline_ms > 0) {
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::milliseconds(deadline_ms));
+    }
+    v1::GenerateResponse response;
+    return stub->Generate(&context, request, &response);
+  };
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::thread> burst;
+    for (int i = 0; i < 24; ++i) {
+      burst.emplace_back([&, i] { (void)generate(6 + i, 60, 1 + i % 8); });
+    }
+    for (std::thread& t : burst) t.join();
+    grpc::Status alive = generate(7, 4, 0);
+    ASSERT_TRUE(alive.ok()) << "round " << round << ": " << alive.error_message()
+                            << server.Stderr();
+  }
+  // Requests still queued when SIGTERM's grace period ends.
+  std::vector<std::thread> queued;
+  for (int i = 0; i < 6; ++i) queued.emplace_back([&, i] { (void)generate(8 + i, 900, 0); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let them reach the server
+  EXPECT_EQ(server.Stop(SIGTERM), 0) << server.Stderr();
+  for (std::thread& t : queued) t.join();
 }
 
 struct RunResult {

@@ -30,6 +30,7 @@ class ScriptedDrafter : public Drafter {
     kOracle,      // the true continuation as a chain
     kRandomTree,  // random trees that sometimes contain the true path
     kBadTree,     // invalid trees (by sequence: OOV token, over budget, parent after child)
+    kWideTree,    // max_nodes siblings at depth 1: the most cache positions a budget allows
   };
   ScriptedDrafter(std::string name, Kind kind, std::vector<std::vector<int32_t>> references,
                   int32_t vocab)
@@ -47,6 +48,7 @@ class ScriptedDrafter : public Drafter {
   }
   Status Observe(const std::vector<DrafterObservation>& observations) override {
     if (fail_observe) return InternalError("scripted observe failure");
+    if (throw_observe) throw std::bad_alloc();
     for (const auto& o : observations) {
       auto& h = history_.at(o.seq);
       h.insert(h.end(), o.tokens.begin(), o.tokens.end());
@@ -55,6 +57,7 @@ class ScriptedDrafter : public Drafter {
   }
   StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override {
     if (fail_propose) return InternalError("scripted propose failure");
+    if (throw_propose) (void)at::zeros({2}).view({3});  // throws c10::Error
     std::vector<CandidateTree> trees;
     for (const auto& r : requests) {
       const auto& h = history_.at(r.seq);
@@ -91,6 +94,9 @@ class ScriptedDrafter : public Drafter {
           }
           break;
         }
+        case Kind::kWideTree:
+          for (int32_t i = 0; i < r.max_nodes; ++i) tree.AddNode(-1, (i * 7 + 1) % vocab_);
+          break;
         case Kind::kBadTree: {
           const int64_t which = r.seq % 3;
           if (which == 0) {
@@ -111,6 +117,8 @@ class ScriptedDrafter : public Drafter {
 
   bool fail_propose = false;
   bool fail_observe = false;
+  bool throw_propose = false;
+  bool throw_observe = false;
   int released = 0;
 
  private:
@@ -387,6 +395,153 @@ TEST_F(SpecEngineTest, DrafterFailuresFallBackToPlainDecoding) {
   }
 }
 
+TEST_F(SpecEngineTest, DrafterExceptionsFallBackToPlainDecoding) {
+  // A LibTorch error in Propose and bad_alloc in Observe stop at the engine (issue 19.2).
+  const auto requests = Prompts(4, 10, 43);
+  const auto plain = Plain(requests);
+  for (bool in_observe : {false, true}) {
+    SpecEngine engine(target_.get());
+    auto drafter = std::make_unique<ScriptedDrafter>("oracle", ScriptedDrafter::Kind::kOracle,
+                                                     References(requests, plain), 64);
+    drafter->throw_propose = !in_observe;
+    drafter->throw_observe = in_observe;
+    ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+    auto results = GenerateAll(engine, WithDrafter(requests, "oracle", 4));
+    ASSERT_TRUE(results.ok()) << results.status();
+    EXPECT_EQ(Tokens(*results), plain);
+    for (const auto& r : *results) {
+      EXPECT_GT(r.stats.draft_errors, 0);
+      EXPECT_THAT(r.stats.last_draft_error, HasSubstr("INTERNAL"));
+      EXPECT_THAT(r.stats.last_draft_error, HasSubstr(in_observe ? "Observe" : "Propose"));
+    }
+    EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
+  }
+}
+
+TEST_F(SpecEngineTest, TreesAtTheContextEdgeNeverFailTheStep) {
+  // Issue 19.2: prompt + max_new_tokens == context with a wide tree: the tree's depth was bounded
+  // by the room left but not its node count, so the forward overran the context and every
+  // sequence in the step ended with OUT_OF_RANGE.
+  auto requests = Prompts(8, 10, 47);
+  requests[0].max_new_tokens = config_.max_position_embeddings - requests[0].prompt.size();
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get());
+  ASSERT_TRUE(engine
+                  .AddDrafter(std::make_unique<ScriptedDrafter>(
+                      "wide", ScriptedDrafter::Kind::kWideTree, References(requests, plain), 64))
+                  .ok());
+  auto spec = WithDrafter(requests, "none", 0);
+  spec[0].speculation = {.drafter = "wide", .max_draft_tokens = 16};
+  spec[3].speculation = {.drafter = "wide", .max_draft_tokens = 5};
+  auto results = GenerateAll(engine, spec);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ(Tokens(*results), plain);
+  EXPECT_EQ((*results)[0].stats.draft_errors, 0) << (*results)[0].stats.last_draft_error;
+  EXPECT_GT((*results)[0].stats.draft_tokens, 0);
+  EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
+}
+
+TEST_F(SpecEngineTest, AForwardErrorNamingOneSequenceEndsOnlyThatRequest) {
+  // The target refuses one sequence (here: its cache was released behind the engine's back, so
+  // the forward fails NOT_FOUND naming it). Its draft is dropped, then the request ends with the
+  // error; the others run again without it and are unaffected.
+  const auto requests = Prompts(4, 12, 53);
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get());
+  ASSERT_TRUE(engine
+                  .AddDrafter(std::make_unique<ScriptedDrafter>(
+                      "oracle", ScriptedDrafter::Kind::kOracle, References(requests, plain), 64))
+                  .ok());
+  const SeqId victim = NewSequenceId() + 2;  // the second request's sequence
+  std::vector<RequestId> ids;
+  for (const auto& r : WithDrafter(requests, "oracle", 3)) ids.push_back(*engine.Submit(r));
+  std::map<RequestId, std::vector<int32_t>> got;
+  std::map<RequestId, RequestUpdate> last;
+  for (int step = 0; engine.HasWork() && step < 100; ++step) {
+    if (step == 2) {
+      ASSERT_TRUE(target_->ReleaseSequence(victim).ok());
+    }
+    auto report = engine.Step();
+    ASSERT_TRUE(report.ok()) << report.status();
+    for (const auto& u : report->updates) {
+      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (u.finished) last[u.id] = u;
+    }
+  }
+  ASSERT_EQ(last.size(), requests.size());
+  EXPECT_EQ(last[ids[1]].finish_reason, "error");
+  EXPECT_EQ(last[ids[1]].error.code(), StatusCode::kNotFound) << last[ids[1]].error;
+  EXPECT_GT(last[ids[1]].stats.draft_errors, 0) << "the draft is dropped first";
+  for (size_t i : {0, 2, 3}) {
+    EXPECT_EQ(last[ids[i]].finish_reason, "length") << i << ": " << last[ids[i]].error;
+    EXPECT_EQ(got[ids[i]], plain[i]) << i;
+    EXPECT_EQ(last[ids[i]].stats.draft_errors, 0) << i;
+  }
+  EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
+}
+
+TEST_F(SpecEngineTest, AnUnattributableForwardErrorDropsDraftsThenIsolatesSequences) {
+  // The KV cache fills up behind the engine's back (RESOURCE_EXHAUSTED names no sequence): the
+  // drafts go first, then each sequence runs alone, so only those that cannot get a block end.
+  ModelRunnerOptions options;
+  options.kv = {.block_size = 4, .num_blocks = 96};
+  auto runner = ModelRunner::FromModule(target_->module(), options);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  ModelRunner& target = **runner;
+  auto requests = Prompts(4, 12, 71);
+  for (auto& r : requests) r.max_new_tokens = 12;
+  const auto plain = Plain(requests);
+  SpecEngine engine(&target);
+  ASSERT_TRUE(engine
+                  .AddDrafter(std::make_unique<ScriptedDrafter>(
+                      "oracle", ScriptedDrafter::Kind::kOracle, References(requests, plain), 64))
+                  .ok());
+  std::vector<RequestId> ids;
+  for (const auto& r : WithDrafter(requests, "oracle", 3)) ids.push_back(*engine.Submit(r));
+  std::map<RequestId, std::vector<int32_t>> got;
+  std::map<RequestId, RequestUpdate> last;
+  std::vector<SeqId> hogs;
+  for (int step = 0; engine.HasWork() && step < 100; ++step) {
+    if (step == 2) {  // every free block but one goes to other users of the cache
+      while (target.kv_stats().free_blocks > 1) {
+        const int64_t n = std::min<int64_t>((target.kv_stats().free_blocks - 1) * 4, 120);
+        hogs.push_back(NewSequenceId());
+        ASSERT_TRUE(target.AddSequence(hogs.back()).ok());
+        ASSERT_TRUE(
+            target.Forward({.seqs = {{.seq = hogs.back(), .tokens = std::vector<int32_t>(n, 1)}}})
+                .ok());
+      }
+    }
+    auto report = engine.Step();
+    ASSERT_TRUE(report.ok()) << report.status();
+    for (const auto& u : report->updates) {
+      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (u.finished) last[u.id] = u;
+    }
+  }
+  ASSERT_EQ(last.size(), requests.size());
+  int completed = 0;
+  bool kv_full_draft_error = false;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const RequestUpdate& u = last[ids[i]];
+    kv_full_draft_error |= u.stats.last_draft_error.find("KV cache full") != std::string::npos;
+    const std::vector<int32_t>& tokens = got[ids[i]];
+    ASSERT_LE(tokens.size(), plain[i].size());
+    EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), plain[i].begin())) << i;
+    if (u.finish_reason == "length") {
+      EXPECT_EQ(tokens, plain[i]) << i;
+      ++completed;
+    } else {
+      EXPECT_EQ(u.finish_reason, "error") << i;
+      EXPECT_EQ(u.error.code(), StatusCode::kResourceExhausted) << i << ": " << u.error;
+    }
+  }
+  EXPECT_TRUE(kv_full_draft_error) << "the drafts are dropped before any request ends";
+  EXPECT_GE(completed, 1);
+  for (SeqId h : hogs) ASSERT_TRUE(target.ReleaseSequence(h).ok());
+  EXPECT_EQ(target.kv_stats().free_blocks, target.kv_stats().num_blocks);
+}
+
 TEST_F(SpecEngineTest, StopTokenInsideAcceptedDraftEndsTheOutput) {
   auto requests = Prompts(3, 30, 17);
   const auto unstopped = Plain(requests);
@@ -430,6 +585,75 @@ TEST_F(SpecEngineTest, CancelFreesKvBlocksAndLeavesOthersIntact) {
   EXPECT_EQ(got[ids[0]], plain[0]);
   EXPECT_EQ(got[ids[2]], plain[2]);
   EXPECT_EQ(engine.Cancel(ids[1]).code(), StatusCode::kNotFound);
+  EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
+}
+
+TEST_F(SpecEngineTest, AFailedAdmissionEndsOnlyThatRequest) {
+  // Submit takes the next process-wide sequence ids; occupying the second one in the target makes
+  // that request's AddSequence fail in the middle of admission (issue 19.1: the failed request
+  // was erased from the queue while the queue was being walked, so a later one was admitted
+  // twice and a request was skipped).
+  const auto requests = Prompts(5, 6, 37);
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get());
+  const SeqId taken = NewSequenceId() + 2;
+  ASSERT_TRUE(target_->AddSequence(taken).ok());
+  std::vector<RequestId> ids;
+  for (const auto& r : WithDrafter(requests, "none", 0)) ids.push_back(*engine.Submit(r));
+  std::map<RequestId, std::vector<int32_t>> got;
+  std::map<RequestId, RequestUpdate> last;
+  int steps = 0;
+  while (engine.HasWork() && ++steps < 100) {
+    auto report = engine.Step();
+    ASSERT_TRUE(report.ok()) << report.status();
+    for (const auto& u : report->updates) {
+      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (u.finished) last[u.id] = u;
+    }
+  }
+  ASSERT_EQ(last.size(), requests.size());
+  EXPECT_EQ(last[ids[1]].finish_reason, "error");
+  EXPECT_EQ(last[ids[1]].error.code(), StatusCode::kAlreadyExists) << last[ids[1]].error;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i == 1) continue;
+    EXPECT_EQ(last[ids[i]].finish_reason, "length") << i << ": " << last[ids[i]].error;
+    EXPECT_EQ(got[ids[i]], plain[i]) << i;
+  }
+  ASSERT_TRUE(target_->ReleaseSequence(taken).ok());
+  EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
+}
+
+TEST_F(SpecEngineTest, CancellingWaitingRequestsLeavesTheQueueConsistent) {
+  const auto requests = Prompts(6, 8, 41);
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get(), {.max_batch_size = 1});
+  std::vector<RequestId> ids;
+  for (const auto& r : WithDrafter(requests, "none", 0)) ids.push_back(*engine.Submit(r));
+  std::map<RequestId, std::vector<int32_t>> got;
+  std::map<RequestId, std::string> reasons;
+  for (int step = 0; engine.HasWork() && step < 200; ++step) {
+    if (step == 1) {  // ids[0] runs; cancel queued ones, including the queue's head and tail
+      for (size_t i : {1, 3, 5}) ASSERT_TRUE(engine.Cancel(ids[i]).ok());
+    }
+    auto report = engine.Step();
+    ASSERT_TRUE(report.ok()) << report.status();
+    for (const auto& u : report->updates) {
+      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (u.finished) reasons[u.id] = u.finish_reason;
+    }
+    if (step == 1) {
+      EXPECT_EQ(engine.num_waiting(), 2);
+    }
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i % 2) {
+      EXPECT_EQ(reasons[ids[i]], "cancelled") << i;
+      EXPECT_TRUE(got[ids[i]].empty()) << i;
+    } else {
+      EXPECT_EQ(reasons[ids[i]], "length") << i;
+      EXPECT_EQ(got[ids[i]], plain[i]) << i;
+    }
+  }
   EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
 }
 
@@ -485,46 +709,157 @@ TEST_F(SpecEngineTest, RejectsBadRequestsNamingTheField) {
 }
 
 TEST_F(SpecEngineTest, DraftersObserveTheTargetsHiddenStatesOfCommittedPositions) {
-  const auto requests = Prompts(4, 16, 31);
-  const auto plain = Plain(requests);
-  auto drafter = std::make_unique<HiddenRecordingDrafter>();
-  HiddenRecordingDrafter* raw = drafter.get();
-  SpecEngine engine(target_.get());
-  ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
-  auto results = GenerateAll(engine, WithDrafter(requests, "hidden", 3));
-  ASSERT_TRUE(results.ok()) << results.status();
-  EXPECT_EQ(Tokens(*results), plain);
-  ASSERT_EQ(raw->finished_.size(), requests.size());
-  for (const auto& seen : raw->finished_) {
-    // Which request: the observed tokens start with its prompt.
-    size_t i = 0;
-    while (i < requests.size() &&
-           !std::equal(requests[i].prompt.begin(), requests[i].prompt.end(), seen.tokens.begin())) {
-      ++i;
-    }
-    ASSERT_LT(i, requests.size());
-    std::vector<int32_t> full = requests[i].prompt;
-    full.insert(full.end(), plain[i].begin(), plain[i].end());
-    // Every observed token is the sequence's, in order; hidden rows cover all but the pending one.
-    ASSERT_LE(seen.tokens.size(), full.size());
-    EXPECT_TRUE(std::equal(seen.tokens.begin(), seen.tokens.end(), full.begin()));
-    auto reference = ModelRunner::FromModule(target_->module(), {});
-    ASSERT_TRUE(reference.ok());
-    ASSERT_TRUE((*reference)->AddSequence(1).ok());
-    auto out =
-        (*reference)->Forward({.seqs = {{.seq = 1, .tokens = full}}, .hidden_layers = {0, 1, 2}});
-    ASSERT_TRUE(out.ok()) << out.status();
-    for (int l = 0; l < 3; ++l) {
-      at::Tensor got = at::cat(seen.hidden[l], 0);
-      EXPECT_EQ(got.size(0), static_cast<int64_t>(seen.tokens.size()) - 1) << "layer " << l;
-      at::Tensor want = out->hidden[l].slice(0, 0, got.size(0)).to(at::kFloat);
-      // Relative to the layer's scale (weight_scale 10 makes activations large); a wrong row would
-      // be off by O(1).
-      const float scale = want.abs().max().item<float>();
-      const float diff = (got - want).abs().max().item<float>();
-      EXPECT_LT(diff, 1e-4f * scale) << "layer " << l << " max diff " << diff << " scale " << scale;
+  // Also with chunked prefill (a step budget of 1 or 7 tokens): the drafter sees the same prompt
+  // rows as after a one-shot prefill, and the final layer's states (hence the logits) match.
+  for (int64_t max_step_tokens : {kDefaultMaxStepTokens, int64_t{7}, int64_t{1}}) {
+    SCOPED_TRACE(max_step_tokens);
+    const auto requests = Prompts(4, 16, 31);
+    const auto plain = Plain(requests);
+    auto drafter = std::make_unique<HiddenRecordingDrafter>();
+    HiddenRecordingDrafter* raw = drafter.get();
+    SpecEngine engine(target_.get(), {.max_step_tokens = max_step_tokens});
+    ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+    auto results = GenerateAll(engine, WithDrafter(requests, "hidden", 3));
+    ASSERT_TRUE(results.ok()) << results.status();
+    EXPECT_EQ(Tokens(*results), plain);
+    ASSERT_EQ(raw->finished_.size(), requests.size());
+    for (const auto& seen : raw->finished_) {
+      // Which request: the observed tokens start with its prompt.
+      size_t i = 0;
+      while (i < requests.size() && !std::equal(requests[i].prompt.begin(),
+                                                requests[i].prompt.end(), seen.tokens.begin())) {
+        ++i;
+      }
+      ASSERT_LT(i, requests.size());
+      std::vector<int32_t> full = requests[i].prompt;
+      full.insert(full.end(), plain[i].begin(), plain[i].end());
+      // Every observed token is the sequence's, in order; hidden rows cover all but the pending
+      // one.
+      ASSERT_LE(seen.tokens.size(), full.size());
+      EXPECT_TRUE(std::equal(seen.tokens.begin(), seen.tokens.end(), full.begin()));
+      auto reference = ModelRunner::FromModule(target_->module(), {});
+      ASSERT_TRUE(reference.ok());
+      ASSERT_TRUE((*reference)->AddSequence(1).ok());
+      auto out =
+          (*reference)->Forward({.seqs = {{.seq = 1, .tokens = full}}, .hidden_layers = {0, 1, 2}});
+      ASSERT_TRUE(out.ok()) << out.status();
+      for (int l = 0; l < 3; ++l) {
+        at::Tensor got = at::cat(seen.hidden[l], 0);
+        EXPECT_EQ(got.size(0), static_cast<int64_t>(seen.tokens.size()) - 1) << "layer " << l;
+        at::Tensor want = out->hidden[l].slice(0, 0, got.size(0)).to(at::kFloat);
+        // Relative to the layer's scale (weight_scale 10 makes activations large); a wrong row
+        // would be off by O(1).
+        const float scale = want.abs().max().item<float>();
+        const float diff = (got - want).abs().max().item<float>();
+        EXPECT_LT(diff, 1e-4f * scale)
+            << "layer " << l << " max diff " << diff << " scale " << scale;
+      }
     }
   }
+}
+
+TEST_F(SpecEngineTest, ChunkedPrefillGivesTheOneShotLogits) {
+  // The target appends a prompt chunk by chunk (no logits until the last chunk) and ends with the
+  // logits of a one-shot prefill, within fp32 rounding.
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 45; ++i) prompt.push_back((i * 13 + 5) % 64);
+  const SeqId whole = NewSequenceId(), chunked = NewSequenceId();
+  ASSERT_TRUE(target_->AddSequence(whole).ok());
+  ASSERT_TRUE(target_->AddSequence(chunked).ok());
+  auto one_shot = target_->Forward({.seqs = {{.seq = whole, .tokens = prompt}}});
+  ASSERT_TRUE(one_shot.ok()) << one_shot.status();
+  at::Tensor last;
+  for (size_t begin = 0; begin < prompt.size(); begin += 16) {
+    const size_t end = std::min(prompt.size(), begin + 16);
+    auto out = target_->Forward(
+        {.seqs = {{.seq = chunked,
+                   .tokens = std::vector<int32_t>(prompt.begin() + begin, prompt.begin() + end),
+                   .logits = end == prompt.size() ? LogitsRows::kLast : LogitsRows::kNone}}});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->logits.size(0), end == prompt.size() ? 1 : 0);
+    last = out->logits;
+  }
+  const float scale = one_shot->logits.abs().max().item<float>();
+  EXPECT_LT((last - one_shot->logits).abs().max().item<float>(), 1e-5f * scale);
+  EXPECT_EQ(last.argmax(-1).item<int64_t>(), one_shot->logits.argmax(-1).item<int64_t>());
+  ASSERT_TRUE(target_->ReleaseSequence(whole).ok());
+  ASSERT_TRUE(target_->ReleaseSequence(chunked).ok());
+}
+
+TEST_F(SpecEngineTest, ChunkedPrefillKeepsGreedyOutputForEveryBudget) {
+  const auto requests = Prompts(6, 12, 61);
+  const auto plain = Plain(requests);
+  for (int64_t max_step_tokens : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{16}}) {
+    SpecEngine engine(target_.get(), {.max_step_tokens = max_step_tokens});
+    ASSERT_TRUE(
+        engine
+            .AddDrafter(std::make_unique<ScriptedDrafter>(
+                "random", ScriptedDrafter::Kind::kRandomTree, References(requests, plain), 64))
+            .ok());
+    auto spec = WithDrafter(requests, "random", 4);
+    spec[0].speculation.drafter = "none";
+    SpecRunStats run;
+    auto results = GenerateAll(engine, spec, nullptr, &run);
+    ASSERT_TRUE(results.ok()) << results.status();
+    EXPECT_EQ(Tokens(*results), plain) << "max_step_tokens " << max_step_tokens;
+    EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
+  }
+}
+
+TEST_F(SpecEngineTest, LongPromptIsPrefilledInChunksWhileRunningSequencesDecode) {
+  // Issue 13: with a step budget of 24 tokens, a 100-token prompt admitted among three running
+  // decodes is prefilled over several steps, and the running sequences emit a token every step.
+  auto requests = Prompts(3, 40, 67);
+  for (auto& r : requests) r.max_new_tokens = 40;
+  GenerationRequest long_prompt;
+  for (int i = 0; i < 100; ++i) long_prompt.prompt.push_back((i * 29 + 3) % 64);
+  long_prompt.max_new_tokens = 6;
+  requests.push_back(long_prompt);
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get(), {.max_step_tokens = 24});
+  ASSERT_TRUE(engine
+                  .AddDrafter(std::make_unique<ScriptedDrafter>(
+                      "oracle", ScriptedDrafter::Kind::kOracle, References(requests, plain), 64))
+                  .ok());
+  auto spec = WithDrafter(requests, "none", 0);
+  spec[1].speculation = {.drafter = "oracle", .max_draft_tokens = 3};
+  std::vector<RequestId> ids;
+  std::map<RequestId, std::vector<int32_t>> got;
+  auto step = [&]() {
+    auto report = engine.Step();
+    EXPECT_TRUE(report.ok()) << report.status();
+    for (const auto& u : report->updates) {
+      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+    }
+    return *report;
+  };
+  for (size_t i = 0; i < 3; ++i) ids.push_back(*engine.Submit(spec[i]));
+  // The three short prompts (up to 20 tokens each) take a few steps of 24 tokens.
+  for (int i = 0; i < 10 && (got[ids[0]].empty() || got[ids[1]].empty() || got[ids[2]].empty());
+       ++i) {
+    step();
+  }
+  for (size_t i = 0; i < 3; ++i) ASSERT_FALSE(got[ids[i]].empty()) << i;
+  ids.push_back(*engine.Submit(spec[3]));
+  int prefill_steps = 0;
+  while (got[ids[3]].empty()) {
+    ASSERT_LT(prefill_steps, 50);
+    const StepReport report = step();
+    ++prefill_steps;
+    // Decodes first (3 pending tokens + at most 3 draft nodes), the prompt gets the rest.
+    EXPECT_GT(report.prefill_tokens, 0);
+    EXPECT_LE(report.prefill_tokens + report.verify_tokens, 24);
+    EXPECT_EQ(report.batch_size, 4);
+    std::set<RequestId> emitted;
+    for (const auto& u : report.updates) {
+      if (!u.new_tokens.empty()) emitted.insert(u.id);
+    }
+    for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(emitted.count(ids[i])) << "step " << prefill_steps;
+  }
+  EXPECT_GE(prefill_steps, 100 / 24 + 1);
+  while (engine.HasWork()) step();
+  for (size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(got[ids[i]], plain[i]) << i;
+  EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
 }
 
 TEST_F(SpecEngineTest, LossyVerificationChangesOutputOnlyWhenEnabled) {

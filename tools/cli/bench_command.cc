@@ -130,8 +130,10 @@ Status Run(const BenchFlags& f) {
   }
 
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, f.model.Load());
-  SpecEngine engine(runner.get(), {.max_batch_size = static_cast<int32_t>(*std::max_element(
-                                       f.batch_sizes.begin(), f.batch_sizes.end()))});
+  ASSIGN_OR_RETURN(
+      SpecEngineOptions engine_options,
+      f.spec.EngineOptions(*std::max_element(f.batch_sizes.begin(), f.batch_sizes.end())));
+  SpecEngine engine(runner.get(), engine_options);
   RETURN_IF_ERROR(f.spec.AddDrafters(engine, f.model));
   ASSIGN_OR_RETURN(std::vector<std::string> drafters, f.spec.DrafterNames());
 

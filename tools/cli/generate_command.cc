@@ -63,7 +63,9 @@ Status Run(const GenerateFlags& f) {
   }
 
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, f.model.Load());
-  SpecEngine engine(runner.get());
+  ASSIGN_OR_RETURN(SpecEngineOptions engine_options,
+                   f.spec.EngineOptions(SpecEngineOptions{}.max_batch_size));
+  SpecEngine engine(runner.get(), engine_options);
   RETURN_IF_ERROR(f.spec.AddDrafters(engine, f.model));
   ASSIGN_OR_RETURN(std::vector<std::string> drafters, f.spec.DrafterNames());
   if (drafters.size() != 1) return InvalidArgumentError("--drafter: give one drafter");

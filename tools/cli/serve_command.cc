@@ -126,10 +126,9 @@ std::string ModelName(const std::string& dir) {
 
 // The target model with its drafters: local ones from --drafter, or the drafter service's.
 StatusOr<std::unique_ptr<LocalTargetBackend>> LoadTarget(const ServeFlags& f) {
+  ASSIGN_OR_RETURN(SpecEngineOptions engine_options, f.spec.EngineOptions(f.max_batch_size));
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> target, f.model.Load());
-  auto backend = std::make_unique<LocalTargetBackend>(
-      std::move(target),
-      SpecEngineOptions{.max_batch_size = static_cast<int32_t>(f.max_batch_size)});
+  auto backend = std::make_unique<LocalTargetBackend>(std::move(target), engine_options);
   if (f.drafter_address.empty()) {
     RETURN_IF_ERROR(f.spec.AddDrafters(backend->engine(), f.model));
     return backend;

@@ -9,7 +9,20 @@
 
 namespace specula::cli {
 
+StatusOr<SpecEngineOptions> SpecFlags::EngineOptions(int64_t max_batch_size) const {
+  if (max_step_tokens < 1) {
+    return InvalidArgumentError(
+        StrCat("--max-step-tokens must be at least 1, got ", max_step_tokens));
+  }
+  return SpecEngineOptions{.max_batch_size = static_cast<int32_t>(max_batch_size),
+                           .max_step_tokens = max_step_tokens};
+}
+
 void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
+  flags.AddInt(
+      "max-step-tokens", &max_step_tokens,
+      "tokens per target forward: running sequences' tokens and drafts first, then "
+      "prompts are prefilled in chunks with the rest (a long prompt never stalls decodes)");
   flags.AddString("drafter", &drafter,
                   many_drafters ? "comma-separated drafters to compare with no speculation: ngram, "
                                   "draft-model, specformer, beagle (dynamic tree), beagle-chain"

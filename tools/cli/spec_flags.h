@@ -32,6 +32,7 @@ struct SpecFlags {
   double tau = 1.0;
   double typical_epsilon = 0.09;
   double typical_delta = 0.3;
+  int64_t max_step_tokens = kDefaultMaxStepTokens;  // tokens per target forward (chunked prefill)
 
   void Register(FlagSet& flags, bool many_drafters);
   // The drafter names in --drafter (validated: none, ngram, draft-model, specformer, beagle,
@@ -43,6 +44,8 @@ struct SpecFlags {
   StatusOr<std::vector<std::unique_ptr<Drafter>>> LoadDrafters(
       const ModelConfig& target, const ModelFlags& model,
       const ModelRunner* target_runner = nullptr) const;
+  // The engine's options: --max-step-tokens (INVALID_ARGUMENT below 1) and `max_batch_size`.
+  StatusOr<SpecEngineOptions> EngineOptions(int64_t max_batch_size) const;
   // LoadDrafters for the engine's target, added to `engine`.
   Status AddDrafters(SpecEngine& engine, const ModelFlags& model) const;
   // The per-request settings for one drafter and draft length; INVALID_ARGUMENT for a --verify
