@@ -265,6 +265,10 @@ struct SpecEngine::ForwardGroup {
   ForwardBatch batch;
   ForwardOutput out;
   std::vector<int64_t> starts;  // each member's cache length before the forward
+  // Accepted paths, committed to the KV cache together after every member is verified (one copy
+  // for the whole batch), with the member each belongs to.
+  std::vector<PathCommit> commits;
+  std::vector<Sequence*> committing;
 };
 
 // What the drafters observe after the step, per drafter.
@@ -530,15 +534,43 @@ void SpecEngine::CommitGroup(ForwardGroup& group, StepReport* report, Observatio
     auto it = sequences_.find(id);
     if (it == sequences_.end()) continue;
     Sequence* s = it->second.get();
-    for (auto& [drafter, seqs] : observations->observed) {
-      // Its observation (if already queued) must not reach the drafter after it is released.
-      auto pos = std::find(seqs.begin(), seqs.end(), s);
-      if (pos == seqs.end()) continue;
-      auto& obs = observations->observations[drafter];
-      obs.erase(obs.begin() + (pos - seqs.begin()));
-      seqs.erase(pos);
-    }
+    ForgetObservation(s, observations);
     Finish(*s, "error", committed, report);
+  }
+  FlushCommits(group, report, observations);
+}
+
+void SpecEngine::ForgetObservation(Sequence* s, Observations* observations) {
+  // A sequence that ends now must not be observed by its drafter after it is released.
+  for (auto& [drafter, seqs] : observations->observed) {
+    auto pos = std::find(seqs.begin(), seqs.end(), s);
+    if (pos == seqs.end()) continue;
+    auto& obs = observations->observations[drafter];
+    obs.erase(obs.begin() + (pos - seqs.begin()));
+    seqs.erase(pos);
+  }
+}
+
+void SpecEngine::FlushCommits(ForwardGroup& group, StepReport* report, Observations* observations) {
+  // Sequences that finished this step were released already: nothing of theirs to keep.
+  std::vector<PathCommit> commits;
+  std::vector<Sequence*> owners;
+  for (size_t i = 0; i < group.commits.size(); ++i) {
+    if (!target_->HasSequence(group.commits[i].seq)) continue;
+    commits.push_back(std::move(group.commits[i]));
+    owners.push_back(group.committing[i]);
+  }
+  if (commits.empty()) return;
+  Status batched = Guarded("KV commit", [&] { return target_->CommitPaths(commits); });
+  if (batched.ok()) return;
+  // Isolate the failure: commit one by one, ending only the sequences whose commit fails.
+  for (size_t i = 0; i < commits.size(); ++i) {
+    Status one = Guarded("KV commit", [&] {
+      return target_->KeepOnly(commits[i].seq, commits[i].start, commits[i].offsets);
+    });
+    if (one.ok()) continue;
+    ForgetObservation(owners[i], observations);
+    Finish(*owners[i], "error", one.WithContext("KV commit"), report);
   }
 }
 
@@ -610,8 +642,8 @@ Status SpecEngine::AcceptTree(ForwardGroup& group, size_t b, const float* rows, 
   }
   emitted->push_back(verified->bonus_token);
   if (!tree.empty()) {
-    Status kept = target_->KeepOnly(s.seq, group.starts[b], offsets);
-    if (!kept.ok()) return kept.WithContext("KV commit");
+    group.commits.push_back({.seq = s.seq, .start = group.starts[b], .offsets = offsets});
+    group.committing.push_back(&s);
     ++s.stats.draft_steps;
     s.stats.draft_tokens += tree.size();
     s.stats.draft_depth += tree.max_depth();

@@ -150,6 +150,10 @@ class SpecEngine {
   // it, and the rest run again. Returns the forwards that ran (usually one).
   std::vector<ForwardGroup> ForwardIsolating(std::vector<Sequence*> members, StepReport* report);
   void CommitGroup(ForwardGroup& group, StepReport* report, Observations* observations);
+  // The KV commit of every accepted path of the group in one CommitPaths; on failure, one by one
+  // so that only the failing sequences end.
+  void FlushCommits(ForwardGroup& group, StepReport* report, Observations* observations);
+  void ForgetObservation(Sequence* s, Observations* observations);
   // Per member of a forward: a prefill chunk or a verified tree, then stops, then what its drafter
   // observes.
   void CommitSequence(ForwardGroup& group, size_t b, const at::Tensor& logits, StepReport* report,
