@@ -1,7 +1,7 @@
 #include "common/model/cpu_kernels.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <bit>
@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common/model/cpu_runtime.h"
 #include "common/model/paged_attention_layout.h"
 
 // The inner loops are written so that GCC vectorises them (independent lanes, no reductions across
@@ -23,6 +24,28 @@
 
 namespace specula {
 namespace {
+
+// Splits [begin, end) into one contiguous range per thread (at most `max_threads`, at least
+// `grain` items each) and runs f(range_begin, range_end) on each. OpenMP directly rather than
+// at::parallel_for: LibTorch's own pool is kept at one thread (cpu_runtime). f must not throw.
+template <typename F>
+void ParallelRanges(int64_t begin, int64_t end, int64_t grain, int max_threads, const F& f) {
+  const int64_t n = end - begin;
+  if (n <= 0) return;
+  const int threads = static_cast<int>(
+      std::min<int64_t>(max_threads, (n + grain - 1) / std::max<int64_t>(1, grain)));
+  if (threads <= 1) {
+    f(begin, end);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t chunk = (n + nt - 1) / nt;
+    const int64_t b = begin + t * chunk, e = std::min(end, b + chunk);
+    if (b < e) f(b, e);
+  }
+}
 
 constexpr int kLanes = 16;
 constexpr int64_t kChunk = 64;        // keys scored per online-softmax update
@@ -380,7 +403,9 @@ at::Tensor SmallMatmulCpu(const at::Tensor& x_in, const at::Tensor& weight, cons
   // Output features split across threads once each gets ~128K multiply-adds (the weights are read
   // once either way; two cores read them twice as fast).
   const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 17) / (k * rows));
-  at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
+  // A forward of at most kSmallMatmulMaxRows rows runs no BLAS call, so these kernels can have
+  // every core; see PagedAttentionCpu.
+  ParallelRanges(0, n, grain, KernelThreads(), [&](int64_t n0, int64_t n1) {
     SmallMatmul(xp, wp, bp, rp, yp, rows, n0, n1, n, k);
   });
   return y;
@@ -490,8 +515,13 @@ at::Tensor PagedAttentionCpu(const at::Tensor& q_in, const at::Tensor& key_cache
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / work_per_run);
   std::vector<int64_t> kv_offset(kMaxVectors);
   for (int64_t i = 0; i < kMaxVectors; ++i) kv_offset[i] = ((i % nh) / group) * hd;
-  at::parallel_for(0, runs, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> m(kMaxVectors), l(kMaxVectors);
+  // Only small forwards (those whose projections all take SmallMatmulCpu, so no BLAS call runs)
+  // split attention across threads: in a forward that also runs OpenBLAS's pool, OpenMP's workers
+  // spinning after the region fight BLAS's for the cores (measured: batch 64 x 1 at context 384
+  // 25 -> 49 ms with both).
+  const int max_threads = N <= kSmallMatmulMaxRows ? KernelThreads() : 1;
+  ParallelRanges(0, runs, grain, max_threads, [&](int64_t begin, int64_t end) {
+    float m[kMaxVectors], l[kMaxVectors];
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r0 = run_start[t], r1 = run_start[t + 1];
       AttendArgs a{.q = qp + r0 * nh * hd,
@@ -503,8 +533,8 @@ at::Tensor PagedAttentionCpu(const at::Tensor& q_in, const at::Tensor& key_cache
                    .hd = hd,
                    .scale = scale,
                    .out = op + r0 * nh * hd,
-                   .m = m.data(),
-                   .l = l.data(),
+                   .m = m,
+                   .l = l,
                    .kv_offset = kv_offset.data()};
       AttendRows(a, layout, r0, r1);
     }

@@ -4,9 +4,15 @@
 #include <dlfcn.h>
 #include <malloc.h>
 
+#include <atomic>
 #include <thread>
 
 namespace specula {
+namespace {
+std::atomic<int> g_kernel_threads{1};
+}  // namespace
+
+int KernelThreads() { return g_kernel_threads.load(std::memory_order_relaxed); }
 
 int ConfigureCpuThreads(int64_t threads) {
   const int n = threads > 0 ? static_cast<int>(threads)
@@ -21,6 +27,7 @@ int ConfigureCpuThreads(int64_t threads) {
   if (auto fn = reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
     fn(n);
   }
+  g_kernel_threads.store(n, std::memory_order_relaxed);
   return n;
 }
 

@@ -10,6 +10,10 @@ namespace specula {
 // BLAS threads; <= 0: one per core (std::thread::hardware_concurrency). Returns the count.
 int ConfigureCpuThreads(int64_t threads);
 
+// Threads the engine's own CPU kernels (cpu_kernels) split their work across: the count last
+// given to ConfigureCpuThreads, 1 before.
+int KernelThreads();
+
 // glibc malloc: serve large tensors from the heap and keep them (no mmap/munmap per forward, so no
 // page faults re-zeroing fresh pages on every step). Call once at startup, before threads start.
 void ConfigureAllocatorForServing();

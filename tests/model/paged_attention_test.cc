@@ -9,6 +9,7 @@
 
 #include "common/kv/block_allocator.h"
 #include "common/model/cpu_kernels.h"
+#include "common/model/cpu_runtime.h"
 #include "common/model/paged_attention.h"
 #include "common/model/paged_attention_layout.h"
 #include "common/model/rope.h"
@@ -274,6 +275,41 @@ TEST(CpuKernelsTest, SmallMatmulMatchesLinearForEveryRowCount) {
   }
   EXPECT_FALSE(SmallMatmulApplies(torch::randn({kSmallMatmulMaxRows + 1, 48}), w));
   EXPECT_FALSE(SmallMatmulApplies(torch::randn({2, 40}), torch::randn({70, 40})));  // k % 16
+}
+
+}  // namespace
+}  // namespace specula
+
+namespace specula {
+namespace {
+
+// Splitting rows (attention) or output features (small matmul) across threads changes no value:
+// every output element is computed by one thread in the same order.
+TEST(CpuKernelsTest, ThreadCountDoesNotChangeResults) {
+  torch::manual_seed(3);
+  const int64_t nh = 8, nkv = 4, hd = 32, bs = 16, B = 2, ctx = 300;  // 6 rows: a small forward
+  BlockAllocator alloc(B * (ctx / bs + 2), bs);
+  PagedAttentionLayout layout(bs, 0);
+  for (SeqId s = 1; s <= B; ++s) {
+    ASSERT_TRUE(alloc.AddSequence(s).ok());
+    ASSERT_TRUE(alloc.Append(s, ctx + 3).ok());
+  }
+  for (SeqId s = 1; s <= B; ++s) layout.AddSequence(alloc.BlockTable(s), ctx, 3);
+  auto kc = torch::randn({alloc.num_blocks() * bs, nkv, hd});
+  auto vc = torch::randn({alloc.num_blocks() * bs, nkv, hd});
+  auto q = torch::randn({B * 3, nh, hd});
+  auto w = torch::randn({4096, 256});
+  auto x = torch::randn({3, 256});
+  ConfigureCpuThreads(1);
+  auto attention_1 = PagedAttentionCpu(q, kc, vc, layout);
+  auto matmul_1 = SmallMatmulCpu(x, w, {}, nullptr);
+  ConfigureCpuThreads(2);
+  ASSERT_EQ(KernelThreads(), 2);
+  auto attention_2 = PagedAttentionCpu(q, kc, vc, layout);
+  auto matmul_2 = SmallMatmulCpu(x, w, {}, nullptr);
+  ConfigureCpuThreads(1);
+  EXPECT_TRUE(torch::equal(attention_1, attention_2));
+  EXPECT_TRUE(torch::equal(matmul_1, matmul_2));
 }
 
 }  // namespace
