@@ -182,7 +182,11 @@ torch::Tensor MlpImpl::Activation(const torch::Tensor& x) {
       SharesStorage(up_proj->weight, gate_up_weight_, f * d)) {
     auto gate_up = x.dim() == 2 ? ServingLinear(x, gate_up_weight_, {})
                                 : F::linear(x, gate_up_weight_);  // [..., 2f]
-    if (CpuKernelsApply(gate_up)) return SiluMulCpu(gate_up);
+    // The one-pass kernel saves ops where op overhead dominates (a few rows); LibTorch's
+    // vectorised silu is faster per element on many rows (the kernel's loop stays scalar).
+    if (CpuKernelsApply(gate_up) && gate_up.numel() <= 2 * f * kSmallMatmulMaxRows) {
+      return SiluMulCpu(gate_up);
+    }
     return F::silu(gate_up.narrow(-1, 0, f)) * gate_up.narrow(-1, f, f);
   }
   return F::silu(gate_proj(x)) * up_proj(x);
