@@ -13,25 +13,13 @@ MODEL=models/pyllama-6m
 LOGS="$(mktemp -d)"
 trap 'for p in "$LOGS"/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done; rm -rf "$LOGS"' EXIT
 
-serve() {  # NAME ARGS...: starts `specula serve`, prints its port once it listens
-  local name="$1"
-  shift
-  build/bin/specula serve "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.err" &
-  echo $! >"$LOGS/$name.pid"
-  for _ in $(seq 1 600); do
-    if grep -q "listening on" "$LOGS/$name.out"; then
-      sed -E 's/.*listening on [^ ]+:([0-9]+).*/\1/' <<<"$(grep "listening on" "$LOGS/$name.out")"
-      return 0
-    fi
-    sleep 0.2
-  done
-  echo "bench_chunked_prefill: $name did not start: $(cat "$LOGS/$name.err")" >&2
-  return 1
-}
+BIN=build/bin
+# shellcheck source=scripts/serve_lib.sh
+source scripts/serve_lib.sh
 
-CHUNKED=$(serve chunked --model "$MODEL" --port 0 --metrics-port 0 --default-drafter none \
+read -r CHUNKED _ < <(serve chunked --model "$MODEL" --port 0 --metrics-port 0 --default-drafter none \
   --max-step-tokens "${BUDGET:-256}")
-WHOLE=$(serve whole --model "$MODEL" --port 0 --metrics-port 0 --default-drafter none \
+read -r WHOLE _ < <(serve whole --model "$MODEL" --port 0 --metrics-port 0 --default-drafter none \
   --max-step-tokens 100000)
 build/bin/specula-loadgen --model "$MODEL" \
   --targets "chunked=127.0.0.1:$CHUNKED,whole=127.0.0.1:$WHOLE" --drafters none \

@@ -17,25 +17,8 @@ LOGS="$(mktemp -d)"
 # serve runs in a subshell (process substitution), so each server's pid goes to a file.
 trap 'for p in "$LOGS"/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done; rm -rf "$LOGS"' EXIT
 
-# Starts `specula serve ARGS...` in the background; prints "PORT METRICS_PORT" once it listens.
-serve() {
-  local name="$1"
-  shift
-  "$BIN/specula" serve "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.err" &
-  echo $! >"$LOGS/$name.pid"
-  for _ in $(seq 1 600); do
-    if grep -q "listening on" "$LOGS/$name.out"; then
-      local line
-      line="$(grep "listening on" "$LOGS/$name.out")"
-      echo "$(sed -E 's/.*listening on [^ ]+:([0-9]+).*/\1/' <<<"$line")" \
-        "$(sed -nE 's/.*metrics on http:\/\/[^ ]+:([0-9]+).*/\1/p' <<<"$line")"
-      return 0
-    fi
-    sleep 0.2
-  done
-  echo "bench_serving: $name did not start: $(cat "$LOGS/$name.err")" >&2
-  return 1
-}
+# shellcheck source=scripts/serve_lib.sh
+source scripts/serve_lib.sh
 
 DRAFTER_FLAGS=(--drafter ngram,draft-model --drafter-model "$DRAFT")
 read -r ALL_PORT ALL_METRICS < <(serve all --model "$MODEL" "${DRAFTER_FLAGS[@]}" --port 0 \

@@ -153,7 +153,7 @@ struct AttendArgs {
   const float* q;  // first vector of the run
   const float* kc;
   const float* vc;
-  int64_t nh, nkv, group, hd;
+  int64_t nh, nkv, hd;
   float scale;
   float* out;                // [vectors, hd], same indexing as q
   float* m;                  // running max per vector
@@ -529,7 +529,6 @@ at::Tensor PagedAttentionCpu(const at::Tensor& q_in, const at::Tensor& key_cache
                    .vc = vc,
                    .nh = nh,
                    .nkv = nkv,
-                   .group = group,
                    .hd = hd,
                    .scale = scale,
                    .out = op + r0 * nh * hd,

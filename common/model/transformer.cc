@@ -150,14 +150,6 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const Attention
   return o_proj(Attend(x, in, kv));
 }
 
-torch::Tensor LinearAdd(const torch::Tensor& residual, const torch::Tensor& x,
-                        const torch::nn::Linear& linear) {
-  if (!torch::GradMode::is_enabled() && x.dim() == 2 && residual.dim() == 2) {
-    return ServingLinear(x, linear->weight, linear->bias, &residual);
-  }
-  return residual + F::linear(x, linear->weight, linear->bias);
-}
-
 MlpImpl::MlpImpl(const ModelConfig& c) {
   const int64_t d = c.hidden_size, f = c.intermediate_size;
   gate_proj =
@@ -180,8 +172,7 @@ torch::Tensor MlpImpl::Activation(const torch::Tensor& x) {
   const int64_t f = gate_proj->weight.size(0), d = gate_proj->weight.size(1);
   if (!torch::GradMode::is_enabled() && SharesStorage(gate_proj->weight, gate_up_weight_, 0) &&
       SharesStorage(up_proj->weight, gate_up_weight_, f * d)) {
-    auto gate_up = x.dim() == 2 ? ServingLinear(x, gate_up_weight_, {})
-                                : F::linear(x, gate_up_weight_);  // [..., 2f]
+    auto gate_up = ServingLinear(x, gate_up_weight_, {});  // [..., 2f]
     // The one-pass kernel saves ops where op overhead dominates (a few rows); LibTorch's
     // vectorised silu is faster per element on many rows (the kernel's loop stays scalar).
     if (CpuKernelsApply(gate_up) && gate_up.numel() <= 2 * f * kSmallMatmulMaxRows) {
@@ -204,8 +195,10 @@ DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c) {
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const AttentionInputs& in,
                                         LayerKvCache* kv) {
-  auto h = LinearAdd(x, self_attn->Attend(input_layernorm(x), in, kv), self_attn->o_proj);
-  return LinearAdd(h, mlp->Activation(post_attention_layernorm(h)), mlp->down_proj);
+  const auto& o = self_attn->o_proj;
+  auto h = ServingLinear(self_attn->Attend(input_layernorm(x), in, kv), o->weight, o->bias, &x);
+  const auto& down = mlp->down_proj;
+  return ServingLinear(mlp->Activation(post_attention_layernorm(h)), down->weight, down->bias, &h);
 }
 
 TransformerImpl::TransformerImpl(const ModelConfig& c) {
@@ -238,8 +231,7 @@ const torch::Tensor& CausalLMImpl::lm_head_weight() const {
 }
 
 torch::Tensor CausalLMImpl::Logits(const torch::Tensor& hidden) {
-  if (hidden.dim() == 2) return ServingLinear(hidden, lm_head_weight(), {});
-  return F::linear(hidden, lm_head_weight());
+  return ServingLinear(hidden, lm_head_weight(), {});
 }
 
 TransformerOutput CausalLMImpl::forward(const torch::Tensor& tokens, const AttentionInputs& in,

@@ -130,14 +130,11 @@ TORCH_MODULE(CausalLM);
 torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask);
 
-// x [M, in] -> x W^T + bias (+ *residual): without autograd, SmallMatmulCpu for a few float32 CPU
-// rows, else one (add)mm; with autograd, F::linear.
+// x [..., in] -> x W^T + bias (+ *residual): without autograd, SmallMatmulCpu for a few float32
+// CPU rows, else one (add)mm with the residual folded in; with autograd or other shapes,
+// F::linear (+ residual).
 torch::Tensor ServingLinear(const torch::Tensor& x, const torch::Tensor& weight,
                             const torch::Tensor& bias, const torch::Tensor* residual = nullptr);
-
-// residual + linear(x): ServingLinear without autograd.
-torch::Tensor LinearAdd(const torch::Tensor& residual, const torch::Tensor& x,
-                        const torch::nn::Linear& linear);
 
 torch::ScalarType ParseTorchDtype(const std::string& name, bool* ok);
 
