@@ -11,23 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "common/engine/generation_request.h"
 #include "common/model/model_runner.h"
 #include "common/sampling/sampler.h"
 #include "common/util/status.h"
 
 namespace specula {
-
-struct GenerationRequest {
-  std::vector<int32_t> prompt;  // token ids
-  SamplingParams sampling;
-  int64_t max_new_tokens = 64;
-  std::vector<int32_t> stop_token_ids;  // e.g. the model's eos ids
-};
-
-struct GenerationResult {
-  std::vector<int32_t> tokens;  // generated tokens (including a final stop token)
-  std::string finish_reason;    // "stop" or "length"
-};
 
 struct DecodeStats {
   double prefill_seconds = 0;

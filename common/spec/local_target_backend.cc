@@ -26,6 +26,7 @@ TargetInfo LocalTargetBackend::info() const {
   info.kv_cache_blocks = kv.num_blocks;
   info.kv_block_size = static_cast<int32_t>(kv.block_size);
   info.max_batch_size = engine_->options().max_batch_size;
+  info.max_step_tokens = engine_->options().max_step_tokens;
   info.dtype = target_->dtype_name();
   info.device = target_->device_name();
   return info;

@@ -17,8 +17,6 @@ double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // The sequence a ModelRunner::Forward error names: its per-sequence validation messages start
 // with "sequence <id>" ("sequence 7: ...", "sequence 7 was not added"). -1 when none is named.
 SeqId NamedSequence(const Status& status) {
@@ -51,10 +49,6 @@ auto Guarded(const std::string& what, F&& f) -> decltype(f()) {
 
 }  // namespace
 
-double SpecRequestStats::mean_accepted_len() const {
-  return steps > 0 ? static_cast<double>(accepted_tokens + steps) / static_cast<double>(steps) : 0;
-}
-
 struct SpecEngine::Sequence {
   RequestId id = 0;
   SeqId seq = 0;
@@ -64,17 +58,21 @@ struct SpecEngine::Sequence {
   bool prefilled = false;   // the whole prompt is in the cache and the first token sampled
   int64_t prompt_done = 0;  // prompt tokens in the target's cache
   int64_t chunk = 0;        // prompt tokens this step prefills
-  // The target's hidden states of the prompt chunks prefilled so far (per chunk, per layer of the
-  // drafter): the drafter observes the whole prompt at once after the last chunk, exactly as it
-  // would after a one-shot prefill.
-  std::vector<std::vector<at::Tensor>> prompt_hidden;
+  // What the drafter has not observed yet: tokens appended to the sequence and, per committed
+  // chunk (prompt chunks, accepted paths), the target's hidden states at the drafter's layers.
+  // Observed just before the sequence's next draft (all of a prompt at once, exactly as after a
+  // one-shot prefill), so a sequence the budget leaves at 0 nodes costs its drafter nothing.
+  std::vector<int32_t> unobserved_tokens;
+  std::vector<std::vector<at::Tensor>> unobserved_hidden;
+  int64_t unobserved_generated = 0;  // of unobserved_tokens, those after the prompt
   std::vector<int32_t> generated;
   Drafter* drafter = nullptr;  // null: no speculation (off, or the drafter failed)
   int64_t reserved_blocks = 0;
   int32_t draft_budget = 0;  // tree nodes per step (the step plan's budget)
   SpecRequestStats stats;
-  // This step's draft.
+  // This step's draft, and what verification kept of it.
   CandidateTree tree;
+  int32_t accepted = 0;
 };
 
 SpecEngine::SpecEngine(ModelRunner* target, SpecEngineOptions options)
@@ -116,15 +114,6 @@ std::vector<std::string> SpecEngine::drafter_names() const {
 Drafter* SpecEngine::drafter(const std::string& name) const {
   auto it = drafters_.find(name);
   return it == drafters_.end() ? nullptr : it->second.get();
-}
-
-int64_t KvBlocksReserved(const SpecRequest& r, int64_t block_size) {
-  // The most positions a sequence ever holds: its prompt and every generated token, plus one
-  // step's pending token and draft tree.
-  const int64_t draft = r.speculation.enabled() ? r.speculation.max_draft_tokens : 0;
-  const int64_t positions =
-      static_cast<int64_t>(r.generation.prompt.size()) + r.generation.max_new_tokens + draft + 1;
-  return CeilDiv(positions, block_size);
 }
 
 Status SpecEngine::Validate(const SpecRequest& r) const {
@@ -271,12 +260,6 @@ struct SpecEngine::ForwardGroup {
   std::vector<Sequence*> committing;
 };
 
-// What the drafters observe after the step, per drafter.
-struct SpecEngine::Observations {
-  std::map<Drafter*, std::vector<DrafterObservation>> observations;
-  std::map<Drafter*, std::vector<Sequence*>> observed;
-};
-
 StatusOr<StepReport> SpecEngine::Step() {
   StepReport report;
   try {
@@ -304,27 +287,23 @@ void SpecEngine::RunStep(StepReport* report) {
   if (decoding.empty() && prefilling.empty()) return;
 
   auto t_draft = Clock::now();
-  Draft(decoding);
+  Draft(decoding, report);
   report->draft_seconds += SecondsSince(t_draft);
 
   auto t_verify = Clock::now();
   std::vector<Sequence*> members = PlanChunks(decoding, prefilling);
   members.insert(members.end(), decoding.begin(), decoding.end());
   std::vector<ForwardGroup> groups = ForwardIsolating(std::move(members), report);
-  Observations observations;
   for (ForwardGroup& group : groups) {
     for (size_t b = 0; b < group.members.size(); ++b) {
       const int64_t n = static_cast<int64_t>(group.batch.seqs[b].tokens.size());
       ++report->batch_size;
       (group.members[b]->prefilled ? report->verify_tokens : report->prefill_tokens) += n;
+      report->attention += static_cast<double>(n) * static_cast<double>(group.starts[b] + n);
     }
-    CommitGroup(group, report, &observations);
+    CommitGroup(group, report);
   }
   report->verify_seconds += SecondsSince(t_verify);
-
-  auto t_observe = Clock::now();
-  ObserveAll(observations);
-  report->draft_seconds += SecondsSince(t_observe);
 }
 
 std::vector<SpecEngine::Sequence*> SpecEngine::PlanChunks(
@@ -363,35 +342,102 @@ void SpecEngine::DropDraft(Sequence& s, const Status& error) {
   s.tree = CandidateTree();
 }
 
-void SpecEngine::Draft(const std::vector<Sequence*>& decoding) {
-  // One batched Propose per drafter.
-  const ModelConfig& config = target_->config();
+int32_t SpecEngine::DraftRoom(const Sequence& s) const {
+  return DraftRoomAt(s, target_->HasSequence(s.seq) ? target_->SequenceLength(s.seq) : 0);
+}
+
+int32_t SpecEngine::DraftRoomAt(const Sequence& s, int64_t context) const {
+  if (!s.drafter || !s.prefilled) return 0;
+  // Every accepted draft token plus the target's own must fit max_new_tokens, and the tree's
+  // nodes occupy cache positions cached + 1 .. cached + nodes (after the pending token).
+  const int64_t cache_room = target_->config().max_position_embeddings - context - 1;
+  const int64_t room =
+      s.request.generation.max_new_tokens - static_cast<int64_t>(s.generated.size()) - 1;
+  return static_cast<int32_t>(std::max<int64_t>(
+      0,
+      std::min({room, cache_room, static_cast<int64_t>(s.request.speculation.max_draft_tokens)})));
+}
+
+void SpecEngine::Detach(Sequence& s) {
+  if (s.drafter) s.drafter->ReleaseSequence(s.seq);
+  s.drafter = nullptr;
+  s.unobserved_tokens.clear();
+  s.unobserved_hidden.clear();
+  s.unobserved_generated = 0;
+}
+
+void SpecEngine::Draft(const std::vector<Sequence*>& decoding, StepReport* report) {
+  // One catch-up Observe and one batched Propose per drafter.
   std::map<Drafter*, std::vector<Sequence*>> by_drafter;
   for (Sequence* s : decoding) {
     s->tree = CandidateTree();
-    if (s->drafter) by_drafter[s->drafter].push_back(s);
-  }
-  for (auto& [drafter, members] : by_drafter) {
-    std::vector<DraftRequest> requests;
-    std::vector<Sequence*> asked;
-    for (Sequence* s : members) {
-      const GenerationRequest& g = s->request.generation;
-      // Every accepted draft token plus the target's own must fit max_new_tokens. The tree's
-      // nodes occupy cache positions cached + 1 .. cached + nodes (after the pending token), so
-      // the context bounds the node count as well as the depth (a node at depth d sits at
-      // position cached + d <= cached + nodes).
-      const int64_t cache_room =
-          config.max_position_embeddings - target_->SequenceLength(s->seq) - 1;
-      const int64_t room = std::min<int64_t>(
-          g.max_new_tokens - static_cast<int64_t>(s->generated.size()) - 1, cache_room);
-      const int32_t max_nodes =
-          static_cast<int32_t>(std::min<int64_t>(cache_room, s->draft_budget));
-      const int32_t max_depth = static_cast<int32_t>(std::min<int64_t>(room, max_nodes));
-      if (max_depth <= 0) continue;
-      requests.push_back({.seq = s->seq, .max_nodes = max_nodes, .max_depth = max_depth});
-      asked.push_back(s);
+    s->accepted = 0;
+    if (!s->drafter) continue;
+    const bool drafts = s->draft_budget > 0 && DraftRoom(*s) > 0;
+    if (!drafts && s->unobserved_generated >= options_.max_deferred_observation &&
+        !s->drafter->hidden_layers().empty()) {
+      Detach(*s);
+      continue;
     }
-    if (requests.empty()) continue;
+    if (drafts || s->unobserved_generated >= options_.max_deferred_observation) {
+      by_drafter[s->drafter].push_back(s);
+    }
+  }
+  for (auto& [drafter, members] : by_drafter) DraftWith(drafter, members, report);
+}
+
+void SpecEngine::DraftWith(Drafter* drafter, const std::vector<Sequence*>& members,
+                           StepReport* report) {
+  const auto t0 = Clock::now();
+  DrafterCall call{.drafter = drafter->name()};
+  // Catch up: everything committed since each member's last draft, in one Observe.
+  std::vector<DrafterObservation> observations;
+  for (Sequence* s : members) {
+    if (s->unobserved_tokens.empty()) continue;
+    DrafterObservation obs{.seq = s->seq, .tokens = std::move(s->unobserved_tokens)};
+    call.observed_tokens += static_cast<int64_t>(obs.tokens.size());
+    const size_t layers = s->drafter->hidden_layers().size();
+    for (size_t k = 0; k < layers && !s->unobserved_hidden.empty(); ++k) {
+      std::vector<at::Tensor> chunks;
+      for (const auto& chunk : s->unobserved_hidden) chunks.push_back(chunk[k]);
+      obs.hidden.push_back(chunks.size() == 1 ? chunks[0] : at::cat(chunks, 0));
+    }
+    observations.push_back(std::move(obs));
+    s->unobserved_tokens.clear();
+    s->unobserved_hidden.clear();
+    s->unobserved_generated = 0;
+  }
+  std::vector<Sequence*> ready = members;
+  if (!observations.empty()) {
+    Status st = Guarded(StrCat("drafter '", drafter->name(), "' Observe"),
+                        [&] { return drafter->Observe(observations); });
+    if (!st.ok()) {
+      // The drafter's state for these sequences is unknown now: they go on without speculation.
+      for (Sequence* s : members) {
+        ++s->stats.draft_errors;
+        s->stats.last_draft_error = st.ToString();
+        Detach(*s);
+      }
+      ready.clear();
+    }
+  }
+  std::vector<DraftRequest> requests;
+  std::vector<Sequence*> asked;
+  for (Sequence* s : ready) {
+    // The tree's nodes occupy cache positions cached + 1 .. cached + nodes, so the context bounds
+    // the node count; accepted tokens plus the target's own must fit max_new_tokens, which
+    // bounds the depth.
+    const int64_t cache_room =
+        target_->config().max_position_embeddings - target_->SequenceLength(s->seq) - 1;
+    const int64_t token_room =
+        s->request.generation.max_new_tokens - static_cast<int64_t>(s->generated.size()) - 1;
+    const int32_t max_nodes = static_cast<int32_t>(std::min<int64_t>(cache_room, s->draft_budget));
+    const int32_t max_depth = static_cast<int32_t>(std::min<int64_t>(token_room, max_nodes));
+    if (max_depth <= 0) continue;  // caught up only
+    requests.push_back({.seq = s->seq, .max_nodes = max_nodes, .max_depth = max_depth});
+    asked.push_back(s);
+  }
+  if (!requests.empty()) {
     auto trees = Guarded(StrCat("drafter '", drafter->name(), "' Propose"),
                          [&] { return drafter->Propose(requests); });
     if (!trees.ok() || trees->size() != requests.size()) {
@@ -403,19 +449,24 @@ void SpecEngine::Draft(const std::vector<Sequence*>& decoding) {
         ++s->stats.draft_errors;
         s->stats.last_draft_error = error;
       }
-      continue;
-    }
-    for (size_t i = 0; i < asked.size(); ++i) {
-      CandidateTree& tree = (*trees)[i];
-      Status valid = tree.Validate(static_cast<int32_t>(config.vocab_size), requests[i].max_nodes,
-                                   requests[i].max_depth);
-      if (!valid.ok()) {
-        DropDraft(*asked[i], valid.WithContext(StrCat("drafter '", drafter->name(), "'")));
-        continue;
+    } else {
+      const int32_t vocab = static_cast<int32_t>(target_->config().vocab_size);
+      for (size_t i = 0; i < asked.size(); ++i) {
+        CandidateTree& tree = (*trees)[i];
+        Status valid = tree.Validate(vocab, requests[i].max_nodes, requests[i].max_depth);
+        if (!valid.ok()) {
+          DropDraft(*asked[i], valid.WithContext(StrCat("drafter '", drafter->name(), "'")));
+          continue;
+        }
+        asked[i]->tree = std::move(tree);
+        call.nodes += asked[i]->tree.size();
+        call.max_depth = std::max(call.max_depth, asked[i]->tree.max_depth());
       }
-      asked[i]->tree = std::move(tree);
     }
   }
+  call.sequences = static_cast<int32_t>(asked.size());
+  call.seconds = SecondsSince(t0);
+  if (call.sequences > 0 || call.observed_tokens > 0) report->drafter_calls.push_back(call);
 }
 
 ForwardBatch SpecEngine::Assemble(const std::vector<Sequence*>& members) const {
@@ -464,7 +515,9 @@ std::vector<SpecEngine::ForwardGroup> SpecEngine::ForwardIsolating(std::vector<S
     ForwardGroup group;
     group.batch = Assemble(members);
     for (Sequence* s : members) group.starts.push_back(target_->SequenceLength(s->seq));
+    const auto t_forward = Clock::now();
     auto out = Guarded("exception", [&] { return target_->Forward(group.batch); });
+    report->forward_seconds += SecondsSince(t_forward);
     if (out.ok()) {
       group.members = std::move(members);
       group.out = std::move(*out);
@@ -514,7 +567,7 @@ std::vector<SpecEngine::ForwardGroup> SpecEngine::ForwardIsolating(std::vector<S
   return groups;
 }
 
-void SpecEngine::CommitGroup(ForwardGroup& group, StepReport* report, Observations* observations) {
+void SpecEngine::CommitGroup(ForwardGroup& group, StepReport* report) {
   at::Tensor logits;
   Status copied = Guarded("logits copy", [&] {
     logits = group.out.logits.to(at::kCPU).contiguous();
@@ -527,31 +580,18 @@ void SpecEngine::CommitGroup(ForwardGroup& group, StepReport* report, Observatio
   for (size_t b = 0; b < group.members.size(); ++b) {
     const RequestId id = group.members[b]->id;
     Status committed = Guarded("commit", [&] {
-      CommitSequence(group, b, logits, report, observations);
+      CommitSequence(group, b, logits, report);
       return OkStatus();
     });
     if (committed.ok()) continue;
     auto it = sequences_.find(id);
     if (it == sequences_.end()) continue;
-    Sequence* s = it->second.get();
-    ForgetObservation(s, observations);
-    Finish(*s, "error", committed, report);
+    Finish(*it->second, "error", committed, report);
   }
-  FlushCommits(group, report, observations);
+  FlushCommits(group, report);
 }
 
-void SpecEngine::ForgetObservation(Sequence* s, Observations* observations) {
-  // A sequence that ends now must not be observed by its drafter after it is released.
-  for (auto& [drafter, seqs] : observations->observed) {
-    auto pos = std::find(seqs.begin(), seqs.end(), s);
-    if (pos == seqs.end()) continue;
-    auto& obs = observations->observations[drafter];
-    obs.erase(obs.begin() + (pos - seqs.begin()));
-    seqs.erase(pos);
-  }
-}
-
-void SpecEngine::FlushCommits(ForwardGroup& group, StepReport* report, Observations* observations) {
+void SpecEngine::FlushCommits(ForwardGroup& group, StepReport* report) {
   // Sequences that finished this step were released already: nothing of theirs to keep.
   std::vector<PathCommit> commits;
   std::vector<Sequence*> owners;
@@ -569,13 +609,12 @@ void SpecEngine::FlushCommits(ForwardGroup& group, StepReport* report, Observati
       return target_->KeepOnly(commits[i].seq, commits[i].start, commits[i].offsets);
     });
     if (one.ok()) continue;
-    ForgetObservation(owners[i], observations);
     Finish(*owners[i], "error", one.WithContext("KV commit"), report);
   }
 }
 
 void SpecEngine::CommitSequence(ForwardGroup& group, size_t b, const at::Tensor& logits,
-                                StepReport* report, Observations* observations) {
+                                StepReport* report) {
   Sequence& s = *group.members[b];
   const int64_t vocab = logits.size(1);
   const float* rows = logits.data_ptr<float>() + group.out.logits_offset[b] * vocab;
@@ -592,12 +631,24 @@ void SpecEngine::CommitSequence(ForwardGroup& group, size_t b, const at::Tensor&
     }
   }
   const std::string reason = ApplyStops(s, &emitted);
-  report->updates.push_back({.id = s.id, .new_tokens = emitted, .stats = s.stats});
+  RequestUpdate update{.id = s.id, .new_tokens = emitted, .stats = s.stats};
+  if (!was_prefill && !s.tree.empty()) {
+    update.draft_nodes = s.tree.size();
+    update.draft_depth = s.tree.max_depth();
+    update.draft_accepted = s.accepted;
+  }
   if (!reason.empty()) {
+    report->updates.push_back(std::move(update));
     Finish(s, reason, OkStatus(), report);
     return;
   }
-  if (s.drafter) QueueObservation(group, b, was_prefill, emitted, hidden_rows, observations);
+  if (s.drafter) QueueObservation(group, b, was_prefill, emitted, hidden_rows);
+  // The cache after the KV commit: the pending token and the accepted nodes.
+  const int64_t context = was_prefill ? s.prompt_done : group.starts[b] + 1 + s.accepted;
+  update.context_tokens = context;
+  update.unobserved_tokens = static_cast<int64_t>(s.unobserved_tokens.size());
+  update.max_draft_nodes = DraftRoomAt(s, context);
+  report->updates.push_back(std::move(update));
 }
 
 bool SpecEngine::CommitPrefillChunk(ForwardGroup& group, size_t b, const float* rows, int64_t vocab,
@@ -613,7 +664,7 @@ bool SpecEngine::CommitPrefillChunk(ForwardGroup& group, size_t b, const float* 
       const auto pos = std::lower_bound(have.begin(), have.end(), l) - have.begin();
       chunk_hidden.push_back(out.hidden[pos].slice(0, row0, row_end).clone());
     }
-    s.prompt_hidden.push_back(std::move(chunk_hidden));
+    s.unobserved_hidden.push_back(std::move(chunk_hidden));
   }
   s.prompt_done += row_end - row0;
   const GenerationRequest& g = s.request.generation;
@@ -648,6 +699,7 @@ Status SpecEngine::AcceptTree(ForwardGroup& group, size_t b, const float* rows, 
     s.stats.draft_tokens += tree.size();
     s.stats.draft_depth += tree.max_depth();
     const int64_t accepted = static_cast<int64_t>(verified->accepted_nodes.size());
+    s.accepted = static_cast<int32_t>(accepted);
     s.stats.accepted_tokens += accepted;
     if (static_cast<int64_t>(s.stats.accepted_per_position.size()) < tree.max_depth()) {
       s.stats.accepted_per_position.resize(tree.max_depth(), 0);
@@ -682,46 +734,25 @@ std::string SpecEngine::ApplyStops(Sequence& s, std::vector<int32_t>* emitted) {
 
 void SpecEngine::QueueObservation(const ForwardGroup& group, size_t b, bool was_prefill,
                                   const std::vector<int32_t>& emitted,
-                                  const std::vector<int64_t>& hidden_rows,
-                                  Observations* observations) {
+                                  const std::vector<int64_t>& hidden_rows) {
   Sequence& s = *group.members[b];
-  DrafterObservation obs{.seq = s.seq};
-  if (was_prefill) obs.tokens = s.request.generation.prompt;
-  obs.tokens.insert(obs.tokens.end(), emitted.begin(), emitted.end());
-  const std::vector<int64_t> layers = s.drafter->hidden_layers();
   if (was_prefill) {
-    for (size_t k = 0; k < layers.size(); ++k) {
-      std::vector<at::Tensor> chunks;
-      for (const auto& chunk_hidden : s.prompt_hidden) chunks.push_back(chunk_hidden[k]);
-      obs.hidden.push_back(chunks.size() == 1 ? chunks[0] : at::cat(chunks, 0));
-    }
-    s.prompt_hidden.clear();
-  } else if (!layers.empty()) {
+    // The prompt's chunks are in unobserved_hidden already (CommitPrefillChunk).
+    const std::vector<int32_t>& prompt = s.request.generation.prompt;
+    s.unobserved_tokens.insert(s.unobserved_tokens.end(), prompt.begin(), prompt.end());
+  } else if (!s.drafter->hidden_layers().empty()) {
     const ForwardOutput& out = group.out;
     at::Tensor index = at::tensor(hidden_rows, at::kLong).to(out.hidden[0].device());
     const std::vector<int64_t>& have = group.batch.hidden_layers;
-    for (int64_t l : layers) {
+    std::vector<at::Tensor> rows;
+    for (int64_t l : s.drafter->hidden_layers()) {
       const auto pos = std::lower_bound(have.begin(), have.end(), l) - have.begin();
-      obs.hidden.push_back(out.hidden[pos].index_select(0, index));
+      rows.push_back(out.hidden[pos].index_select(0, index));
     }
+    s.unobserved_hidden.push_back(std::move(rows));
   }
-  observations->observations[s.drafter].push_back(std::move(obs));
-  observations->observed[s.drafter].push_back(&s);
-}
-
-void SpecEngine::ObserveAll(const Observations& observations) {
-  for (const auto& [drafter, obs] : observations.observations) {
-    Status st = Guarded(StrCat("drafter '", drafter->name(), "' Observe"),
-                        [&] { return drafter->Observe(obs); });
-    if (st.ok()) continue;
-    // The drafter's state for these sequences is unknown now: they finish without speculation.
-    for (Sequence* s : observations.observed.at(drafter)) {
-      ++s->stats.draft_errors;
-      s->stats.last_draft_error = st.ToString();
-      drafter->ReleaseSequence(s->seq);
-      s->drafter = nullptr;
-    }
-  }
+  s.unobserved_tokens.insert(s.unobserved_tokens.end(), emitted.begin(), emitted.end());
+  s.unobserved_generated += static_cast<int64_t>(emitted.size());
 }
 
 int64_t SpecEngine::DrafterStateBytes() const {
@@ -733,7 +764,8 @@ int64_t SpecEngine::DrafterStateBytes() const {
 StatusOr<std::vector<SpecGenerationResult>> GenerateAll(SpecEngine& engine,
                                                         const std::vector<SpecRequest>& requests,
                                                         const SpecTokenCallback& on_tokens,
-                                                        SpecRunStats* stats) {
+                                                        SpecRunStats* stats,
+                                                        BudgetPlanner* planner) {
   for (size_t i = 0; i < requests.size(); ++i) {
     Status s = engine.Validate(requests[i]);
     if (!s.ok()) return s.WithContext(StrCat("request ", i));
@@ -747,10 +779,20 @@ StatusOr<std::vector<SpecGenerationResult>> GenerateAll(SpecEngine& engine,
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSIGN_OR_RETURN(RequestId id, engine.Submit(requests[i]));
     index[id] = i;
+    if (planner) planner->Admit(id, requests[i]);
   }
   Status failure;
   while (engine.HasWork()) {
+    const auto t_step = Clock::now();
+    if (planner) {
+      for (const StepPlan::DraftBudget& b : planner->Plan()) {
+        (void)engine.SetDraftBudget(b.id, b.max_draft_tokens);
+        st.budget_nodes += b.max_draft_tokens;
+        ++st.budgeted_sequence_steps;
+      }
+    }
     ASSIGN_OR_RETURN(StepReport report, engine.Step());
+    if (planner) planner->OnStep(report, SecondsSince(t_step));
     ++st.steps;
     st.peak_drafter_state_bytes = std::max(st.peak_drafter_state_bytes, engine.DrafterStateBytes());
     st.draft_seconds += report.draft_seconds;

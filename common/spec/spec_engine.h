@@ -17,71 +17,13 @@
 
 #include "common/engine/plain_decoder.h"
 #include "common/model/model_runner.h"
+#include "common/spec/budget_planner.h"
 #include "common/spec/drafter.h"
+#include "common/spec/step_contract.h"
 #include "common/spec/verifier.h"
 #include "common/util/status.h"
 
 namespace specula {
-
-using RequestId = int64_t;
-
-struct SpeculationSettings {
-  std::string drafter;           // "" or "none": no speculation
-  int32_t max_draft_tokens = 4;  // tree nodes per step (the per-sequence draft budget)
-  VerifyParams verify;
-
-  bool enabled() const { return !drafter.empty() && drafter != "none" && max_draft_tokens > 0; }
-};
-
-struct SpecRequest {
-  GenerationRequest generation;
-  SpeculationSettings speculation;
-};
-
-struct SpecRequestStats {
-  int64_t steps = 0;            // verification steps after prefill
-  int64_t draft_steps = 0;      // steps that verified a non-empty tree
-  int64_t draft_tokens = 0;     // tree nodes proposed
-  int64_t draft_depth = 0;      // sum over drafting steps of the tree's depth
-  int64_t accepted_tokens = 0;  // draft tokens accepted (bonus tokens not counted)
-  // accepted_per_position[d]: draft tokens accepted at depth d + 1.
-  std::vector<int64_t> accepted_per_position;
-  int64_t draft_errors = 0;  // trees dropped (invalid tree or drafter failure)
-  std::string last_draft_error;
-  bool lossy = false;  // verified with a lossy rule
-
-  // Tokens produced per verification step (accepted draft tokens + the target's own token).
-  double mean_accepted_len() const;
-};
-
-struct RequestUpdate {
-  RequestId id = 0;
-  std::vector<int32_t> new_tokens;  // generated this step (after stop/length truncation)
-  bool finished = false;
-  std::string finish_reason;  // "stop", "length", "cancelled", "error"
-  Status error;               // set when finish_reason is "error"
-  SpecRequestStats stats;     // running totals
-};
-
-struct StepReport {
-  std::vector<RequestUpdate> updates;
-  int32_t batch_size = 0;      // sequences in the target forward
-  int64_t prefill_tokens = 0;  // prompt tokens (chunks) prefilled this step
-  int64_t verify_tokens = 0;   // pending + tree tokens of running sequences
-  double draft_seconds = 0;    // drafter Observe + Propose
-  double verify_seconds = 0;   // target forward + verification + KV commit
-};
-
-// KV blocks a request holds at most: its prompt and every generated token, plus one step's pending
-// token and draft tree. The engine admits a request only while the sum over running requests fits
-// the cache; a router that plans admissions (services/router) uses the same rule.
-int64_t KvBlocksReserved(const SpecRequest& request, int64_t block_size);
-
-// Largest per-step draft (tree nodes) a request may ask for.
-inline constexpr int32_t kMaxDraftTokens = 256;
-
-// Default of SpecEngineOptions::max_step_tokens (docs/BENCHMARKS.md: chunked prefill).
-inline constexpr int64_t kDefaultMaxStepTokens = 256;
 
 struct SpecEngineOptions {
   int32_t max_batch_size = 64;  // running sequences
@@ -90,6 +32,11 @@ struct SpecEngineOptions {
   // long prompt is prefilled over several steps while the running sequences keep decoding. At
   // least one prompt token progresses per step. Values below 1 count as 1.
   int64_t max_step_tokens = kDefaultMaxStepTokens;
+  // A sequence that does not draft defers its drafter's Observe (the budget left it at 0 nodes,
+  // so the work may never be needed). Past this many deferred generated tokens a token-only
+  // drafter catches up anyway, and a drafter of hidden states is detached from the sequence (its
+  // deferred states are memory, and catching up would cost what not drafting saved).
+  int64_t max_deferred_observation = 256;
 };
 
 class SpecEngine {
@@ -136,12 +83,14 @@ class SpecEngine {
  private:
   struct Sequence;
   struct ForwardGroup;
-  struct Observations;
   // The step, one verb each (in order).
   void RunStep(StepReport* report);
   void FinishCancelled(StepReport* report);
   void AdmitWaiting(StepReport* report);
-  void Draft(const std::vector<Sequence*>& decoding);
+  void Draft(const std::vector<Sequence*>& decoding, StepReport* report);
+  // Catches the drafter up on what its sequences' steps committed (deferred while a sequence
+  // does not draft), then proposes; one timed call per drafter.
+  void DraftWith(Drafter* drafter, const std::vector<Sequence*>& members, StepReport* report);
   // Sets each prefilling sequence's chunk for the step; returns those with a non-empty one.
   std::vector<Sequence*> PlanChunks(const std::vector<Sequence*>& decoding,
                                     const std::vector<Sequence*>& prefilling);
@@ -149,15 +98,13 @@ class SpecEngine {
   // Runs the members' forward; a failure attributable to one sequence drops its draft or ends
   // it, and the rest run again. Returns the forwards that ran (usually one).
   std::vector<ForwardGroup> ForwardIsolating(std::vector<Sequence*> members, StepReport* report);
-  void CommitGroup(ForwardGroup& group, StepReport* report, Observations* observations);
+  void CommitGroup(ForwardGroup& group, StepReport* report);
   // The KV commit of every accepted path of the group in one CommitPaths; on failure, one by one
   // so that only the failing sequences end.
-  void FlushCommits(ForwardGroup& group, StepReport* report, Observations* observations);
-  void ForgetObservation(Sequence* s, Observations* observations);
+  void FlushCommits(ForwardGroup& group, StepReport* report);
   // Per member of a forward: a prefill chunk or a verified tree, then stops, then what its drafter
-  // observes.
-  void CommitSequence(ForwardGroup& group, size_t b, const at::Tensor& logits, StepReport* report,
-                      Observations* observations);
+  // will observe.
+  void CommitSequence(ForwardGroup& group, size_t b, const at::Tensor& logits, StepReport* report);
   // Keeps the chunk's hidden states; after the last chunk samples the first token (true).
   bool CommitPrefillChunk(ForwardGroup& group, size_t b, const float* rows, int64_t vocab,
                           std::vector<int32_t>* emitted);
@@ -165,10 +112,15 @@ class SpecEngine {
                     std::vector<int32_t>* emitted, std::vector<int64_t>* hidden_rows);
   // Appends the emitted tokens up to the first stop; returns "stop", "length" or "".
   std::string ApplyStops(Sequence& s, std::vector<int32_t>* emitted);
+  // Appends the committed tokens (and their hidden states) to what the drafter has not observed.
   void QueueObservation(const ForwardGroup& group, size_t b, bool was_prefill,
                         const std::vector<int32_t>& emitted,
-                        const std::vector<int64_t>& hidden_rows, Observations* observations);
-  void ObserveAll(const Observations& observations);
+                        const std::vector<int64_t>& hidden_rows);
+  // The most draft nodes the sequence can use next step (its cap, the context, max_new_tokens).
+  int32_t DraftRoom(const Sequence& s) const;
+  int32_t DraftRoomAt(const Sequence& s, int64_t context) const;
+  // Speculation off for the rest of the request (its drafter's state is released).
+  void Detach(Sequence& s);
   void DropDraft(Sequence& s, const Status& error);
   void Finish(Sequence& s, const std::string& reason, Status error, StepReport* report);
 
@@ -193,15 +145,22 @@ struct SpecRunStats {
   double verify_seconds = 0;
   int64_t steps = 0;
   int64_t generated_tokens = 0;
+  // With a planner: draft nodes the policy gave, summed over steps and sequences, and the steps
+  // it planned.
+  int64_t budget_nodes = 0;
+  int64_t budgeted_sequence_steps = 0;
   // The most bytes the engine's drafters held at once (after any step; Drafter::StateBytes).
   int64_t peak_drafter_state_bytes = 0;
 };
 
 // Submits every request, steps the engine until all finish, and returns results in request order.
 // Validation errors name the request index; nothing runs then.
+// With a `planner`, every step's draft budgets come from the adaptive policy (each request's
+// max_draft_tokens is its cap); without one each request drafts its own max_draft_tokens.
 using SpecTokenCallback = std::function<void(size_t, const std::vector<int32_t>&)>;
 StatusOr<std::vector<SpecGenerationResult>> GenerateAll(
     SpecEngine& engine, const std::vector<SpecRequest>& requests,
-    const SpecTokenCallback& on_tokens = nullptr, SpecRunStats* stats = nullptr);
+    const SpecTokenCallback& on_tokens = nullptr, SpecRunStats* stats = nullptr,
+    BudgetPlanner* planner = nullptr);
 
 }  // namespace specula

@@ -137,6 +137,12 @@ void ToProto(const StepOutcome& outcome, v1::StepResult* out) {
     s->set_draft_errors(u.stats.draft_errors);
     s->set_last_draft_error(u.stats.last_draft_error);
     s->set_lossy(u.stats.lossy);
+    m->set_draft_nodes(u.draft_nodes);
+    m->set_draft_depth(u.draft_depth);
+    m->set_draft_accepted(u.draft_accepted);
+    m->set_context_tokens(u.context_tokens);
+    m->set_unobserved_tokens(u.unobserved_tokens);
+    m->set_max_draft_nodes(u.max_draft_nodes);
   }
   out->set_batch_size(r.batch_size);
   out->set_prefill_tokens(r.prefill_tokens);
@@ -145,6 +151,17 @@ void ToProto(const StepOutcome& outcome, v1::StepResult* out) {
   out->set_verify_seconds(r.verify_seconds);
   out->set_step_seconds(outcome.step_seconds);
   out->set_kv_cache_blocks_used(outcome.kv_blocks_used);
+  out->set_forward_seconds(r.forward_seconds);
+  out->set_attention(r.attention);
+  for (const DrafterCall& c : r.drafter_calls) {
+    v1::DrafterCallTiming* m = out->add_drafter_calls();
+    m->set_drafter(c.drafter);
+    m->set_sequences(c.sequences);
+    m->set_nodes(c.nodes);
+    m->set_max_depth(c.max_depth);
+    m->set_observed_tokens(c.observed_tokens);
+    m->set_seconds(c.seconds);
+  }
 }
 
 StepOutcome FromProto(const v1::StepResult& result) {
@@ -168,6 +185,12 @@ StepOutcome FromProto(const v1::StepResult& result) {
     u.stats.draft_errors = s.draft_errors();
     u.stats.last_draft_error = s.last_draft_error();
     u.stats.lossy = s.lossy();
+    u.draft_nodes = m.draft_nodes();
+    u.draft_depth = m.draft_depth();
+    u.draft_accepted = m.draft_accepted();
+    u.context_tokens = m.context_tokens();
+    u.unobserved_tokens = m.unobserved_tokens();
+    u.max_draft_nodes = m.max_draft_nodes();
     r.updates.push_back(std::move(u));
   }
   r.batch_size = result.batch_size();
@@ -177,6 +200,16 @@ StepOutcome FromProto(const v1::StepResult& result) {
   r.verify_seconds = result.verify_seconds();
   out.step_seconds = result.step_seconds();
   out.kv_blocks_used = result.kv_cache_blocks_used();
+  r.forward_seconds = result.forward_seconds();
+  r.attention = result.attention();
+  for (const v1::DrafterCallTiming& m : result.drafter_calls()) {
+    r.drafter_calls.push_back({.drafter = m.drafter(),
+                               .sequences = m.sequences(),
+                               .nodes = m.nodes(),
+                               .max_depth = m.max_depth(),
+                               .observed_tokens = m.observed_tokens(),
+                               .seconds = m.seconds()});
+  }
   return out;
 }
 
@@ -189,6 +222,7 @@ void ToProto(const TargetInfo& info, v1::TargetInfo* out) {
   out->set_kv_cache_blocks(info.kv_cache_blocks);
   out->set_kv_block_size(info.kv_block_size);
   out->set_max_batch_size(info.max_batch_size);
+  out->set_max_step_tokens(info.max_step_tokens);
   out->set_dtype(info.dtype);
   out->set_device(info.device);
 }
@@ -203,6 +237,7 @@ TargetInfo FromProto(const v1::TargetInfo& info) {
   out.kv_cache_blocks = info.kv_cache_blocks();
   out.kv_block_size = info.kv_block_size();
   out.max_batch_size = info.max_batch_size();
+  out.max_step_tokens = info.max_step_tokens();
   out.dtype = info.dtype();
   out.device = info.device();
   return out;

@@ -89,6 +89,11 @@ EngineLoop::EngineLoop(ServedModel model, EngineLoopOptions options, RouterMetri
   info_.drafters = target.drafters;
   info_.default_drafter = options_.default_drafter;
   info_.default_max_draft_tokens = options_.default_max_draft_tokens;
+  info_.adaptive_draft_budget = options_.adaptive_draft_budget;
+  if (options_.adaptive_draft_budget) {
+    planner_ = std::make_unique<BudgetPlanner>(options_.draft_budget, target.max_step_tokens);
+    planner_->policy().target_cost().WarmStart(options_.cost_profile);
+  }
   info_.verify_defaults = options_.verify_defaults;
   info_.max_queue = options_.max_queue;
   info_.max_batch_size = options_.max_batch_size;
@@ -267,13 +272,22 @@ StepPlan EngineLoop::PlanStep() {
     if (admitted_ >= options_.max_batch_size) break;
     if (reserved_blocks_ + a.reserved_blocks > info_.kv_cache_blocks) break;  // FIFO: no overtaking
     plan.admit.push_back({.id = waiting_.front(), .request = a.request.spec});
+    if (planner_) planner_->Admit(waiting_.front(), a.request.spec);
     a.admitted = true;
     ++admitted_;
     reserved_blocks_ += a.reserved_blocks;
     if (metrics_) metrics_->Admitted(prompt, a.stats.lossy);
     waiting_.pop_front();
   }
-  // The draft budget is per sequence and per step; for now each request's own draft length.
+  // The draft budget is per sequence and per step: the adaptive policy's, or each request's own
+  // draft length.
+  if (planner_) {
+    for (const StepPlan::DraftBudget& b : planner_->Plan()) {
+      auto it = active_.find(b.id);
+      if (it != active_.end() && !it->second->cancelling) plan.budgets.push_back(b);
+    }
+    return plan;
+  }
   for (const auto& [id, a] : active_) {
     const SpeculationSettings& spec = a->request.spec.speculation;
     if (a->admitted && !a->cancelling && spec.enabled()) {
@@ -286,6 +300,7 @@ StepPlan EngineLoop::PlanStep() {
 void EngineLoop::Erase(RequestId id) {
   auto it = active_.find(id);
   if (it == active_.end()) return;
+  if (planner_) planner_->Forget(id);
   if (it->second->admitted) {
     --admitted_;
     reserved_blocks_ -= it->second->reserved_blocks;
@@ -298,6 +313,7 @@ void EngineLoop::Erase(RequestId id) {
 }
 
 void EngineLoop::ProcessStep() {
+  const Clock::time_point planned = Clock::now();
   StepPlan plan = PlanStep();
   if (admitted_ == 0 && plan.empty()) return;
   const Clock::time_point started = Clock::now();
@@ -380,6 +396,43 @@ void EngineLoop::ProcessStep() {
     Deliver(a, std::move(event));
     Erase(u.id);
   }
+  LearnFromStep(*outcome, SecondsBetween(planned, Clock::now()));
+}
+
+void EngineLoop::LearnFromStep(const StepOutcome& outcome, double wall_seconds) {
+  const StepReport& r = outcome.report;
+  // kappa = a * depth / k over this step's drafting sequences (an average of recent steps).
+  double tokens = 0, depth = 0, nodes = 0, drafting = 0;
+  for (const RequestUpdate& u : r.updates) {
+    if (u.draft_nodes <= 0) continue;
+    tokens += u.draft_accepted + 1;
+    depth += u.draft_depth;
+    nodes += u.draft_nodes;
+    ++drafting;
+  }
+  if (drafting > 0) kappa_ += 0.05 * ((tokens / drafting) * (depth / nodes) - kappa_);
+  if (wall_seconds > 0) draft_share_ += 0.05 * (r.draft_seconds / wall_seconds - draft_share_);
+  if (!planner_) return;
+  const BudgetDecision decision = planner_->last_decision();
+  planner_->OnStep(r, wall_seconds);
+  if (!metrics_) return;
+  BudgetSnapshot snapshot{.budgets = decision.budgets,
+                          .predicted_seconds = decision.predicted_seconds,
+                          .measured_seconds = wall_seconds,
+                          .predicted_speedup = decision.predicted_speedup(),
+                          .kappa = kappa_,
+                          .draft_share = draft_share_};
+  snapshot.theta = snapshot.predicted_speedup > 0 ? kappa_ / snapshot.predicted_speedup : 0;
+  snapshot.spare_tokens = planner_->policy().SpareTokens(
+      {.tokens = r.prefill_tokens + r.verify_tokens, .attention = r.attention});
+  for (const std::string& drafter : info_.drafters) {
+    std::vector<double> p;
+    for (int32_t d = 1; d <= std::max(info_.default_max_draft_tokens, 1); ++d) {
+      p.push_back(planner_->policy().acceptance().DrafterConditional(drafter, d));
+    }
+    snapshot.acceptance.push_back({drafter, std::move(p)});
+  }
+  metrics_->DraftBudget(snapshot);
 }
 
 void EngineLoop::Deliver(Active& a, LoopEvent event) {

@@ -34,6 +34,8 @@
 
 #include <deque>
 
+#include "common/model/model_config.h"
+#include "common/spec/budget_planner.h"
 #include "common/spec/target_backend.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/util/status.h"
@@ -60,8 +62,16 @@ struct EngineLoopOptions {
   int32_t max_batch_size = 64;
   // Used for requests that leave the drafter empty: a drafter added to the engine, or "none".
   std::string default_drafter = "none";
-  // Used for requests that leave max_draft_tokens at 0.
+  // Used for requests that leave max_draft_tokens at 0 (with the adaptive budget: their cap,
+  // which their KV reservation is sized for).
   int32_t default_max_draft_tokens = 4;
+  // Adaptive draft budget (common/spec/draft_budget.h): every step's per-sequence nodes come
+  // from measured step costs and acceptance, up to each request's max_draft_tokens. false: every
+  // step gives each request its max_draft_tokens. (`specula serve` turns it on by default.)
+  bool adaptive_draft_budget = false;
+  DraftBudgetOptions draft_budget;
+  // Warm start of the step cost model (`specula bench-forward --json` points); may be empty.
+  std::vector<std::pair<StepShape, double>> cost_profile;
   // Parameters of the lossy rules (specdec beta/tau, typical epsilon/delta) for requests that ask
   // for a lossy rule without giving them; `mode` is ignored (requests choose it).
   VerifyParams verify_defaults;
@@ -78,6 +88,7 @@ struct EngineInfo {
   std::vector<std::string> drafters;  // besides "none"
   std::string default_drafter;
   int32_t default_max_draft_tokens = 0;
+  bool adaptive_draft_budget = false;
   VerifyParams verify_defaults;  // mode is kLossless
   int32_t max_queue = 0;
   int32_t max_batch_size = 0;
@@ -152,6 +163,8 @@ class EngineLoop {
   // `include_waiting`, waiting ones too.
   void FailAll(const Status& status, bool include_waiting);
   void PublishLoad();
+  // Feeds the step to the adaptive budget and publishes what it decided.
+  void LearnFromStep(const StepOutcome& outcome, double wall_seconds);
 
   ServedModel model_;
   EngineLoopOptions options_;
@@ -174,6 +187,9 @@ class EngineLoop {
   int32_t admitted_ = 0;
   int64_t reserved_blocks_ = 0;
   int64_t kv_blocks_used_now_ = 0;
+
+  std::unique_ptr<BudgetPlanner> planner_;  // null: fixed budgets
+  double kappa_ = 0, draft_share_ = 0;      // recent averages, for metrics
 
   std::atomic<int32_t> running_{0};
   std::atomic<int32_t> waiting_count_{0};

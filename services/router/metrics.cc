@@ -138,6 +138,56 @@ struct RouterMetrics::Impl {
                                    .Register(*registry)
                                    .Add({});
 
+  Histogram& budget_nodes =
+      BuildHistogram()
+          .Name("specula_draft_budget_nodes")
+          .Help("Draft nodes the adaptive budget gave one sequence for one step (0 = no draft).")
+          .Register(*registry)
+          .Add({}, Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128});
+  Counter& budget_predicted = BuildCounter()
+                                  .Name("specula_draft_budget_predicted_seconds_total")
+                                  .Help("Step seconds the draft budget's cost model predicted.")
+                                  .Register(*registry)
+                                  .Add({});
+  Counter& budget_measured =
+      BuildCounter()
+          .Name("specula_draft_budget_measured_seconds_total")
+          .Help("Step seconds measured for the steps the cost model predicted.")
+          .Register(*registry)
+          .Add({});
+  Gauge& budget_speedup =
+      BuildGauge()
+          .Name("specula_draft_budget_predicted_speedup")
+          .Help("Predicted tokens/s at the chosen budgets over tokens/s without drafts.")
+          .Register(*registry)
+          .Add({});
+  Gauge& spare_tokens =
+      BuildGauge()
+          .Name("specula_draft_budget_spare_tokens")
+          .Help("Spare compute: tokens the step's forward could add within 5% of its time.")
+          .Register(*registry)
+          .Add({});
+  Gauge& kappa = BuildGauge()
+                     .Name("specula_spec_decode_kappa")
+                     .Help("kappa = a * depth / k over recent drafting steps (SpecFormer).")
+                     .Register(*registry)
+                     .Add({});
+  Gauge& theta = BuildGauge()
+                     .Name("specula_spec_decode_theta")
+                     .Help("theta = kappa / predicted speedup (lower is better).")
+                     .Register(*registry)
+                     .Add({});
+  Gauge& draft_share = BuildGauge()
+                           .Name("specula_spec_decode_draft_time_share")
+                           .Help("Drafters' share of recent step time.")
+                           .Register(*registry)
+                           .Add({});
+  Family<Gauge>& acceptance =
+      BuildGauge()
+          .Name("specula_spec_decode_acceptance_prob")
+          .Help("Per drafter, P(position accepted | previous position accepted), recent steps.")
+          .Register(*registry);
+
   Impl() {
     // Every finish reason is listed from the start, so dashboards see zeros rather than gaps.
     for (FinishReason r : {FinishReason::kStop, FinishReason::kLength, FinishReason::kStopString,
@@ -160,6 +210,22 @@ void RouterMetrics::StepTimed(double router_seconds, double target_seconds) {
   impl_->steps.Increment();
   impl_->step_seconds.Observe(router_seconds);
   impl_->transport_seconds.Increment(std::max(0.0, router_seconds - target_seconds));
+}
+
+void RouterMetrics::DraftBudget(const BudgetSnapshot& s) {
+  for (int32_t b : s.budgets) impl_->budget_nodes.Observe(static_cast<double>(b));
+  impl_->budget_predicted.Increment(std::max(0.0, s.predicted_seconds));
+  impl_->budget_measured.Increment(std::max(0.0, s.measured_seconds));
+  impl_->budget_speedup.Set(s.predicted_speedup);
+  impl_->spare_tokens.Set(s.spare_tokens);
+  impl_->kappa.Set(s.kappa);
+  impl_->theta.Set(s.theta);
+  impl_->draft_share.Set(s.draft_share);
+  for (const auto& [drafter, p] : s.acceptance) {
+    for (size_t d = 0; d < p.size(); ++d) {
+      impl_->acceptance.Add({{"drafter", drafter}, {"position", std::to_string(d)}}).Set(p[d]);
+    }
+  }
 }
 
 void RouterMetrics::DeclareDraftPositions(int n) {

@@ -8,12 +8,28 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
-#include "common/spec/spec_engine.h"
+#include "common/spec/step_contract.h"
 #include "common/util/status.h"
 #include "services/router/request_channel.h"
 
 namespace specula::router {
+
+// What the adaptive draft budget decided for one step and how the step went.
+struct BudgetSnapshot {
+  std::vector<int32_t> budgets;  // nodes given to each drafting-capable sequence
+  double predicted_seconds = 0;  // the step as the policy predicted it
+  double measured_seconds = 0;   // and as it ran (the router's wall time of the step)
+  double predicted_speedup = 1;  // tokens/s at the budgets over tokens/s without drafts
+  double spare_tokens = 0;       // tokens the forward could add within 5% of its time
+  double kappa = 0;              // a * depth / k over recent drafting steps (SpecFormer)
+  double theta = 0;              // kappa / speedup (lower is better)
+  double draft_share = 0;        // drafters' share of recent step time
+  // Per drafter: p[d] = P(depth d + 1 accepted | depth d accepted), d = 0..
+  std::vector<std::pair<std::string, std::vector<double>>> acceptance;
+};
 
 class RouterMetrics {
  public:
@@ -44,6 +60,7 @@ class RouterMetrics {
   // One engine step: its wall time as the router saw it (transport included) and as the target
   // measured it; the difference is the cost of the path between them (0 in one process).
   void StepTimed(double router_seconds, double target_seconds);
+  void DraftBudget(const BudgetSnapshot& snapshot);
 
  private:
   struct Impl;

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/spec/spec_engine.h"
+#include "common/spec/step_contract.h"
 #include "common/util/status.h"
 
 namespace specula::router {

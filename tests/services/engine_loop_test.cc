@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <sstream>
 #include <thread>
 
 #include "tests/services/served_stack.h"
@@ -127,6 +128,61 @@ TEST_P(EngineLoopTest, ServedGreedyEqualsPlainDecodingForEveryDrafter) {
     EXPECT_GT(got.events, 1);  // streamed step by step, not in one piece
   }
   EXPECT_TRUE(WaitIdle(*loop));
+}
+
+// A metric's value in Prometheus text (the first sample of that name), -1 if absent.
+double MetricValue(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return -1;
+}
+
+TEST_P(EngineLoopTest, AdaptiveBudgetsAreAppliedThroughTheTargetAndKeepGreedyOutput) {
+  // The router's policy plans every step's budgets and the target (in process or over gRPC)
+  // applies them: no verified tree is larger than what was planned. Probing every sequence left at
+  // 0 for one plan makes budgets change from step to step whatever the policy concludes.
+  EngineLoopOptions options;
+  options.adaptive_draft_budget = true;
+  options.draft_budget = {.probe_after = 1, .probe_nodes = 3, .explore_every = 2};
+  auto loop = MakeLoop(options);
+  ASSERT_TRUE(loop);
+  ASSERT_TRUE(loop->info().adaptive_draft_budget);
+  const Tokenizer& tok = reference_->tokenizer();
+  const std::vector<std::string> prompts = {"def f(x):\n    return x", "import os\n", "class A:"};
+  struct Case {
+    std::vector<int32_t> prompt;
+    int64_t max_new;
+  };
+  std::vector<Case> cases;
+  std::vector<std::shared_ptr<RequestChannel>> channels;
+  for (const std::string drafter : {"ngram", "draft-model"}) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      cases.push_back({tok.Encode(prompts[i]), 20 + 7 * static_cast<int64_t>(i)});
+      LoopRequest r = Greedy(cases.back().prompt, cases.back().max_new, drafter);
+      r.spec.speculation.max_draft_tokens = 5;
+      auto ch = loop->Submit(std::move(r));
+      ASSERT_TRUE(ch.ok()) << ch.status();
+      channels.push_back(*ch);
+    }
+  }
+  int64_t drafted = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Collected got = Collect(*channels[i]);
+    EXPECT_EQ(got.tokens, reference_->Greedy(cases[i].prompt, cases[i].max_new)) << i;
+    EXPECT_TRUE(got.last.status.ok()) << got.last.status;
+    EXPECT_LE(got.last.stats.draft_tokens, 5 * got.last.stats.draft_steps) << "cap";
+    drafted += got.last.stats.draft_tokens;
+  }
+  EXPECT_TRUE(WaitIdle(*loop));
+  EXPECT_GT(drafted, 0);
+  const std::string text = metrics_.Text();
+  const double planned = MetricValue(text, "specula_draft_budget_nodes_sum");
+  EXPECT_GT(MetricValue(text, "specula_draft_budget_nodes_count"), 0) << text;
+  EXPECT_GE(planned, static_cast<double>(drafted)) << "a tree larger than its planned budget";
+  EXPECT_GT(MetricValue(text, "specula_draft_budget_predicted_seconds_total"), 0);
 }
 
 TEST_P(EngineLoopTest, StopStringEndsTheRequestAndFreesItsBlocks) {

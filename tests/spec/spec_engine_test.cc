@@ -233,6 +233,48 @@ class SpecEngineTest : public ::testing::Test {
     return out;
   }
 
+  // Every sequence the drafter saw: its observed tokens are the sequence's, in order, and its
+  // hidden rows are the target's states of all but the pending token.
+  void ExpectObservedMatchesTarget(const HiddenRecordingDrafter& drafter,
+                                   const std::vector<GenerationRequest>& requests,
+                                   const std::vector<std::vector<int32_t>>& plain) {
+    const HiddenRecordingDrafter* raw = &drafter;
+    ASSERT_EQ(raw->finished_.size(), requests.size());
+    for (const auto& seen : raw->finished_) {
+      if (seen.tokens.empty()) continue;  // detached before observing anything
+      // Which request: the observed tokens start with its prompt.
+      size_t i = 0;
+      while (i < requests.size() && !std::equal(requests[i].prompt.begin(),
+                                                requests[i].prompt.end(), seen.tokens.begin())) {
+        ++i;
+      }
+      ASSERT_LT(i, requests.size());
+      std::vector<int32_t> full = requests[i].prompt;
+      full.insert(full.end(), plain[i].begin(), plain[i].end());
+      // Every observed token is the sequence's, in order; hidden rows cover all but the pending
+      // one.
+      EXPECT_LE(seen.tokens.size(), full.size());
+      EXPECT_TRUE(std::equal(seen.tokens.begin(), seen.tokens.end(), full.begin()));
+      auto reference = ModelRunner::FromModule(target_->module(), {});
+      ASSERT_TRUE(reference.ok());
+      ASSERT_TRUE((*reference)->AddSequence(1).ok());
+      auto out =
+          (*reference)->Forward({.seqs = {{.seq = 1, .tokens = full}}, .hidden_layers = {0, 1, 2}});
+      ASSERT_TRUE(out.ok()) << out.status();
+      for (int l = 0; l < 3; ++l) {
+        at::Tensor got = at::cat(seen.hidden[l], 0);
+        EXPECT_EQ(got.size(0), static_cast<int64_t>(seen.tokens.size()) - 1) << "layer " << l;
+        at::Tensor want = out->hidden[l].slice(0, 0, got.size(0)).to(at::kFloat);
+        // Relative to the layer's scale (weight_scale 10 makes activations large); a wrong row
+        // would be off by O(1).
+        const float scale = want.abs().max().item<float>();
+        const float diff = (got - want).abs().max().item<float>();
+        EXPECT_LT(diff, 1e-4f * scale)
+            << "layer " << l << " max diff " << diff << " scale " << scale;
+      }
+    }
+  }
+
   ModelConfig config_;
   std::unique_ptr<ModelRunner> target_;
 };
@@ -722,39 +764,102 @@ TEST_F(SpecEngineTest, DraftersObserveTheTargetsHiddenStatesOfCommittedPositions
     auto results = GenerateAll(engine, WithDrafter(requests, "hidden", 3));
     ASSERT_TRUE(results.ok()) << results.status();
     EXPECT_EQ(Tokens(*results), plain);
-    ASSERT_EQ(raw->finished_.size(), requests.size());
-    for (const auto& seen : raw->finished_) {
-      // Which request: the observed tokens start with its prompt.
-      size_t i = 0;
-      while (i < requests.size() && !std::equal(requests[i].prompt.begin(),
-                                                requests[i].prompt.end(), seen.tokens.begin())) {
-        ++i;
-      }
-      ASSERT_LT(i, requests.size());
-      std::vector<int32_t> full = requests[i].prompt;
-      full.insert(full.end(), plain[i].begin(), plain[i].end());
-      // Every observed token is the sequence's, in order; hidden rows cover all but the pending
-      // one.
-      ASSERT_LE(seen.tokens.size(), full.size());
-      EXPECT_TRUE(std::equal(seen.tokens.begin(), seen.tokens.end(), full.begin()));
-      auto reference = ModelRunner::FromModule(target_->module(), {});
-      ASSERT_TRUE(reference.ok());
-      ASSERT_TRUE((*reference)->AddSequence(1).ok());
-      auto out =
-          (*reference)->Forward({.seqs = {{.seq = 1, .tokens = full}}, .hidden_layers = {0, 1, 2}});
-      ASSERT_TRUE(out.ok()) << out.status();
-      for (int l = 0; l < 3; ++l) {
-        at::Tensor got = at::cat(seen.hidden[l], 0);
-        EXPECT_EQ(got.size(0), static_cast<int64_t>(seen.tokens.size()) - 1) << "layer " << l;
-        at::Tensor want = out->hidden[l].slice(0, 0, got.size(0)).to(at::kFloat);
-        // Relative to the layer's scale (weight_scale 10 makes activations large); a wrong row
-        // would be off by O(1).
-        const float scale = want.abs().max().item<float>();
-        const float diff = (got - want).abs().max().item<float>();
-        EXPECT_LT(diff, 1e-4f * scale)
-            << "layer " << l << " max diff " << diff << " scale " << scale;
-      }
+    ExpectObservedMatchesTarget(*raw, requests, plain);
+  }
+}
+
+TEST_F(SpecEngineTest, DeferredObservationCatchesUpBeforeTheNextDraft) {
+  // A sequence at 0 nodes defers its drafter's Observe; when it drafts again the drafter catches
+  // up on everything at once and sees exactly the target's tokens and hidden states.
+  const auto requests = Prompts(3, 20, 41);
+  const auto plain = Plain(requests);
+  auto drafter = std::make_unique<HiddenRecordingDrafter>();
+  HiddenRecordingDrafter* raw = drafter.get();
+  SpecEngine engine(target_.get());
+  ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+  std::vector<RequestId> ids;
+  for (const SpecRequest& r : WithDrafter(requests, "hidden", 3)) {
+    auto id = engine.Submit(r);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  std::map<RequestId, std::vector<int32_t>> out;
+  int64_t deferred = 0;
+  for (int step = 0; engine.HasWork(); ++step) {
+    for (RequestId id : ids) (void)engine.SetDraftBudget(id, step % 3 == 0 ? 3 : 0);
+    auto report = engine.Step();
+    ASSERT_TRUE(report.ok()) << report.status();
+    for (const RequestUpdate& u : report->updates) {
+      out[u.id].insert(out[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (!u.finished) deferred = std::max(deferred, u.unobserved_tokens);
+      EXPECT_TRUE(u.error.ok()) << u.error;
     }
+  }
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(out[ids[i]], plain[i]) << i;
+  EXPECT_GT(deferred, 1) << "some steps must have deferred their observation";
+  ExpectObservedMatchesTarget(*raw, requests, plain);
+}
+
+TEST_F(SpecEngineTest, LongDeferredObservationDetachesAHiddenStateDrafter) {
+  // Past max_deferred_observation generated tokens at 0 nodes, a drafter of hidden states is
+  // released from the sequence (speculation off for the rest of it); the output is unchanged.
+  const auto requests = Prompts(2, 30, 43);
+  const auto plain = Plain(requests);
+  auto drafter = std::make_unique<HiddenRecordingDrafter>();
+  HiddenRecordingDrafter* raw = drafter.get();
+  SpecEngine engine(target_.get(), {.max_deferred_observation = 5});
+  ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+  std::vector<RequestId> ids;
+  for (const SpecRequest& r : WithDrafter(requests, "hidden", 3)) ids.push_back(*engine.Submit(r));
+  std::map<RequestId, std::vector<int32_t>> out;
+  std::map<RequestId, int32_t> room;
+  while (engine.HasWork()) {
+    for (RequestId id : ids) (void)engine.SetDraftBudget(id, 0);
+    auto report = engine.Step();
+    ASSERT_TRUE(report.ok()) << report.status();
+    for (const RequestUpdate& u : report->updates) {
+      out[u.id].insert(out[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+      EXPECT_LE(u.unobserved_tokens, static_cast<int64_t>(requests[0].prompt.size() +
+                                                          requests[1].prompt.size() + 5 + 2));
+      if (!u.finished) room[u.id] = u.max_draft_nodes;
+      EXPECT_EQ(u.draft_nodes, 0);
+    }
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(out[ids[i]], plain[i]) << i;
+    EXPECT_EQ(room[ids[i]], 0) << "detached: no draft room left";
+  }
+  // Released at detach time, having observed nothing.
+  ASSERT_EQ(raw->finished_.size(), 2u);
+  for (const auto& seen : raw->finished_) EXPECT_TRUE(seen.tokens.empty());
+}
+
+TEST_F(SpecEngineTest, AdaptiveBudgetsKeepGreedyOutputAndRespectCaps) {
+  const auto requests = Prompts(8, 24, 5);
+  const auto plain = Plain(requests);
+  for (auto kind : {ScriptedDrafter::Kind::kOracle, ScriptedDrafter::Kind::kRandomTree}) {
+    SCOPED_TRACE(static_cast<int>(kind));
+    SpecEngine engine(target_.get());
+    ASSERT_TRUE(engine
+                    .AddDrafter(std::make_unique<ScriptedDrafter>("d", kind,
+                                                                  References(requests, plain), 64))
+                    .ok());
+    BudgetPlanner planner({.probe_after = 4, .probe_nodes = 2, .explore_every = 3},
+                          kDefaultMaxStepTokens);
+    SpecRunStats run;
+    auto results = GenerateAll(engine, WithDrafter(requests, "d", 6), nullptr, &run, &planner);
+    ASSERT_TRUE(results.ok()) << results.status();
+    EXPECT_EQ(Tokens(*results), plain);
+    EXPECT_GT(run.budgeted_sequence_steps, 0);
+    EXPECT_LE(run.budget_nodes, 6 * run.budgeted_sequence_steps);
+    int64_t drafted = 0;
+    for (const auto& r : *results) {
+      EXPECT_LE(r.stats.draft_tokens, 6 * r.stats.draft_steps);
+      EXPECT_EQ(r.stats.draft_errors, 0) << r.stats.last_draft_error;
+      drafted += r.stats.draft_tokens;
+    }
+    EXPECT_GT(drafted, 0) << "the policy (or its exploration) must draft sometimes";
+    EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
   }
 }
 

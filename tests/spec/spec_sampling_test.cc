@@ -6,6 +6,9 @@
 
 #include <torch/torch.h>
 
+#include <map>
+#include <random>
+
 #include "common/drafters/beagle/beagle_drafter.h"
 #include "common/drafters/beagle/beagle_model.h"
 #include "common/drafters/draft_model_drafter.h"
@@ -123,6 +126,46 @@ TEST_F(SpecSamplingTest, SampledChainMatchesPlainSampling) {
   EXPECT_LT(z, 5.0);
   EXPECT_GT(accepted, 0.2) << "drafts must be accepted for the test to mean anything";
   std::printf("chain: z = %.2f, accepted drafts per step %.2f\n", z, accepted);
+}
+
+TEST_F(SpecSamplingTest, BudgetsChangingEveryStepMatchPlainSampling) {
+  // What the adaptive budget does to a request: a different node budget (0 included) at every
+  // step. Sampling stays exact.
+  const SamplingParams sampling{.temperature = 1.0f};
+  const auto plain = PlainCounts(sampling);
+  SpecEngine engine(target_.get(), {.max_batch_size = kSamples});
+  ASSERT_TRUE(engine.AddDrafter(DraftModel(2)).ok());
+  std::map<RequestId, std::vector<int32_t>> tokens;
+  for (int i = 0; i < kSamples; ++i) {
+    SpecRequest r{.generation = {.prompt = {1, 5, 2}, .max_new_tokens = kTokens},
+                  .speculation = {.drafter = "draft-model", .max_draft_tokens = 4}};
+    r.generation.sampling = sampling;
+    r.generation.sampling.seed = static_cast<uint64_t>(i);
+    auto id = engine.Submit(r);
+    ASSERT_TRUE(id.ok()) << id.status();
+    tokens[*id];
+  }
+  std::mt19937 rng(17);
+  int64_t accepted = 0, drafted = 0;
+  while (engine.HasWork()) {
+    for (const auto& [id, t] : tokens)
+      (void)engine.SetDraftBudget(id, static_cast<int32_t>(rng() % 5));
+    auto report = engine.Step();
+    ASSERT_TRUE(report.ok()) << report.status();
+    for (const RequestUpdate& u : report->updates) {
+      auto& t = tokens[u.id];
+      t.insert(t.end(), u.new_tokens.begin(), u.new_tokens.end());
+      accepted += u.draft_accepted;
+      drafted += u.draft_nodes > 0;
+    }
+  }
+  std::vector<int64_t> spec(kVocab * kVocab * kVocab);
+  for (const auto& [id, t] : tokens) ++spec[Cell(t)];
+  const double z = ChiSquareTwoSampleZ(plain, spec);
+  EXPECT_LT(z, 5.0);
+  const double per_step = drafted ? static_cast<double>(accepted) / drafted : 0;
+  EXPECT_GT(per_step, 0.2) << "drafts must be accepted for the test to mean anything";
+  std::printf("changing budgets: z = %.2f, accepted drafts per step %.2f\n", z, per_step);
 }
 
 TEST_F(SpecSamplingTest, TopKTreeWithShapedSamplingMatchesPlainSampling) {

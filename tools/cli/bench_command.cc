@@ -5,9 +5,12 @@
 // over many prompts, not one). Prints a table and writes every run to JSON.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "common/spec/spec_engine.h"
 #include "common/tokenizer/tokenizer.h"
@@ -29,7 +32,7 @@ struct BenchFlags {
   int64_t num_prompts = 64;
   int64_t prompt_tokens = 128;
   std::vector<int64_t> batch_sizes = {1, 4, 16, 64};
-  std::vector<int64_t> draft_lens = {2, 4, 6, 8};
+  std::string draft_lens = "2,4,6,8,adaptive";
   int64_t max_new_tokens = 128;
   int64_t repeats = 3;
   int64_t min_requests = 16;
@@ -39,12 +42,40 @@ struct BenchFlags {
 };
 
 struct Setting {
-  std::string drafter;  // "none" = the baseline
-  int64_t draft_len = 0;
+  std::string drafter;    // "none" = the baseline
+  int64_t draft_len = 0;  // adaptive: the cap
+  bool adaptive = false;
   std::string label() const {
-    return drafter == "none" ? "none" : StrCat(drafter, " k=", draft_len);
+    if (drafter == "none") return "none";
+    return adaptive ? StrCat(drafter, " adaptive") : StrCat(drafter, " k=", draft_len);
   }
 };
+
+// --draft-lens: positive integers (fixed budgets) and "adaptive" (the policy, capped at
+// --draft-cap).
+StatusOr<std::vector<std::pair<int64_t, bool>>> ParseDraftLens(const std::string& text,
+                                                               int64_t cap) {
+  std::vector<std::pair<int64_t, bool>> lens;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    if (item == "adaptive") {
+      lens.push_back({cap, true});
+      continue;
+    }
+    char* end = nullptr;
+    const long long k = std::strtoll(item.c_str(), &end, 10);
+    if (*end != '\0' || k < 1 || k > kMaxDraftTokens) {
+      return InvalidArgumentError(StrCat("--draft-lens: '", item,
+                                         "' is neither adaptive nor an integer in [1, ",
+                                         kMaxDraftTokens, "]"));
+    }
+    lens.push_back({k, false});
+  }
+  if (lens.empty()) return InvalidArgumentError("--draft-lens is empty");
+  return lens;
+}
 
 struct RunResult {
   double seconds = 0;
@@ -58,6 +89,8 @@ struct RunResult {
   int64_t accepted_tokens = 0;
   int64_t mismatches = 0;  // requests whose output differs from the baseline's
   int64_t peak_drafter_state_bytes = 0;
+  int64_t budget_nodes = 0;  // adaptive: nodes the policy gave, over sequence-steps
+  int64_t budgeted_sequence_steps = 0;
   double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0; }
   // Tokens per verification step (accepted drafts + the target's own token).
   double a() const { return steps ? double(accepted_tokens + steps) / steps : 0; }
@@ -81,14 +114,16 @@ double Min(const std::vector<double>& v) {
 // Runs `requests` in consecutive waves of `batch_size` concurrent requests.
 StatusOr<RunResult> RunOnce(SpecEngine& engine, const std::vector<SpecRequest>& requests,
                             size_t batch_size, const std::vector<std::vector<int32_t>>* baseline,
-                            std::vector<std::vector<int32_t>>* outputs) {
+                            std::vector<std::vector<int32_t>>* outputs, BudgetPlanner* planner) {
   RunResult r;
   outputs->clear();
   for (size_t start = 0; start < requests.size(); start += batch_size) {
     const std::vector<SpecRequest> wave(
         requests.begin() + start, requests.begin() + std::min(requests.size(), start + batch_size));
     SpecRunStats stats;
-    ASSIGN_OR_RETURN(auto results, GenerateAll(engine, wave, nullptr, &stats));
+    ASSIGN_OR_RETURN(auto results, GenerateAll(engine, wave, nullptr, &stats, planner));
+    r.budget_nodes += stats.budget_nodes;
+    r.budgeted_sequence_steps += stats.budgeted_sequence_steps;
     r.seconds += stats.seconds;
     r.draft_seconds += stats.draft_seconds;
     r.verify_seconds += stats.verify_seconds;
@@ -116,9 +151,7 @@ Status Run(const BenchFlags& f) {
   for (int64_t b : f.batch_sizes) {
     if (b < 1) return InvalidArgumentError(StrCat("--batch-sizes: ", b, " is not positive"));
   }
-  for (int64_t k : f.draft_lens) {
-    if (k < 1) return InvalidArgumentError(StrCat("--draft-lens: ", k, " is not positive"));
-  }
+  ASSIGN_OR_RETURN(auto draft_lens, ParseDraftLens(f.draft_lens, f.spec.draft_cap));
   if (f.model.model.empty()) return InvalidArgumentError("--model is required");
   ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromFile(f.model.model + "/tokenizer.json"));
   std::vector<std::vector<int32_t>> prompts;
@@ -140,7 +173,15 @@ Status Run(const BenchFlags& f) {
   std::vector<Setting> settings = {{"none", 0}};
   for (const auto& d : drafters) {
     if (d == "none") continue;
-    for (int64_t k : f.draft_lens) settings.push_back({d, k});
+    for (const auto& [k, adaptive] : draft_lens) settings.push_back({d, k, adaptive});
+  }
+  // One policy per adaptive setting for the whole run, like a server that keeps serving: it
+  // learns across batch sizes and repeats (the cost model is per step shape).
+  std::vector<std::unique_ptr<BudgetPlanner>> planners(settings.size());
+  for (size_t s = 0; s < settings.size(); ++s) {
+    if (settings[s].adaptive) {
+      ASSIGN_OR_RETURN(planners[s], f.spec.MakePlanner(engine_options.max_step_tokens));
+    }
   }
 
   nlohmann::json results = nlohmann::json::array();
@@ -170,15 +211,16 @@ Status Run(const BenchFlags& f) {
                                                           settings[s].draft_len, f.temperature));
           requests.push_back(std::move(r));
         }
-        ASSIGN_OR_RETURN(RunResult run, RunOnce(engine, requests, static_cast<size_t>(bs),
-                                                s == 0 ? nullptr : &baseline, &outputs));
+        ASSIGN_OR_RETURN(RunResult run,
+                         RunOnce(engine, requests, static_cast<size_t>(bs),
+                                 s == 0 ? nullptr : &baseline, &outputs, planners[s].get()));
         if (s == 0) baseline = outputs;
         runs[s].push_back(run);
       }
     }
     for (size_t s = 0; s < settings.size(); ++s) {
       std::vector<double> tps, speedups, draft_share, verify_share;
-      double a = 0, k = 0, l_d = 0;
+      double a = 0, k = 0, l_d = 0, budget = 0;
       int64_t mismatches = 0, peak_state = 0;
       nlohmann::json reps = nlohmann::json::array();
       for (int64_t rep = 0; rep < f.repeats; ++rep) {
@@ -190,6 +232,10 @@ Status Run(const BenchFlags& f) {
         a += r.a() / f.repeats;
         k += r.k() / f.repeats;
         l_d += r.l_d() / f.repeats;
+        if (r.budgeted_sequence_steps > 0) {
+          budget += static_cast<double>(r.budget_nodes) /
+                    static_cast<double>(r.budgeted_sequence_steps) / f.repeats;
+        }
         mismatches += r.mismatches;
         peak_state = std::max(peak_state, r.peak_drafter_state_bytes);
         reps.push_back({{"seconds", r.seconds},
@@ -217,6 +263,8 @@ Status Run(const BenchFlags& f) {
       results.push_back({{"batch_size", bs},
                          {"drafter", settings[s].drafter},
                          {"draft_len", settings[s].draft_len},
+                         {"draft_budget", settings[s].adaptive ? "adaptive" : "fixed"},
+                         {"mean_draft_budget", settings[s].adaptive ? budget : k},
                          {"tokens_per_s_median", Median(tps)},
                          {"tokens_per_s_min", Min(tps)},
                          {"speedup_median", Median(speedups)},
@@ -280,7 +328,9 @@ int RunBench(const std::vector<std::string>& args) {
   flags.AddInt("num-prompts", &f.num_prompts, "held-out prompts to cut");
   flags.AddInt("prompt-tokens", &f.prompt_tokens, "tokens per held-out prompt");
   flags.AddIntList("batch-sizes", &f.batch_sizes, "concurrent sequences");
-  flags.AddIntList("draft-lens", &f.draft_lens, "draft tokens per step to compare");
+  flags.AddString("draft-lens", &f.draft_lens,
+                  "draft budgets to compare: tokens per step, and/or adaptive (the policy, up to "
+                  "--draft-cap)");
   flags.AddInt("max-new-tokens", &f.max_new_tokens, "tokens generated per request");
   flags.AddInt("repeats", &f.repeats, "runs of every setting (min and median reported)");
   flags.AddInt("min-requests", &f.min_requests,

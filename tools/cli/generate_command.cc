@@ -69,9 +69,19 @@ Status Run(const GenerateFlags& f) {
   RETURN_IF_ERROR(f.spec.AddDrafters(engine, f.model));
   ASSIGN_OR_RETURN(std::vector<std::string> drafters, f.spec.DrafterNames());
   if (drafters.size() != 1) return InvalidArgumentError("--drafter: give one drafter");
+  if (f.spec.draft_budget != "fixed" && f.spec.draft_budget != "adaptive") {
+    return InvalidArgumentError(
+        StrCat("--draft-budget must be fixed or adaptive, got '", f.spec.draft_budget, "'"));
+  }
+  const bool adaptive = f.spec.draft_budget == "adaptive";
+  std::unique_ptr<BudgetPlanner> planner;
+  if (adaptive) {
+    ASSIGN_OR_RETURN(planner, f.spec.MakePlanner(engine_options.max_step_tokens));
+  }
   SpecRequest spec_request;
-  ASSIGN_OR_RETURN(spec_request.speculation,
-                   f.spec.Settings(drafters[0], f.spec.draft_len, f.temperature));
+  ASSIGN_OR_RETURN(
+      spec_request.speculation,
+      f.spec.Settings(drafters[0], adaptive ? f.spec.draft_cap : f.spec.draft_len, f.temperature));
   GenerationRequest& request = spec_request.generation;
   request.prompt = prompt;
   request.max_new_tokens = f.max_new_tokens;
@@ -98,7 +108,8 @@ Status Run(const GenerateFlags& f) {
   };
   SpecRunStats run;
   auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(auto results, GenerateAll(engine, {spec_request}, on_tokens, &run));
+  ASSIGN_OR_RETURN(auto results,
+                   GenerateAll(engine, {spec_request}, on_tokens, &run, planner.get()));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   RETURN_IF_ERROR(stream_error);
@@ -136,6 +147,11 @@ Status Run(const GenerateFlags& f) {
   j["seconds"] = seconds;
   j["drafter"] = drafters[0];
   j["draft_len"] = speculating ? spec_request.speculation.max_draft_tokens : 0;
+  j["draft_budget"] = f.spec.draft_budget;
+  if (adaptive && run.budgeted_sequence_steps > 0) {
+    j["mean_draft_budget"] =
+        static_cast<double>(run.budget_nodes) / static_cast<double>(run.budgeted_sequence_steps);
+  }
   j["verify"] = VerifyModeName(spec_request.speculation.verify.mode);
   j["lossy"] = spec.lossy;
   j["steps"] = spec.steps;

@@ -275,7 +275,22 @@ Status Run(ServeFlags& f) {
     return InvalidArgumentError(StrCat("--default-drafter: '", options.loop.default_drafter,
                                        "' is not loaded (drafters: ", Join(drafters), ")"));
   }
-  options.loop.default_max_draft_tokens = static_cast<int32_t>(f.draft_len);
+  if (f.spec.draft_budget != "fixed" && f.spec.draft_budget != "adaptive") {
+    return InvalidArgumentError(
+        StrCat("--draft-budget must be fixed or adaptive, got '", f.spec.draft_budget, "'"));
+  }
+  const bool adaptive = f.spec.draft_budget == "adaptive";
+  if (adaptive && (f.spec.draft_cap < 1 || f.spec.draft_cap > kMaxDraftTokens)) {
+    return InvalidArgumentError(
+        StrCat("--draft-cap must be in [1, ", kMaxDraftTokens, "], got ", f.spec.draft_cap));
+  }
+  options.loop.adaptive_draft_budget = adaptive;
+  if (adaptive && !f.spec.cost_profile.empty()) {
+    ASSIGN_OR_RETURN(options.loop.cost_profile, LoadCostProfile(f.spec.cost_profile));
+  }
+  // The adaptive budget's cap is what requests without their own are reserved KV room for.
+  const int64_t default_draft = adaptive ? f.spec.draft_cap : f.draft_len;
+  options.loop.default_max_draft_tokens = static_cast<int32_t>(default_draft);
   options.loop.verify_defaults.specdec_beta = static_cast<int32_t>(f.spec.beta);
   options.loop.verify_defaults.specdec_tau = static_cast<float>(f.spec.tau);
   options.loop.verify_defaults.typical_epsilon = static_cast<float>(f.spec.typical_epsilon);
@@ -291,10 +306,10 @@ Status Run(ServeFlags& f) {
   const std::string target = f.role == "router" ? "target at " + f.target_address : "in process";
   std::printf(
       "specula serve: listening on %s:%d (role %s, model %s, %s, drafters %s, default drafter %s "
-      "x%lld, %s)\n",
+      "%s%lld, %s)\n",
       f.host.c_str(), server->port(), f.role.c_str(), f.model.model.c_str(), target.c_str(),
-      Join(drafters).c_str(), default_drafter.c_str(), static_cast<long long>(f.draft_len),
-      metrics.c_str());
+      Join(drafters).c_str(), default_drafter.c_str(), adaptive ? "adaptive up to " : "x",
+      static_cast<long long>(default_draft), metrics.c_str());
   std::fflush(stdout);
 
   ServeUntilSignal([&] {
@@ -337,8 +352,14 @@ int RunServe(const std::vector<std::string>& args) {
   flags.AddString("default-drafter", &f.default_drafter,
                   "drafter for requests that name none: one of --drafter or none (default: the "
                   "first of --drafter)");
+  f.spec.draft_budget = "adaptive";
+  flags.AddString("draft-budget", &f.spec.draft_budget,
+                  "adaptive: each step's draft nodes per request chosen from measured step costs "
+                  "and acceptance (0 = no draft when it cannot pay), up to the request's "
+                  "max_draft_tokens or --draft-cap | fixed: --draft-len nodes every step");
   flags.AddInt("draft-len", &f.draft_len,
-               "draft tokens per step for requests that give max_draft_tokens 0");
+               "--draft-budget fixed: draft tokens per step for requests that give "
+               "max_draft_tokens 0");
   flags.AddInt("max-batch-size", &f.max_batch_size, "sequences decoded together per engine step");
   flags.AddInt("max-queue", &f.max_queue,
                "requests waiting or running at once; more get RESOURCE_EXHAUSTED");

@@ -1,6 +1,9 @@
 #include "tools/cli/spec_flags.h"
 
+#include <fstream>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "common/drafters/beagle/beagle_drafter.h"
 #include "common/drafters/draft_model_drafter.h"
@@ -45,7 +48,15 @@ void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
   flags.AddDouble("beagle-rank-temperature", &beagle_rank_temperature,
                   "beagle: divides the drafter's logits when ranking tree nodes (< 1 = deeper "
                   "trees at small budgets; 1 = EAGLE-2)");
-  if (!many_drafters) flags.AddInt("draft-len", &draft_len, "draft tokens per step");
+  if (!many_drafters) {
+    flags.AddInt("draft-len", &draft_len, "draft tokens per step (--draft-budget fixed)");
+    flags.AddString("draft-budget", &draft_budget,
+                    "fixed: --draft-len nodes every step | adaptive: each step's nodes chosen "
+                    "from measured step costs and acceptance, up to --draft-cap");
+  }
+  flags.AddInt("draft-cap", &draft_cap, "adaptive: most draft nodes per step for one request");
+  flags.AddString("cost-profile", &cost_profile,
+                  "adaptive: warm-start the step cost model from `specula bench-forward --json`");
   flags.AddInt("tree-width", &tree_width, "draft-model: 1 = chain, w > 1 = tree of top-w children");
   flags.AddInt("ngram-min", &ngram_min, "ngram: shortest suffix to match");
   flags.AddInt("ngram-max", &ngram_max, "ngram: longest suffix to match");
@@ -168,6 +179,48 @@ StatusOr<SpeculationSettings> SpecFlags::Settings(const std::string& name, int64
   s.verify.typical_delta = static_cast<float>(typical_delta);
   RETURN_IF_ERROR(s.verify.Validate());
   return s;
+}
+
+StatusOr<std::unique_ptr<BudgetPlanner>> SpecFlags::MakePlanner(int64_t max_step_tokens) const {
+  if (draft_cap < 1 || draft_cap > kMaxDraftTokens) {
+    return InvalidArgumentError(
+        StrCat("--draft-cap must be in [1, ", kMaxDraftTokens, "], got ", draft_cap));
+  }
+  auto planner = std::make_unique<BudgetPlanner>(DraftBudgetOptions{}, max_step_tokens);
+  if (!cost_profile.empty()) {
+    ASSIGN_OR_RETURN(auto points, LoadCostProfile(cost_profile));
+    planner->policy().target_cost().WarmStart(points);
+  }
+  return planner;
+}
+
+StatusOr<std::vector<std::pair<StepShape, double>>> LoadCostProfile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError(StrCat("--cost-profile: cannot open ", path));
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("results") || !j["results"].is_array()) {
+    return InvalidArgumentError(
+        StrCat("--cost-profile: ", path, " is not a `specula bench-forward --json` report"));
+  }
+  std::vector<std::pair<StepShape, double>> points;
+  for (const auto& row : j["results"]) {
+    if (!row.is_object() || !row.contains("tokens") || !row.contains("median_ms") ||
+        !row.contains("context") || !row.contains("tokens_per_seq") || !row["tokens"].is_number() ||
+        !row["median_ms"].is_number() || !row["context"].is_number() ||
+        !row["tokens_per_seq"].is_number()) {
+      return InvalidArgumentError(StrCat("--cost-profile: ", path,
+                                         ": every result needs tokens, tokens_per_seq, context "
+                                         "and median_ms"));
+    }
+    const double tokens = row["tokens"].get<double>();
+    const double per_seq = row["tokens_per_seq"].get<double>();
+    const double context = row["context"].get<double>();
+    StepShape shape{.tokens = static_cast<int64_t>(tokens),
+                    .attention = tokens * (context + per_seq)};
+    points.push_back({shape, row["median_ms"].get<double>() / 1000.0});
+  }
+  if (points.empty()) return InvalidArgumentError(StrCat("--cost-profile: ", path, " is empty"));
+  return points;
 }
 
 }  // namespace specula::cli

@@ -6,11 +6,15 @@
 #include <string>
 #include <vector>
 
+#include "common/spec/budget_planner.h"
 #include "common/spec/spec_engine.h"
 #include "common/util/flags.h"
 #include "tools/cli/model_flags.h"
 
 namespace specula::cli {
+
+// Most draft nodes per step an adaptive budget gives one request, unless the request sets its own.
+inline constexpr int64_t kDefaultDraftCap = 16;
 
 struct SpecFlags {
   std::string drafter = "none";          // generate: one name; bench: a comma-separated list
@@ -33,6 +37,9 @@ struct SpecFlags {
   double typical_epsilon = 0.09;
   double typical_delta = 0.3;
   int64_t max_step_tokens = kDefaultMaxStepTokens;  // tokens per target forward (chunked prefill)
+  std::string draft_budget = "fixed";               // generate: fixed (--draft-len) | adaptive
+  int64_t draft_cap = kDefaultDraftCap;             // adaptive: most nodes a step gives one request
+  std::string cost_profile;  // adaptive: `bench-forward --json` curve (warm start)
 
   void Register(FlagSet& flags, bool many_drafters);
   // The drafter names in --drafter (validated: none, ngram, draft-model, specformer, beagle,
@@ -52,6 +59,12 @@ struct SpecFlags {
   // that contradicts the temperature (greedy verification of a sampled request).
   StatusOr<SpeculationSettings> Settings(const std::string& drafter, int64_t draft_len,
                                          double temperature) const;
+  // The adaptive policy's driver, warm-started from --cost-profile when given; INVALID_ARGUMENT
+  // for a --draft-cap outside [1, kMaxDraftTokens] or an unreadable profile.
+  StatusOr<std::unique_ptr<BudgetPlanner>> MakePlanner(int64_t max_step_tokens) const;
 };
+
+// The step cost curve `specula bench-forward --json` wrote: (shape, seconds) per measured row.
+StatusOr<std::vector<std::pair<StepShape, double>>> LoadCostProfile(const std::string& path);
 
 }  // namespace specula::cli

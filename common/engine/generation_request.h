@@ -1,0 +1,25 @@
+// One generation request and its result: what every decoder (plain, speculative, the router's
+// plans) takes and returns. Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/sampling/sampler.h"
+
+namespace specula {
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  // token ids
+  SamplingParams sampling;
+  int64_t max_new_tokens = 64;
+  std::vector<int32_t> stop_token_ids;  // e.g. the model's eos ids
+};
+
+struct GenerationResult {
+  std::vector<int32_t> tokens;  // generated tokens (including a final stop token)
+  std::string finish_reason;    // "stop" or "length"
+};
+
+}  // namespace specula

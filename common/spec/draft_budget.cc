@@ -1,0 +1,504 @@
+#include "common/spec/draft_budget.h"
+
+#include <algorithm>
+#include <cmath>
+#include <queue>
+#include <tuple>
+#include <utility>
+
+namespace specula {
+
+// ---------------------------------------------------------------------------------------------
+// ForgettingLeastSquares
+
+ForgettingLeastSquares::ForgettingLeastSquares(std::vector<double> prior, double prior_weight,
+                                               double forgetting)
+    : n_(prior.size()), prior_weight_(prior_weight), forgetting_(forgetting) {
+  Reset(std::move(prior));
+}
+
+void ForgettingLeastSquares::Reset(std::vector<double> prior) {
+  prior_ = std::move(prior);
+  n_ = prior_.size();
+  a_.assign(n_ * n_, 0.0);
+  for (size_t i = 0; i < n_; ++i) a_[i * n_ + i] = prior_weight_;
+  b_.resize(n_);
+  for (size_t i = 0; i < n_; ++i) b_[i] = prior_weight_ * prior_[i];
+  theta_ = prior_;
+  samples_ = 0;
+}
+
+void ForgettingLeastSquares::Add(const std::vector<double>& x, double y) {
+  const double keep = forgetting_, anchor = (1.0 - forgetting_) * prior_weight_;
+  for (size_t i = 0; i < n_; ++i) {
+    for (size_t j = 0; j < n_; ++j) a_[i * n_ + j] = keep * a_[i * n_ + j] + x[i] * x[j];
+    a_[i * n_ + i] += anchor;
+    b_[i] = keep * b_[i] + x[i] * y + anchor * prior_[i];
+  }
+  ++samples_;
+  Solve();
+}
+
+void ForgettingLeastSquares::Solve() {
+  // Cholesky of the (symmetric positive definite: prior_weight > 0) normal matrix.
+  std::vector<double> l(n_ * n_, 0.0);
+  for (size_t j = 0; j < n_; ++j) {
+    double d = a_[j * n_ + j];
+    for (size_t k = 0; k < j; ++k) d -= l[j * n_ + k] * l[j * n_ + k];
+    if (d <= 0) return;  // numerically singular: keep the previous solution
+    const double ljj = std::sqrt(d);
+    l[j * n_ + j] = ljj;
+    for (size_t i = j + 1; i < n_; ++i) {
+      double s = a_[i * n_ + j];
+      for (size_t k = 0; k < j; ++k) s -= l[i * n_ + k] * l[j * n_ + k];
+      l[i * n_ + j] = s / ljj;
+    }
+  }
+  std::vector<double> z(n_);
+  for (size_t i = 0; i < n_; ++i) {
+    double s = b_[i];
+    for (size_t k = 0; k < i; ++k) s -= l[i * n_ + k] * z[k];
+    z[i] = s / l[i * n_ + i];
+  }
+  for (size_t i = n_; i-- > 0;) {
+    double s = z[i];
+    for (size_t k = i + 1; k < n_; ++k) s -= l[k * n_ + i] * theta_[k];
+    theta_[i] = s / l[i * n_ + i];
+  }
+}
+
+double ForgettingLeastSquares::Predict(const std::vector<double>& x) const {
+  double y = 0;
+  for (size_t i = 0; i < n_; ++i) y += theta_[i] * x[i];
+  return y;
+}
+
+// ---------------------------------------------------------------------------------------------
+// StepCostModel
+
+namespace {
+
+// Attention work is fitted in units of 1e5 (row x context) so its coefficient is of the order of
+// the knots' (seconds) and the prior weight means the same for both.
+constexpr double kAttentionUnit = 1e5;
+// Without a measured curve, the prior is a roofline: flat (memory-bound) up to this many tokens,
+// then linear.
+constexpr double kPriorKneeTokens = 16;
+constexpr int64_t kAnchorEvery = 32;
+
+}  // namespace
+
+const std::vector<int64_t>& StepCostModel::Knots() {
+  static const std::vector<int64_t> knots = {1,   2,   4,   8,    16,   32,  64,
+                                             128, 256, 512, 1024, 2048, 4096};
+  return knots;
+}
+
+StepCostModel::StepCostModel(double forgetting)
+    : fit_(std::vector<double>(Knots().size() + 1, 0.0), /*prior_weight=*/0.2, forgetting) {}
+
+std::vector<double> StepCostModel::Features(const StepShape& shape) const {
+  const std::vector<int64_t>& k = Knots();
+  std::vector<double> x(k.size() + 1, 0.0);
+  const double t = static_cast<double>(std::max<int64_t>(shape.tokens, 1));
+  // Hat functions over the knots (linear interpolation; linear extrapolation past the last).
+  size_t seg = 0;
+  while (seg + 2 < k.size() && t > static_cast<double>(k[seg + 1])) ++seg;
+  const double lo = static_cast<double>(k[seg]), hi = static_cast<double>(k[seg + 1]);
+  const double f = (t - lo) / (hi - lo);
+  x[seg] = 1.0 - f;
+  x[seg + 1] = f;
+  x.back() = shape.attention / kAttentionUnit;
+  return x;
+}
+
+void StepCostModel::WarmStart(const std::vector<std::pair<StepShape, double>>& points) {
+  for (const auto& [shape, seconds] : points) Observe(shape, seconds);
+  // The measured curve becomes the anchor that shapes no recent step visited fall back to.
+  if (observed_ > 0) fit_.Reset(fit_.coefficients());
+}
+
+void StepCostModel::Observe(const StepShape& shape, double seconds) {
+  if (shape.tokens <= 0 || !(seconds >= 0) || !std::isfinite(seconds)) return;
+  if (!has_prior_) {
+    const double per_token = seconds / std::max<double>(shape.tokens, kPriorKneeTokens);
+    std::vector<double> prior;
+    for (int64_t k : Knots()) {
+      prior.push_back(per_token * std::max<double>(static_cast<double>(k), kPriorKneeTokens));
+    }
+    prior.push_back(0.0);
+    fit_.Reset(std::move(prior));
+    has_prior_ = true;
+  }
+  fit_.Add(Features(shape), seconds);
+  ++observed_;
+  // The anchor follows the fit, so a shape no recent step visited keeps its last fitted cost
+  // instead of sliding back to the first guess.
+  if (observed_ % kAnchorEvery == 0) fit_.SetAnchor(fit_.coefficients());
+}
+
+double StepCostModel::Predict(const StepShape& shape) const {
+  if (shape.tokens <= 0 || !ready()) return 0;
+  // Monotone in tokens: each knot at least the one before (noise must never make a bigger step
+  // look cheaper), and the attention term at least 0.
+  const std::vector<double>& theta = fit_.coefficients();
+  const size_t nk = Knots().size();
+  std::vector<double> knots(theta.begin(), theta.begin() + static_cast<std::ptrdiff_t>(nk));
+  for (size_t i = 1; i < nk; ++i) knots[i] = std::max(knots[i], knots[i - 1]);
+  const std::vector<double> x = Features(shape);
+  double y = 0;
+  for (size_t i = 0; i < nk; ++i) y += knots[i] * x[i];
+  y += std::max(theta.back(), 0.0) * x.back();
+  return std::max(y, 0.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// DrafterCostModel
+
+namespace {
+constexpr double kSeqUnit = 16, kNodeUnit = 64, kDepthUnit = 8, kObservedUnit = 256;
+
+std::vector<double> DrafterFeatures(int32_t sequences, int64_t nodes, int32_t max_depth,
+                                    int64_t observed) {
+  return {1.0, sequences / kSeqUnit, static_cast<double>(nodes) / kNodeUnit, max_depth / kDepthUnit,
+          static_cast<double>(observed) / kObservedUnit};
+}
+}  // namespace
+
+DrafterCostModel::DrafterCostModel(double forgetting)
+    : fit_(std::vector<double>(5, 0.0), /*prior_weight=*/0.5, forgetting) {}
+
+void DrafterCostModel::Observe(const DrafterCall& call) {
+  if (call.sequences <= 0 || !(call.seconds >= 0) || !std::isfinite(call.seconds)) return;
+  fit_.Add(DrafterFeatures(call.sequences, call.nodes, call.max_depth, call.observed_tokens),
+           call.seconds);
+}
+
+DrafterCostModel::Parts DrafterCostModel::parts() const {
+  const std::vector<double>& t = fit_.coefficients();
+  return {.per_call = t[0],
+          .per_sequence = t[1] / kSeqUnit,
+          .per_node = t[2] / kNodeUnit,
+          .per_depth = t[3] / kDepthUnit,
+          .per_observed = t[4] / kObservedUnit};
+}
+
+double DrafterCostModel::Predict(int32_t sequences, int64_t nodes, int32_t max_depth,
+                                 int64_t observed_tokens) const {
+  if (sequences <= 0) return 0;
+  // The parts are fitted jointly (clamping one alone would bias the others' sum).
+  return std::max(fit_.Predict(DrafterFeatures(sequences, nodes, max_depth, observed_tokens)), 0.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// AcceptanceModel
+
+AcceptanceModel::AcceptanceModel(double rate, double prior_rate, double initial)
+    : rate_(rate), prior_rate_(prior_rate), initial_(initial), default_(kMaxDepth + 1, initial) {}
+
+const std::vector<double>& AcceptanceModel::Prior(const std::string& drafter) const {
+  auto it = prior_.find(drafter);
+  return it == prior_.end() ? default_ : it->second;
+}
+
+void AcceptanceModel::Observe(const std::string& drafter, int64_t id, int32_t depth,
+                              int32_t accepted) {
+  depth = std::min(depth, kMaxDepth);
+  accepted = std::clamp(accepted, 0, depth);
+  if (depth <= 0) return;
+  auto [pit, new_prior] = prior_.try_emplace(drafter, default_);
+  std::vector<double>& prior = pit->second;
+  auto [sit, new_seq] = seq_.try_emplace(id, prior);
+  std::vector<double>& p = sit->second;
+  // Depth d was tried iff the tree reached d and depth d-1 was accepted.
+  for (int32_t d = 1; d <= std::min(depth, accepted + 1); ++d) {
+    const double hit = d <= accepted ? 1.0 : 0.0;
+    p[d] += rate_ * (hit - p[d]);
+    prior[d] += prior_rate_ * (hit - prior[d]);
+  }
+}
+
+void AcceptanceModel::Forget(int64_t id) { seq_.erase(id); }
+
+double AcceptanceModel::Conditional(const std::string& drafter, int64_t id, int32_t d) const {
+  d = std::clamp(d, 1, kMaxDepth);
+  auto it = seq_.find(id);
+  return it != seq_.end() ? it->second[d] : Prior(drafter)[d];
+}
+
+double AcceptanceModel::DrafterConditional(const std::string& drafter, int32_t d) const {
+  return Prior(drafter)[std::clamp(d, 1, kMaxDepth)];
+}
+
+double AcceptanceModel::Expected(const std::string& drafter, int64_t id, int32_t nodes) const {
+  double reach = 1.0, sum = 0.0;
+  for (int32_t d = 1; d <= nodes; ++d) {
+    reach *= Conditional(drafter, id, d);
+    sum += reach;
+  }
+  return sum;
+}
+
+// ---------------------------------------------------------------------------------------------
+// DraftBudgetPolicy
+
+namespace {
+
+uint64_t SplitMix(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Attention work of a decoding sequence with `nodes` draft nodes: its pending token and nodes
+// each read the context plus the new rows.
+double AttentionRows(int64_t context, int32_t nodes) {
+  const double rows = 1.0 + nodes;
+  return rows * (static_cast<double>(context) + rows);
+}
+
+}  // namespace
+
+double BudgetDecision::predicted_speedup() const {
+  if (predicted_seconds <= 0 || no_draft_seconds <= 0 || no_draft_tokens <= 0) return 1.0;
+  return (predicted_tokens / predicted_seconds) / (no_draft_tokens / no_draft_seconds);
+}
+
+DraftBudgetPolicy::DraftBudgetPolicy(DraftBudgetOptions options)
+    : options_(options), rng_(options.seed) {}
+
+const DrafterCostModel* DraftBudgetPolicy::drafter_cost(const std::string& drafter) const {
+  auto it = drafter_cost_.find(drafter);
+  return it == drafter_cost_.end() ? nullptr : &it->second;
+}
+
+double DraftBudgetPolicy::DrafterSeconds(const std::string& drafter, int32_t sequences,
+                                         int64_t nodes, int32_t max_depth,
+                                         int64_t observed_tokens) const {
+  const DrafterCostModel* model = drafter_cost(drafter);
+  // A drafter never measured is assumed free: it drafts, gets measured, and the next plans know.
+  return model ? model->Predict(sequences, nodes, max_depth, observed_tokens) : 0.0;
+}
+
+std::pair<double, double> DraftBudgetPolicy::Evaluate(
+    const StepBase& base, const std::vector<BudgetCandidate>& candidates,
+    const std::vector<int32_t>& budgets) const {
+  StepShape shape = base.shape;
+  double tokens = base.decoding;
+  struct Group {
+    int32_t sequences = 0;
+    int64_t nodes = 0;
+    int32_t depth = 0;
+    int64_t observed = 0;
+  };
+  std::map<std::string, Group> groups;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const int32_t n = budgets[i];
+    if (n <= 0) continue;
+    const BudgetCandidate& c = candidates[i];
+    shape.tokens += n;
+    shape.attention += AttentionRows(c.context, n) - AttentionRows(c.context, 0);
+    tokens += acceptance_.Expected(c.drafter, c.id, n);
+    Group& g = groups[c.drafter];
+    ++g.sequences;
+    g.nodes += n;
+    g.depth = std::max(g.depth, n);
+    g.observed += c.unobserved_tokens;
+  }
+  double seconds = target_cost_.Predict(shape) + other_seconds_;
+  for (const auto& [name, g] : groups) {
+    seconds += DrafterSeconds(name, g.sequences, g.nodes, g.depth, g.observed);
+  }
+  return {seconds, tokens};
+}
+
+BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
+                                       const std::vector<BudgetCandidate>& candidates) {
+  ++plans_;
+  const size_t n = candidates.size();
+  BudgetDecision decision;
+  decision.budgets.assign(n, 0);
+  std::tie(decision.no_draft_seconds, decision.no_draft_tokens) =
+      Evaluate(base, candidates, decision.budgets);
+
+  if (target_cost_.ready() && n > 0) {
+    // Greedy marginal allocation (see the header). State of the allocation so far:
+    std::vector<int32_t>& b = decision.budgets;
+    StepShape shape = base.shape;
+    double tokens = base.decoding;
+    struct Group {
+      int32_t sequences = 0;
+      int64_t nodes = 0;
+      int32_t depth = 0;
+      int64_t observed = 0;
+    };
+    std::map<std::string, Group> groups;
+    auto drafter_seconds = [&](const std::string& name, const Group& g) {
+      return DrafterSeconds(name, g.sequences, g.nodes, g.depth, g.observed);
+    };
+    double target_seconds = target_cost_.Predict(shape);
+    double drafters_seconds = 0;
+    auto total = [&] { return target_seconds + drafters_seconds + other_seconds_; };
+
+    // Expected tokens and added seconds of giving candidate i `m` more nodes now.
+    auto delta = [&](size_t i, int32_t m) {
+      const BudgetCandidate& c = candidates[i];
+      const int32_t from = b[i], to = b[i] + m;
+      const double dy =
+          acceptance_.Expected(c.drafter, c.id, to) - acceptance_.Expected(c.drafter, c.id, from);
+      StepShape next = shape;
+      next.tokens += m;
+      next.attention += AttentionRows(c.context, to) - AttentionRows(c.context, from);
+      const Group& g = groups[c.drafter];
+      Group h = g;
+      if (from == 0) {
+        ++h.sequences;
+        h.observed += c.unobserved_tokens;
+      }
+      h.nodes += m;
+      h.depth = std::max(h.depth, to);
+      const double dt = (target_cost_.Predict(next) - target_seconds) +
+                        (drafter_seconds(c.drafter, h) - drafter_seconds(c.drafter, g));
+      return std::pair<double, double>(dy, std::max(dt, 1e-12));
+    };
+    // A sequence not drafting yet: its best first bundle (it pays the per-sequence costs once).
+    constexpr int32_t kMaxFirstBundle = 16;
+    auto best_move = [&](size_t i) {
+      int32_t best_m = 0;
+      double best_ratio = -1;
+      const int32_t limit = b[i] == 0 ? std::min(candidates[i].max_nodes, kMaxFirstBundle)
+                                      : std::min(1, candidates[i].max_nodes - b[i]);
+      for (int32_t m = 1; m <= limit; ++m) {
+        const auto [dy, dt] = delta(i, m);
+        if (dy / dt > best_ratio) {
+          best_ratio = dy / dt;
+          best_m = m;
+        }
+      }
+      return std::pair<int32_t, double>(best_m, best_ratio);
+    };
+    using Entry = std::tuple<double, size_t, int32_t>;  // ratio, candidate, nodes
+    std::priority_queue<Entry> heap;
+    for (size_t i = 0; i < n; ++i) {
+      if (candidates[i].max_nodes <= 0) continue;
+      const auto [m, ratio] = best_move(i);
+      if (m > 0) heap.emplace(ratio, i, m);
+    }
+    while (!heap.empty()) {
+      auto [stale, i, m] = heap.top();
+      heap.pop();
+      const auto [dy, dt] = delta(i, m);
+      const double ratio = dy / dt;
+      // The shape moved since the entry was made: re-queue it unless it still leads.
+      if (!heap.empty() && ratio < std::get<0>(heap.top()) * 0.999 && ratio < stale * 0.999) {
+        heap.emplace(ratio, i, m);
+        continue;
+      }
+      // Worth it only if it raises the batch's tokens per second.
+      if (dy <= 0 || ratio <= tokens / total()) continue;
+      const BudgetCandidate& c = candidates[i];
+      Group& g = groups[c.drafter];
+      const double before = drafter_seconds(c.drafter, g);
+      if (b[i] == 0) {
+        ++g.sequences;
+        g.observed += c.unobserved_tokens;
+      }
+      shape.tokens += m;
+      shape.attention += AttentionRows(c.context, b[i] + m) - AttentionRows(c.context, b[i]);
+      tokens += dy;
+      b[i] += m;
+      g.nodes += m;
+      g.depth = std::max(g.depth, b[i]);
+      drafters_seconds += drafter_seconds(c.drafter, g) - before;
+      target_seconds = target_cost_.Predict(shape);
+      if (b[i] < c.max_nodes) {
+        const auto [next_m, next_ratio] = best_move(i);
+        if (next_m > 0) heap.emplace(next_ratio, i, next_m);
+      }
+    }
+    // A drafter whose per-call cost the allocation does not earn back is left off.
+    for (const auto& [name, g] : groups) {
+      if (g.sequences == 0) continue;
+      std::vector<int32_t> without = b;
+      for (size_t i = 0; i < n; ++i) {
+        if (candidates[i].drafter == name) without[i] = 0;
+      }
+      const auto [s_with, y_with] = Evaluate(base, candidates, b);
+      const auto [s_without, y_without] = Evaluate(base, candidates, without);
+      if (y_without / s_without >= y_with / s_with) b = without;
+    }
+  }
+
+  // Bounded exploration.
+  double explored = 0;
+  for (size_t i = 0; i < n; ++i) {
+    int32_t& idle = idle_plans_[candidates[i].id];
+    if (decision.budgets[i] > 0) {
+      idle = 0;
+      continue;
+    }
+    if (options_.probe_after <= 0 || ++idle < options_.probe_after) continue;
+    const int32_t probe = std::min(candidates[i].max_nodes, options_.probe_nodes);
+    if (probe <= 0) continue;
+    decision.budgets[i] = probe;
+    explored += probe;
+    idle = 0;
+  }
+  if (options_.explore_every > 0 && n > 0 &&
+      plans_ % static_cast<uint64_t>(options_.explore_every) == 0) {
+    std::vector<size_t> room;
+    for (size_t i = 0; i < n; ++i) {
+      if (decision.budgets[i] < candidates[i].max_nodes) room.push_back(i);
+    }
+    if (!room.empty()) {
+      ++decision.budgets[room[SplitMix(rng_) % room.size()]];
+      explored += 1;
+    }
+  }
+  decision.explored_nodes = explored;
+  std::tie(decision.predicted_seconds, decision.predicted_tokens) =
+      Evaluate(base, candidates, decision.budgets);
+  return decision;
+}
+
+void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
+  if (step.shape.tokens > 0) target_cost_.Observe(step.shape, step.target_seconds);
+  if (step.other_seconds >= 0 && std::isfinite(step.other_seconds)) {
+    other_seconds_ = other_seen_ ? other_seconds_ + 0.1 * (step.other_seconds - other_seconds_)
+                                 : step.other_seconds;
+    other_seen_ = true;
+  }
+  for (const DrafterCall& call : step.drafter_calls) drafter_cost_[call.drafter].Observe(call);
+  for (const StepMeasurement::Sequence& s : step.sequences) {
+    if (s.nodes > 0) acceptance_.Observe(s.drafter, s.id, s.depth, s.accepted);
+  }
+}
+
+double DraftBudgetPolicy::SpareTokens(const StepShape& base, double tolerance) const {
+  if (!target_cost_.ready()) return 0;
+  const double limit = (1.0 + tolerance) * target_cost_.Predict(base);
+  auto fits = [&](int64_t extra) {
+    StepShape s = base;
+    s.tokens += extra;
+    return target_cost_.Predict(s) <= limit;
+  };
+  // Predict is monotone in tokens: binary search the largest extra that fits.
+  int64_t lo = 0, hi = 1;
+  while (hi <= 8192 && fits(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return static_cast<double>(lo);
+}
+
+void DraftBudgetPolicy::Forget(int64_t id) {
+  acceptance_.Forget(id);
+  idle_plans_.erase(id);
+}
+
+}  // namespace specula

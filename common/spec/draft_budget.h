@@ -1,0 +1,249 @@
+// The adaptive draft budget: every step, how many draft tree nodes each running sequence gets,
+// chosen from measured costs and acceptance so that the step produces the most tokens per second
+// of the whole batch. 0 nodes (no speculation for the step) is always an option, so speculation
+// is used only where the measured spare compute pays for it. Torch-free: the router (which links
+// no LibTorch) and the in-process engine driver use the same policy.
+//
+// Three online models, all fed by measured steps (DraftBudgetPolicy::Observe):
+//   - StepCostModel: the target step's seconds as a function of its shape (tokens in the forward,
+//     attention work = sum over sequences of new rows x context), piecewise linear in tokens
+//     between log-spaced knots plus a linear attention term; recursive least squares with
+//     forgetting, so it follows drift (other load on the machine) within a few dozen steps.
+//   - DrafterCostModel: one drafter call's seconds as a function of sequences, nodes, depth and
+//     observed (caught-up) tokens; a non-autoregressive drafter fits ~0 per depth, an
+//     autoregressive one pays per depth.
+//   - AcceptanceModel: per drafter and sequence, p[d] = P(depth d accepted | depth d-1 accepted),
+//     an exponential moving average over recent steps (a new sequence starts from its drafter's
+//     average). A chain of n nodes is expected to add E(n) = sum_{d<=n} prod_{i<=d} p[i] tokens;
+//     node j of a tree is valued as depth j (a tree drafter's width shows up in a higher p).
+//
+// Decision (Plan): start from no drafts: Y = decoding sequences (one token each) over
+// T = predicted target seconds + fixed overheads. Then greedy marginal allocation: repeatedly add
+// the node (or, for a sequence not drafting yet, the best first bundle of nodes, which pays the
+// per-sequence drafter cost) with the most expected tokens per added second, while that beats the
+// batch's current tokens per second Y/T. A drafter's per-call cost is charged once when any of its
+// sequences drafts, and the drafter is left off when the step is faster without it.
+//
+// Worked example (batch of 1, verification free up to 8 tokens, a chain drafter with p = 0.8 at
+// every depth, drafting 0.2 ms per call and 0.05 ms per node, the step 5 ms): one node adds
+// 0.8 tokens for 0.25 ms (3.2 tokens/ms > 1/5), the 2nd adds 0.64 for 0.05 ms, ... the 7th adds
+// 0.21 for 0.05 ms: all 7 are taken (the 8th token of the forward is the pending one). Tokens
+// get expensive past the knee: at 64 sequences and 2 ms per extra 64 tokens, only sequences whose
+// acceptance makes 0.8^d / (0.03 ms) beat Y/T keep drafting, and a sequence with p = 0.2 gets 0.
+//
+// Exploration (bounded, deterministic): a sequence whose budget was 0 for `probe_after` plans in a
+// row gets a probe of `probe_nodes` nodes (so a drafter whose acceptance was once low is
+// re-measured), and every `explore_every`-th plan one sequence gets one node past the optimum
+// (so the cost curve is measured around the operating point). Both are capped by the requests'
+// own limits.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace specula {
+
+// Linear least squares y ~ theta . x, fitted online with exponential forgetting and anchored to a
+// prior: A = lambda A + (1 - lambda) w I + x x^T, b = lambda b + (1 - lambda) w prior + x y. The
+// prior keeps directions that recent samples do not excite from winding up; with lambda < 1 the
+// fit follows the last ~1/(1 - lambda) samples.
+class ForgettingLeastSquares {
+ public:
+  ForgettingLeastSquares(std::vector<double> prior, double prior_weight, double forgetting);
+
+  void Add(const std::vector<double>& x, double y);
+  double Predict(const std::vector<double>& x) const;
+  // Replaces the prior and restarts the fit from it.
+  void Reset(std::vector<double> prior);
+  // Moves the anchor that future forgetting pulls toward, keeping the data.
+  void SetAnchor(std::vector<double> anchor) { prior_ = std::move(anchor); }
+  const std::vector<double>& coefficients() const { return theta_; }
+  int64_t samples() const { return samples_; }
+
+ private:
+  void Solve();
+
+  size_t n_;
+  double prior_weight_;
+  double forgetting_;
+  std::vector<double> prior_;
+  std::vector<double> a_;  // n x n, row-major
+  std::vector<double> b_;
+  std::vector<double> theta_;
+  int64_t samples_ = 0;
+};
+
+// The shape of a target step that its cost depends on.
+struct StepShape {
+  int64_t tokens = 0;    // rows in the forward (pending tokens, draft nodes, prompt chunks)
+  double attention = 0;  // sum over sequences of (new rows x context length after the step)
+};
+
+class StepCostModel {
+ public:
+  explicit StepCostModel(double forgetting = 0.97);
+
+  // Seeds the fit with measured (shape, seconds) points, e.g. `specula bench-forward`'s curve.
+  void WarmStart(const std::vector<std::pair<StepShape, double>>& points);
+  void Observe(const StepShape& shape, double seconds);
+  // Predicted seconds (0 before any observation). Non-decreasing in tokens and attention.
+  double Predict(const StepShape& shape) const;
+  bool ready() const { return observed_ > 0; }
+
+  static const std::vector<int64_t>& Knots();
+
+ private:
+  std::vector<double> Features(const StepShape& shape) const;
+
+  ForgettingLeastSquares fit_;
+  bool has_prior_ = false;
+  int64_t observed_ = 0;
+};
+
+// One drafter call as measured: Propose for its drafting sequences plus the Observe that caught
+// them up.
+struct DrafterCall {
+  std::string drafter;
+  int32_t sequences = 0;        // sequences proposed for
+  int64_t nodes = 0;            // tree nodes returned, all sequences
+  int32_t max_depth = 0;        // deepest tree
+  int64_t observed_tokens = 0;  // tokens observed for these sequences before proposing
+  double seconds = 0;
+};
+
+class DrafterCostModel {
+ public:
+  explicit DrafterCostModel(double forgetting = 0.95);
+  void Observe(const DrafterCall& call);
+  // Seconds of one call of this shape (at least 0).
+  double Predict(int32_t sequences, int64_t nodes, int32_t max_depth,
+                 int64_t observed_tokens) const;
+  // The fitted parts: per call, per sequence, per node, per depth, per observed token.
+  struct Parts {
+    double per_call = 0, per_sequence = 0, per_node = 0, per_depth = 0, per_observed = 0;
+  };
+  Parts parts() const;
+  bool ready() const { return fit_.samples() > 0; }
+
+ private:
+  ForgettingLeastSquares fit_;
+};
+
+class AcceptanceModel {
+ public:
+  static constexpr int32_t kMaxDepth = 64;
+  // rate: EMA weight of a sequence's newest step; prior_rate: of the drafter's average.
+  explicit AcceptanceModel(double rate = 0.1, double prior_rate = 0.05, double initial = 0.5);
+
+  // A step of sequence `id`: a tree of depth `depth` was verified and `accepted` nodes kept.
+  void Observe(const std::string& drafter, int64_t id, int32_t depth, int32_t accepted);
+  void Forget(int64_t id);
+  // P(depth d accepted | depth d-1 accepted), d >= 1.
+  double Conditional(const std::string& drafter, int64_t id, int32_t d) const;
+  // Expected accepted tokens of a chain of `nodes` nodes.
+  double Expected(const std::string& drafter, int64_t id, int32_t nodes) const;
+  // The drafter's average P(depth d accepted | d-1), for metrics.
+  double DrafterConditional(const std::string& drafter, int32_t d) const;
+
+ private:
+  const std::vector<double>& Prior(const std::string& drafter) const;
+
+  double rate_, prior_rate_, initial_;
+  std::map<std::string, std::vector<double>> prior_;
+  std::unordered_map<int64_t, std::vector<double>> seq_;
+  std::vector<double> default_;
+};
+
+struct DraftBudgetOptions {
+  // A sequence at budget 0 this many plans in a row is probed with probe_nodes (0 = never).
+  int32_t probe_after = 32;
+  int32_t probe_nodes = 2;
+  // Every explore_every-th plan, one sequence gets one node past the optimum (0 = never).
+  int32_t explore_every = 16;
+  uint64_t seed = 0x5eed;
+};
+
+// A running, decoding sequence that may draft this step.
+struct BudgetCandidate {
+  int64_t id = 0;
+  std::string drafter;
+  int32_t max_nodes = 0;          // the request's cap and the room left (0: cannot draft)
+  int64_t context = 0;            // tokens in its cache
+  int64_t unobserved_tokens = 0;  // its drafter must catch up on these before proposing
+};
+
+// What the step holds before drafts: every decoding sequence's pending token, prompt chunks.
+struct StepBase {
+  int32_t decoding = 0;  // decoding sequences (each yields one token without drafts)
+  StepShape shape;
+};
+
+struct BudgetDecision {
+  std::vector<int32_t> budgets;  // per candidate, in order
+  double predicted_seconds = 0;  // target + drafters + overhead, at these budgets
+  double predicted_tokens = 0;   // expected tokens the step yields
+  double no_draft_seconds = 0;   // the same step without drafts
+  double no_draft_tokens = 0;    // what it yields (one token per decoding sequence)
+  double explored_nodes = 0;     // nodes added by exploration (not by the optimum)
+  // Tokens per second at the budgets over tokens per second without drafts (>= 1 unless the
+  // models are not ready or exploration costs).
+  double predicted_speedup() const;
+};
+
+// A measured step, for the models.
+struct StepMeasurement {
+  StepShape shape;
+  double target_seconds = 0;  // the target forward + verification + KV commit
+  double other_seconds = 0;   // the rest of the step's wall time (scheduling, transport, output)
+  std::vector<DrafterCall> drafter_calls;
+  struct Sequence {
+    int64_t id = 0;
+    std::string drafter;
+    int32_t nodes = 0;  // tree nodes verified this step (0: no draft)
+    int32_t depth = 0;
+    int32_t accepted = 0;
+  };
+  std::vector<Sequence> sequences;
+};
+
+class DraftBudgetPolicy {
+ public:
+  explicit DraftBudgetPolicy(DraftBudgetOptions options = {});
+
+  BudgetDecision Plan(const StepBase& base, const std::vector<BudgetCandidate>& candidates);
+  void Observe(const StepMeasurement& step);
+  // The request ended: drop its acceptance and exploration state.
+  void Forget(int64_t id);
+  // Spare compute: tokens the forward of `base` could add before its predicted time grows by
+  // `tolerance` (e.g. 0.05 = 5%); 0 when the model is not ready.
+  double SpareTokens(const StepShape& base, double tolerance = 0.05) const;
+
+  StepCostModel& target_cost() { return target_cost_; }
+  const StepCostModel& target_cost() const { return target_cost_; }
+  const DrafterCostModel* drafter_cost(const std::string& drafter) const;
+  const AcceptanceModel& acceptance() const { return acceptance_; }
+  double other_seconds() const { return other_seconds_; }
+
+ private:
+  // Seconds and expected tokens of the step at `budgets`.
+  std::pair<double, double> Evaluate(const StepBase& base,
+                                     const std::vector<BudgetCandidate>& candidates,
+                                     const std::vector<int32_t>& budgets) const;
+  double DrafterSeconds(const std::string& drafter, int32_t sequences, int64_t nodes,
+                        int32_t max_depth, int64_t observed_tokens) const;
+
+  DraftBudgetOptions options_;
+  StepCostModel target_cost_;
+  std::map<std::string, DrafterCostModel> drafter_cost_;
+  AcceptanceModel acceptance_;
+  double other_seconds_ = 0;
+  bool other_seen_ = false;
+  std::unordered_map<int64_t, int32_t> idle_plans_;  // plans in a row at budget 0
+  uint64_t plans_ = 0;
+  uint64_t rng_;
+};
+
+}  // namespace specula

@@ -1,0 +1,254 @@
+#include "common/spec/draft_budget.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+namespace specula {
+namespace {
+
+// A known step cost: memory-bound (flat) up to `knee` tokens, then linear, plus attention.
+struct Curve {
+  double base = 2e-3;        // seconds of a step up to the knee
+  double knee = 16;          // tokens
+  double per_token = 1e-4;   // seconds per token past the knee
+  double per_attention = 0;  // seconds per row x context
+  double operator()(const StepShape& s) const {
+    return base + per_token * std::max(0.0, static_cast<double>(s.tokens) - knee) +
+           per_attention * s.attention;
+  }
+};
+
+// Feeds `steps` noisy measurements of `curve` at random shapes.
+void Train(DraftBudgetPolicy& policy, const Curve& curve, int steps, std::mt19937& rng,
+           double noise = 0.05) {
+  // Log-uniform token counts 1..512 (serving visits every scale), uniform contexts.
+  std::uniform_real_distribution<double> log_tokens(0.0, std::log(512.0));
+  std::uniform_int_distribution<int64_t> context(1, 400);
+  std::normal_distribution<double> jitter(1.0, noise);
+  for (int i = 0; i < steps; ++i) {
+    StepShape s{.tokens = static_cast<int64_t>(std::lround(std::exp(log_tokens(rng))))};
+    s.attention = static_cast<double>(s.tokens) * static_cast<double>(context(rng));
+    policy.Observe({.shape = s, .target_seconds = curve(s) * std::max(0.5, jitter(rng))});
+  }
+}
+
+// Sequence `id` of `drafter` accepts each depth with probability p (given the previous one).
+void TrainAcceptance(DraftBudgetPolicy& policy, const std::string& drafter, int64_t id, double p,
+                     int steps, std::mt19937& rng, int32_t depth = 8) {
+  std::bernoulli_distribution accept(p);
+  for (int i = 0; i < steps; ++i) {
+    int32_t a = 0;
+    while (a < depth && accept(rng)) ++a;
+    policy.Observe(
+        {.sequences = {
+             {.id = id, .drafter = drafter, .nodes = depth, .depth = depth, .accepted = a}}});
+  }
+}
+
+void TrainDrafter(DraftBudgetPolicy& policy, const std::string& drafter, double per_call,
+                  double per_node) {
+  for (int i = 1; i <= 40; ++i) {
+    const int32_t seqs = 1 + i % 8;
+    const int64_t nodes = seqs * (1 + i % 5);
+    policy.Observe(
+        {.drafter_calls = {{.drafter = drafter,
+                            .sequences = seqs,
+                            .nodes = nodes,
+                            .max_depth = 1 + i % 5,
+                            .seconds = per_call + per_node * static_cast<double>(nodes)}}});
+  }
+}
+
+DraftBudgetOptions NoExploration() { return {.probe_after = 0, .explore_every = 0}; }
+
+StepBase Decoding(int32_t sequences, int64_t context) {
+  return {
+      .decoding = sequences,
+      .shape = {.tokens = sequences,
+                .attention = static_cast<double>(sequences) * static_cast<double>(context + 1)}};
+}
+
+std::vector<BudgetCandidate> Candidates(int32_t n, const std::string& drafter, int32_t cap,
+                                        int64_t context, int64_t first_id = 1) {
+  std::vector<BudgetCandidate> c;
+  for (int32_t i = 0; i < n; ++i) {
+    c.push_back({.id = first_id + i, .drafter = drafter, .max_nodes = cap, .context = context});
+  }
+  return c;
+}
+
+TEST(ForgettingLeastSquaresTest, RecoversALinearFunction) {
+  ForgettingLeastSquares fit({0, 0}, 0.1, 0.99);
+  for (int i = 0; i < 200; ++i) fit.Add({1.0, i % 10 / 10.0}, 3.0 + 2.0 * (i % 10) / 10.0);
+  EXPECT_NEAR(fit.coefficients()[0], 3.0, 0.05);
+  EXPECT_NEAR(fit.coefficients()[1], 2.0, 0.1);
+}
+
+TEST(StepCostModelTest, RecoversAKnownCurveFromNoisySamples) {
+  std::mt19937 rng(7);
+  const Curve curve{.per_attention = 2e-8};
+  DraftBudgetPolicy policy;
+  Train(policy, curve, 600, rng);
+  for (int64_t t : {1, 8, 16, 40, 100, 300, 500}) {
+    for (int64_t ctx : {10, 200}) {
+      const StepShape s{.tokens = t, .attention = static_cast<double>(t * ctx)};
+      EXPECT_NEAR(policy.target_cost().Predict(s), curve(s), 0.1 * curve(s))
+          << "tokens " << t << " context " << ctx;
+    }
+  }
+}
+
+TEST(StepCostModelTest, FollowsDriftWithinAFewDozenSteps) {
+  std::mt19937 rng(3);
+  DraftBudgetPolicy policy;
+  Curve curve;
+  Train(policy, curve, 300, rng, 0.02);
+  // Another process takes half the machine: every step is twice as slow.
+  Curve slower{.base = 2 * curve.base, .per_token = 2 * curve.per_token};
+  Train(policy, slower, 150, rng, 0.02);
+  for (int64_t t : {4, 64, 256}) {
+    const StepShape s{.tokens = t};
+    EXPECT_NEAR(policy.target_cost().Predict(s), slower(s), 0.15 * slower(s)) << t;
+  }
+}
+
+TEST(StepCostModelTest, WarmStartAnchorsUnvisitedShapes) {
+  StepCostModel model;
+  const Curve curve;
+  std::vector<std::pair<StepShape, double>> points;
+  for (int64_t t : {1, 2, 4, 8, 16, 32, 64, 128, 256, 512}) {
+    points.push_back({{.tokens = t}, curve({.tokens = t})});
+  }
+  model.WarmStart(points);
+  ASSERT_TRUE(model.ready());
+  // Many steps at one shape only: the rest of the curve stays what the warm start measured.
+  for (int i = 0; i < 500; ++i) model.Observe({.tokens = 4}, curve({.tokens = 4}));
+  for (int64_t t : {2, 64, 300}) {
+    EXPECT_NEAR(model.Predict({.tokens = t}), curve({.tokens = t}), 0.1 * curve({.tokens = t}))
+        << t;
+  }
+}
+
+TEST(StepCostModelTest, PredictionIsMonotoneInTokens) {
+  std::mt19937 rng(11);
+  DraftBudgetPolicy policy;
+  Train(policy, Curve{}, 200, rng, 0.3);  // very noisy
+  double last = 0;
+  for (int64_t t = 1; t <= 1024; ++t) {
+    const double y = policy.target_cost().Predict({.tokens = t});
+    EXPECT_GE(y, last - 1e-15) << t;
+    last = y;
+  }
+}
+
+TEST(AcceptanceModelTest, ExpectedTokensOfAChain) {
+  AcceptanceModel model(/*rate=*/1.0, /*prior_rate=*/1.0);
+  // Depth 1 and 2 accepted, depth 3 rejected: p = 1, 1, 0 (rate 1 keeps only the newest step).
+  model.Observe("d", 1, 4, 2);
+  EXPECT_DOUBLE_EQ(model.Conditional("d", 1, 1), 1.0);
+  EXPECT_DOUBLE_EQ(model.Conditional("d", 1, 3), 0.0);
+  EXPECT_DOUBLE_EQ(model.Expected("d", 1, 5), 2.0);
+  // Depth 4 was never tried: it keeps the initial 0.5. A new sequence starts from the drafter's.
+  EXPECT_DOUBLE_EQ(model.Conditional("d", 1, 4), 0.5);
+  EXPECT_DOUBLE_EQ(model.Conditional("d", 2, 2), 1.0);
+  EXPECT_DOUBLE_EQ(model.Conditional("other", 2, 2), 0.5);
+}
+
+TEST(DraftBudgetPolicyTest, ZeroBudgetWhenDraftingCannotPay) {
+  std::mt19937 rng(1);
+  DraftBudgetPolicy policy(NoExploration());
+  // Every token costs as much as a whole step's base: a draft node must be accepted with
+  // probability > 1/2 to pay; these are accepted 10% of the time.
+  Train(policy, Curve{.base = 1e-4, .knee = 0, .per_token = 1e-4}, 300, rng);
+  for (int64_t id = 1; id <= 8; ++id) TrainAcceptance(policy, "ngram", id, 0.1, 50, rng);
+  const auto d = policy.Plan(Decoding(8, 100), Candidates(8, "ngram", 8, 100));
+  for (int32_t b : d.budgets) EXPECT_EQ(b, 0);
+  EXPECT_NEAR(d.predicted_speedup(), 1.0, 1e-9);
+}
+
+TEST(DraftBudgetPolicyTest, GrowsToTheCapWhenVerificationIsFree) {
+  std::mt19937 rng(2);
+  DraftBudgetPolicy policy(NoExploration());
+  Train(policy, Curve{.base = 5e-3, .knee = 128, .per_token = 1e-4}, 400, rng, 0.01);
+  TrainAcceptance(policy, "ngram", 1, 0.8, 60, rng);
+  TrainDrafter(policy, "ngram", 5e-5, 1e-6);
+  const auto d = policy.Plan(Decoding(1, 50), Candidates(1, "ngram", 12, 50));
+  EXPECT_EQ(d.budgets[0], 12);
+  EXPECT_GT(d.predicted_speedup(), 2.0);
+}
+
+TEST(DraftBudgetPolicyTest, BudgetsFollowEachSequencesAcceptance) {
+  std::mt19937 rng(4);
+  DraftBudgetPolicy policy(NoExploration());
+  // Batch 16: tokens cost from the start, so only well-accepted nodes pay.
+  Train(policy, Curve{.base = 4e-3, .knee = 8, .per_token = 1.5e-4}, 500, rng, 0.01);
+  for (int64_t id = 1; id <= 8; ++id) TrainAcceptance(policy, "ngram", id, 0.9, 80, rng);
+  for (int64_t id = 9; id <= 16; ++id) TrainAcceptance(policy, "ngram", id, 0.15, 80, rng);
+  TrainDrafter(policy, "ngram", 5e-5, 1e-6);
+  const auto d = policy.Plan(Decoding(16, 100), Candidates(16, "ngram", 8, 100));
+  int32_t good_nodes = 0;
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_GE(d.budgets[i], 2) << i;
+    good_nodes += d.budgets[i];
+  }
+  EXPECT_GE(good_nodes, 8 * 3);
+  for (int i = 8; i < 16; ++i) EXPECT_EQ(d.budgets[i], 0) << i;
+  EXPECT_GT(d.predicted_speedup(), 1.0);
+}
+
+TEST(DraftBudgetPolicyTest, ExpensiveDrafterStaysOff) {
+  std::mt19937 rng(5);
+  DraftBudgetPolicy policy(NoExploration());
+  Train(policy, Curve{.base = 2e-3, .knee = 64, .per_token = 1e-4}, 300, rng, 0.01);
+  TrainAcceptance(policy, "slow", 1, 0.6, 60, rng);
+  // Each call costs 3x a whole step: even free verification cannot earn it back.
+  TrainDrafter(policy, "slow", 6e-3, 1e-6);
+  const auto d = policy.Plan(Decoding(1, 50), Candidates(1, "slow", 8, 50));
+  EXPECT_EQ(d.budgets[0], 0);
+}
+
+TEST(DraftBudgetPolicyTest, RespectsEveryCap) {
+  std::mt19937 rng(6);
+  DraftBudgetPolicy policy({.probe_after = 3, .probe_nodes = 4, .explore_every = 2});
+  Train(policy, Curve{.base = 5e-3, .knee = 256}, 300, rng);
+  std::uniform_int_distribution<int32_t> cap(0, 6);
+  for (int step = 0; step < 50; ++step) {
+    std::vector<BudgetCandidate> c = Candidates(10, "ngram", 0, 30);
+    for (auto& x : c) x.max_nodes = cap(rng);
+    const auto d = policy.Plan(Decoding(10, 30), c);
+    ASSERT_EQ(d.budgets.size(), c.size());
+    for (size_t i = 0; i < c.size(); ++i) {
+      EXPECT_GE(d.budgets[i], 0);
+      EXPECT_LE(d.budgets[i], c[i].max_nodes);
+    }
+  }
+}
+
+TEST(DraftBudgetPolicyTest, ProbesASequenceLeftAtZero) {
+  std::mt19937 rng(8);
+  DraftBudgetPolicy policy({.probe_after = 5, .probe_nodes = 2, .explore_every = 0});
+  Train(policy, Curve{.base = 1e-4, .knee = 0, .per_token = 1e-4}, 300, rng);
+  TrainAcceptance(policy, "ngram", 1, 0.05, 50, rng);
+  int probes = 0;
+  for (int step = 0; step < 20; ++step) {
+    const auto d = policy.Plan(Decoding(1, 10), Candidates(1, "ngram", 8, 10));
+    if (d.budgets[0] > 0) {
+      EXPECT_EQ(d.budgets[0], 2);
+      EXPECT_EQ(d.explored_nodes, 2);
+      ++probes;
+    }
+  }
+  EXPECT_EQ(probes, 4);  // every 5th plan
+}
+
+TEST(DraftBudgetPolicyTest, PlansNothingBeforeAnyMeasurement) {
+  DraftBudgetPolicy policy(NoExploration());
+  const auto d = policy.Plan(Decoding(4, 10), Candidates(4, "ngram", 8, 10));
+  for (int32_t b : d.budgets) EXPECT_EQ(b, 0);
+}
+
+}  // namespace
+}  // namespace specula
