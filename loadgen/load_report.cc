@@ -55,7 +55,7 @@ void AddStats(nlohmann::json& out, const std::string& name, const std::vector<do
   const auto& chosen = options.percentile_metrics;
   if (std::find(chosen.begin(), chosen.end(), name) == chosen.end()) return;
   for (double p : options.percentiles) {
-    out["p" + PercentileWord(p) + "_" + name + "_ms"] = Percentile(ms, p);
+    out[StrCat("p", PercentileWord(p), "_", name, "_ms")] = Percentile(ms, p);
   }
 }
 

@@ -204,6 +204,20 @@ TEST_F(LoadgenServeTest, JsonlOutputLengthsAreHonouredAndNoNoneMeansNoVsNone) {
   EXPECT_EQ(j["request_rate"], "inf");
 }
 
+TEST_F(LoadgenServeTest, PlotDrawsChartsNextToTheSummary) {
+  if (std::system("/usr/bin/python3 -c 'import matplotlib' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "python3-matplotlib is not installed (scripts/setup.sh installs it)";
+  }
+  const Result r = RunLoadgen(
+      {"--targets", Target(), "--model", kBundled, "--drafters", "none,ngram", "--concurrency", "1",
+       "--num-prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "4", "--ignore-eos",
+       "--disable-tqdm", "--json", (dir_ / "bench.json").string(), "--plot"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* chart : {"throughput", "latency", "acceptance", "speedup"}) {
+    EXPECT_TRUE(fs::exists(dir_ / (std::string("bench-") + chart + ".png"))) << chart << r.output;
+  }
+}
+
 TEST_F(LoadgenServeTest, UsageBannerNamesTheProgram) {
   const Result r = RunLoadgen({"--help"});
   EXPECT_EQ(r.exit_code, 0);
