@@ -185,16 +185,11 @@ TEST_F(LoadgenServeTest, JsonlOutputLengthsAreHonouredAndNoNoneMeansNoVsNone) {
   const fs::path prompts = dir_ / "prompts.jsonl";
   std::ofstream(prompts) << "{\"prompt\": \"import os\\n\", \"output_len\": 3}\n"
                             "{\"prompt\": \"def main():\\n\", \"output_len\": 5}\n";
-  const Result r = RunLoadgen({"--targets",         Target(),
-                               "--model",           kBundled,
-                               "--drafters",        "ngram",
-                               "--concurrency",     "1",
-                               "--num-prompts",     "2",
-                               "--dataset-name",    "jsonl",
-                               "--dataset-path",    prompts.string(),
-                               "--ignore-eos",      "--disable-tqdm",
-                               "--result-dir",      dir_.string(),
-                               "--result-filename", "run.json"});
+  // No --model: the tokenizer is found through the server's model path.
+  const Result r = RunLoadgen({"--targets", Target(), "--drafters", "ngram", "--concurrency", "1",
+                               "--num-prompts", "2", "--dataset-name", "jsonl", "--dataset-path",
+                               prompts.string(), "--ignore-eos", "--disable-tqdm", "--result-dir",
+                               dir_.string(), "--result-filename", "run.json"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("vs none"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Serving Benchmark Result"), std::string::npos) << r.output;
@@ -202,6 +197,7 @@ TEST_F(LoadgenServeTest, JsonlOutputLengthsAreHonouredAndNoNoneMeansNoVsNone) {
   EXPECT_EQ(j["output_lens"], nlohmann::json({3, 5}));
   EXPECT_TRUE(j["request_goodput"].is_null());
   EXPECT_EQ(j["request_rate"], "inf");
+  EXPECT_EQ(j["tokenizer_id"], kBundled);
 }
 
 TEST_F(LoadgenServeTest, PlotDrawsChartsNextToTheSummary) {
@@ -241,6 +237,7 @@ TEST_F(LoadgenServeTest, BadFlagsNameTheFlag) {
            {{"--burstiness", "0"}, "--burstiness"},
            {{"--metadata", "novalue"}, "--metadata"},
            {{"--dataset-name", "csv"}, "--dataset-name"},
+           {{"--model", "/nonexistent"}, "--model /nonexistent: no tokenizer.json"},
        }) {
     std::vector<std::string> full = {"--targets",
                                      Target(),
