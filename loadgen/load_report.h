@@ -1,13 +1,20 @@
-// What a load-generator run measured, summarized the way `vllm bench serve` reports it: request and
-// token throughput, goodput under latency SLOs, and TTFT / TPOT / ITL / E2E latency mean, median,
-// p99 (milliseconds). Torch-free.
+// What a load-generator run measured, as the flat result object `vllm bench serve` writes:
+// completed, failed, duration, total_input_tokens, total_output_tokens, request_throughput,
+// request_goodput (null without SLOs), output_throughput, total_token_throughput,
+// {mean,median,std}_{ttft,tpot,itl,e2el}_ms, p{P}_{metric}_ms for the chosen percentiles and
+// metrics, and the per-request lists input_lens, output_lens, ttfts (s), itls (s), generated_texts,
+// errors ("" when the request succeeded); plus Specula's speculation totals. The run's settings
+// (date, backend, model_id, ...) are added by the caller. Torch-free and gRPC-free.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "common/util/status.h"
 
 namespace specula::loadgen {
 
@@ -20,23 +27,45 @@ struct RequestRecord {
   double ttft_s = 0;          // send -> first token
   double e2e_s = 0;           // send -> last message
   std::vector<double> itl_s;  // gaps between consecutive token deliveries
-  int64_t draft_tokens = 0;   // the server's speculation stats
-  int64_t accepted_tokens = 0;
+  std::string text;           // the generated text (concatenated deltas)
+  // The server's speculation stats (SpecStats of the last stream message).
   int64_t spec_steps = 0;
+  int64_t draft_steps = 0;
+  int64_t draft_tokens = 0;
+  int64_t accepted_tokens = 0;
+  int64_t draft_errors = 0;
+  std::vector<int64_t> accepted_per_position;  // [d]: accepted at depth d + 1
+  bool lossy = false;
 };
 
-struct Slo {
-  double ttft_ms = 0;  // 0 = no bound
-  double tpot_ms = 0;
-  double e2el_ms = 0;
+// The latency metrics that may get percentiles, in vLLM's names.
+inline const std::vector<std::string>& LatencyMetrics() {
+  static const std::vector<std::string> kMetrics = {"ttft", "tpot", "itl", "e2el"};
+  return kMetrics;
+}
+
+struct ReportOptions {
+  std::vector<double> percentiles = {99};                                 // --metric-percentiles
+  std::vector<std::string> percentile_metrics = {"ttft", "tpot", "itl"};  // --percentile-metrics
+  // --goodput SLOs in ms by metric ("ttft", "tpot", "e2el"); empty = request_goodput is null.
+  std::map<std::string, double> goodput;
 };
 
-// vllm-bench-serve-shaped JSON: completed, failed, duration, total_input_tokens,
-// total_output_tokens, request_throughput, output_throughput, total_token_throughput,
-// request_goodput, {mean,median,std,p99}_{ttft,tpot,itl,e2el}_ms, plus speculation totals
-// (draft_tokens, accepted_tokens, mean_accepted_len).
+// "25,50,99.9" -> {25, 50, 99.9}; INVALID_ARGUMENT naming --metric-percentiles for values
+// outside [0, 100] or non-numbers.
+StatusOr<std::vector<double>> ParseMetricPercentiles(const std::string& text);
+// "ttft,tpot,itl" -> the names; INVALID_ARGUMENT naming --percentile-metrics for unknown ones.
+StatusOr<std::vector<std::string>> ParsePercentileMetrics(const std::string& text);
+// vLLM's --goodput syntax: {"ttft:200", "tpot:50"} -> {ttft: 200, tpot: 50} (ms). Keys ttft, tpot,
+// e2el; values non-negative. INVALID_ARGUMENT naming the bad pair.
+StatusOr<std::map<std::string, double>> ParseGoodput(const std::vector<std::string>& pairs);
+
+// The key word of a percentile as vLLM writes it: 99 -> "99", 99.9 -> "99.9".
+std::string PercentileWord(double p);
+
+// The flat result object (see above) of one run's records (in request order).
 nlohmann::json Summarize(const std::vector<RequestRecord>& records, double duration_s,
-                         const Slo& slo);
+                         const ReportOptions& options);
 
 // p in [0, 100]; linear interpolation between order statistics (numpy's default). 0 if empty.
 double Percentile(std::vector<double> values, double p);

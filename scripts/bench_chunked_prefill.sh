@@ -25,4 +25,4 @@ build/bin/specula-loadgen --model "$MODEL" \
   --targets "chunked=127.0.0.1:$CHUNKED,whole=127.0.0.1:$WHOLE" --drafters none \
   --prompt-tokens "${PROMPT_TOKENS:-448}" --max-new-tokens "${MAX_NEW_TOKENS:-48}" \
   --concurrency "${CONCURRENCY:-16}" --request-rate "${RATE:-4}" \
-  --num-prompts "${NUM_PROMPTS:-64}" --repeats "${REPEATS:-2}" --json "$OUT"
+  --num-prompts "${NUM_PROMPTS:-64}" --repeats "${REPEATS:-2}" --ignore-eos --json "$OUT"

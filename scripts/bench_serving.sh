@@ -35,7 +35,7 @@ echo "all-in-one on :$ALL_PORT, three processes: router :$SPLIT_PORT -> target :
   --targets "all=127.0.0.1:$ALL_PORT,split=127.0.0.1:$SPLIT_PORT" \
   --drafters "${DRAFTERS:-none,ngram,draft-model}" --draft-len "${DRAFT_LEN:-4}" \
   --concurrency "${CONCURRENCY:-1,4,16,64}" --max-new-tokens "${MAX_NEW_TOKENS:-64}" \
-  --repeats "${REPEATS:-3}" --json "$OUT.json"
+  --repeats "${REPEATS:-3}" --ignore-eos --json "$OUT.json"
 
 # Per-step cost of the router -> target path, from each router's counters.
 /usr/bin/python3 - "$ALL_METRICS" "$SPLIT_METRICS" "$OUT-transport.json" <<'PY'

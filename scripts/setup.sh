@@ -11,6 +11,7 @@ PACKAGES=(
   libpcre2-dev nlohmann-json3-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-torch python3-numpy python3-grpcio python3-protobuf   # reference checks and the Python client example, run with /usr/bin/python3
+  python3-matplotlib                                 # specula-loadgen --plot (scripts/plot_loadgen.py)
   libjemalloc2                                       # training runs (scripts/train_models.sh)
   libpython3.11-stdlib                               # the training corpus (/usr/lib/python3.11)
   yamllint prometheus nodejs                         # deploy/ checks: YAML lint, promtool + a real Prometheus, Node.js

@@ -1,0 +1,155 @@
+#include "loadgen/dataset.h"
+
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace specula::loadgen {
+namespace {
+
+StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError(StrCat("cannot open dataset ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+StatusOr<std::vector<SampleRequest>> LoadJsonlDataset(const Tokenizer& tokenizer,
+                                                      const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  std::vector<SampleRequest> out;
+  std::stringstream in(text);
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto bad = [&](const std::string& why) {
+      return InvalidArgumentError(StrCat(path, " line ", n, ": ", why));
+    };
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+    SampleRequest r;
+    if (j.contains("prompt") && j["prompt"].is_string()) {
+      r.prompt_ids = tokenizer.Encode(j["prompt"].get<std::string>(), true);
+    } else if (j.contains("prompt_ids") && j["prompt_ids"].is_array()) {
+      for (const auto& v : j["prompt_ids"]) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+            v.get<int64_t>() >= tokenizer.vocab_size()) {
+          return bad(StrCat("prompt_ids must be integers in [0, ", tokenizer.vocab_size(), ")"));
+        }
+        r.prompt_ids.push_back(v.get<int32_t>());
+      }
+    } else {
+      return bad("needs a string \"prompt\" or an array \"prompt_ids\"");
+    }
+    if (r.prompt_ids.empty()) return bad("empty prompt");
+    if (j.contains("output_len")) {
+      if (!j["output_len"].is_number_integer() || j["output_len"].get<int64_t>() < 1) {
+        return bad("output_len must be a positive integer");
+      }
+      r.output_len = j["output_len"].get<int64_t>();
+    }
+    out.push_back(std::move(r));
+  }
+  if (out.empty()) return InvalidArgumentError(StrCat(path, ": no prompts"));
+  return out;
+}
+
+StatusOr<std::vector<SampleRequest>> LoadShareGptDataset(const Tokenizer& tokenizer,
+                                                         const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgumentError(StrCat(path, ": not valid JSON"));
+  if (!j.is_array()) {
+    return InvalidArgumentError(StrCat(path, ": a ShareGPT file is a JSON array of entries"));
+  }
+  std::vector<SampleRequest> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const auto& entry = j[i];
+    auto bad = [&](const std::string& why) {
+      return InvalidArgumentError(StrCat(path, " entry ", i, ": ", why));
+    };
+    if (!entry.is_object() || !entry.contains("conversations") ||
+        !entry["conversations"].is_array()) {
+      return bad("needs a \"conversations\" array");
+    }
+    const auto& turns = entry["conversations"];
+    std::string prompt, reply;
+    bool have_prompt = false, have_reply = false;
+    for (size_t t = 0; t < turns.size() && !have_reply; ++t) {
+      const auto& turn = turns[t];
+      if (!turn.is_object() || !turn.contains("from") || !turn["from"].is_string() ||
+          !turn.contains("value") || !turn["value"].is_string()) {
+        return bad(StrCat("turn ", t, " needs string \"from\" and \"value\""));
+      }
+      const std::string from = turn["from"].get<std::string>();
+      if (!have_prompt && (from == "human" || from == "user")) {
+        prompt = turn["value"].get<std::string>();
+        have_prompt = true;
+      } else if (have_prompt && (from == "gpt" || from == "assistant")) {
+        reply = turn["value"].get<std::string>();
+        have_reply = true;
+      }
+    }
+    if (!have_reply) continue;
+    SampleRequest r;
+    r.prompt_ids = tokenizer.Encode(prompt, true);
+    r.output_len = static_cast<int64_t>(tokenizer.Encode(reply, false).size());
+    if (r.prompt_ids.empty() || r.output_len < 1) continue;
+    out.push_back(std::move(r));
+  }
+  if (out.empty()) {
+    return InvalidArgumentError(StrCat(path, ": no entry has a human turn followed by a gpt turn"));
+  }
+  return out;
+}
+
+std::pair<int64_t, int64_t> RandomLengthBounds(int64_t len, double range_ratio, int64_t at_least) {
+  const double l = static_cast<double>(len);
+  int64_t low = static_cast<int64_t>(std::floor(l * (1 - range_ratio)));
+  int64_t high = static_cast<int64_t>(std::ceil(l * (1 + range_ratio)));
+  low = std::max(low, at_least);
+  high = std::max(high, low);
+  return {low, high};
+}
+
+StatusOr<std::vector<SampleRequest>> RandomDataset(const Tokenizer& tokenizer,
+                                                   const RandomDatasetOptions& o) {
+  if (!(o.range_ratio >= 0 && o.range_ratio < 1)) {
+    return InvalidArgumentError(
+        StrCat("--random-range-ratio must be in [0, 1), got ", o.range_ratio));
+  }
+  if (o.input_len < 1) {
+    return InvalidArgumentError(StrCat("--random-input-len must be >= 1, got ", o.input_len));
+  }
+  if (o.output_len < 1) {
+    return InvalidArgumentError(StrCat("--random-output-len must be >= 1, got ", o.output_len));
+  }
+  if (o.num_prompts < 1) {
+    return InvalidArgumentError(StrCat("--num-prompts must be >= 1, got ", o.num_prompts));
+  }
+  std::vector<int32_t> allowed;
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    if (!tokenizer.IsSpecial(id)) allowed.push_back(id);
+  }
+  if (allowed.empty()) return InvalidArgumentError("the tokenizer has no non-special tokens");
+  const auto [in_low, in_high] = RandomLengthBounds(o.input_len, o.range_ratio, 1);
+  const auto [out_low, out_high] = RandomLengthBounds(o.output_len, o.range_ratio, 1);
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<int64_t> in_len(in_low, in_high), out_len(out_low, out_high);
+  std::uniform_int_distribution<size_t> token(0, allowed.size() - 1);
+  std::vector<SampleRequest> out(static_cast<size_t>(o.num_prompts));
+  for (SampleRequest& r : out) {
+    r.prompt_ids.resize(static_cast<size_t>(in_len(rng)));
+    for (int32_t& id : r.prompt_ids) id = allowed[token(rng)];
+    r.output_len = out_len(rng);
+  }
+  return out;
+}
+
+}  // namespace specula::loadgen

@@ -1,0 +1,180 @@
+// loadgen/dataset.h: JSONL prompts with per-line output_len, ShareGPT conversations, random token
+// ids within the range ratio, and errors that name the bad line or entry. Uses the bundled
+// model's tokenizer.
+#include "loadgen/dataset.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace specula::loadgen {
+namespace {
+
+const std::string kTokenizer =
+    std::string(SPECULA_SOURCE_DIR) + "/models/pyllama-6m/tokenizer.json";
+
+class DatasetTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { tokenizer_ = Tokenizer::FromFile(kTokenizer).value().release(); }
+  static void TearDownTestSuite() { delete tokenizer_; }
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("dataset_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Write(const std::string& name, const std::string& text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  static const Tokenizer& tok() { return *tokenizer_; }
+
+  std::filesystem::path dir_;
+  static Tokenizer* tokenizer_;
+};
+
+Tokenizer* DatasetTest::tokenizer_ = nullptr;
+
+TEST_F(DatasetTest, JsonlHonoursPerLineOutputLen) {
+  const std::string path = Write("p.jsonl",
+                                 "{\"prompt\": \"import os\\n\", \"output_len\": 7}\n"
+                                 "\n"
+                                 "{\"prompt_ids\": [5, 6, 7]}\n"
+                                 "{\"prompt_ids\": [9], \"output_len\": 1}\n");
+  auto d = LoadJsonlDataset(tok(), path);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->size(), 3u);
+  EXPECT_EQ((*d)[0].prompt_ids, tok().Encode("import os\n", true));
+  EXPECT_EQ((*d)[0].output_len, 7);
+  EXPECT_EQ((*d)[1].prompt_ids, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ((*d)[1].output_len, 0);  // the run's --max-new-tokens
+  EXPECT_EQ((*d)[2].output_len, 1);
+}
+
+TEST_F(DatasetTest, MalformedJsonlNamesTheLine) {
+  struct Case {
+    std::string text;
+    std::string expected;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"{\"prompt\": \"a\"}\nnot json\n", "line 2: not a JSON object"},
+           {"{\"prompt\": \"a\"}\n{\"text\": \"a\"}\n", "line 2: needs a string \"prompt\""},
+           {"{\"prompt\": \"a\", \"output_len\": 0}\n", "line 1: output_len must be a positive"},
+           {"{\"prompt\": \"a\", \"output_len\": \"5\"}\n", "line 1: output_len"},
+           {"\n\n{\"prompt_ids\": [1, -2]}\n", "line 3: prompt_ids must be integers"},
+           {"{\"prompt_ids\": []}\n", "line 1: empty prompt"},
+           {"\n", "no prompts"},
+       }) {
+    const std::string path = Write("bad.jsonl", c.text);
+    auto d = LoadJsonlDataset(tok(), path);
+    ASSERT_FALSE(d.ok()) << c.text;
+    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(d.status().message().find(c.expected), std::string::npos) << d.status();
+    EXPECT_NE(d.status().message().find(path), std::string::npos) << d.status();
+  }
+  EXPECT_EQ(LoadJsonlDataset(tok(), (dir_ / "missing.jsonl").string()).status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST_F(DatasetTest, ShareGptTakesTheFirstHumanTurnAndTheGptReplyLength) {
+  const std::string path = Write("sharegpt.json", R"json([
+    {"id": "a", "conversations": [
+      {"from": "system", "value": "be brief"},
+      {"from": "human", "value": "def add(a, b):"},
+      {"from": "gpt", "value": "    return a + b\n"},
+      {"from": "human", "value": "and sub?"},
+      {"from": "gpt", "value": "no"}]},
+    {"id": "only-human", "conversations": [{"from": "human", "value": "hello"}]},
+    {"id": "b", "conversations": [
+      {"from": "user", "value": "import sys"},
+      {"from": "assistant", "value": "print(sys.argv)"}]}
+  ])json");
+  auto d = LoadShareGptDataset(tok(), path);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->size(), 2u);  // the entry without a reply is skipped
+  EXPECT_EQ((*d)[0].prompt_ids, tok().Encode("def add(a, b):", true));
+  EXPECT_EQ((*d)[0].output_len,
+            static_cast<int64_t>(tok().Encode("    return a + b\n", false).size()));
+  EXPECT_EQ((*d)[1].prompt_ids, tok().Encode("import sys", true));
+  EXPECT_EQ((*d)[1].output_len,
+            static_cast<int64_t>(tok().Encode("print(sys.argv)", false).size()));
+}
+
+TEST_F(DatasetTest, MalformedShareGptNamesTheEntry) {
+  auto error = [&](const std::string& text) {
+    return LoadShareGptDataset(tok(), Write("s.json", text)).status();
+  };
+  EXPECT_NE(error("{\"conversations\": []}").message().find("JSON array"), std::string::npos);
+  EXPECT_NE(error("[1, 2").message().find("not valid JSON"), std::string::npos);
+  const Status entry = error(R"([{"conversations": [{"from": "human", "value": "a"},
+                                                    {"from": "gpt", "value": "b"}]},
+                                 {"turns": []}])");
+  EXPECT_EQ(entry.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(entry.message().find("entry 1: needs a \"conversations\" array"), std::string::npos)
+      << entry;
+  const Status turn = error(R"([{"conversations": [{"from": "human"}]}])");
+  EXPECT_NE(turn.message().find("entry 0: turn 0 needs string"), std::string::npos) << turn;
+  EXPECT_NE(error("[]").message().find("no entry"), std::string::npos);
+}
+
+TEST_F(DatasetTest, RandomLengthsStayWithinTheRangeRatio) {
+  const RandomDatasetOptions o{
+      .num_prompts = 300, .input_len = 40, .output_len = 10, .range_ratio = 0.5, .seed = 3};
+  auto d = RandomDataset(tok(), o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->size(), 300u);
+  int64_t min_in = 1 << 30, max_in = 0, min_out = 1 << 30, max_out = 0;
+  for (const SampleRequest& r : *d) {
+    const auto n = static_cast<int64_t>(r.prompt_ids.size());
+    min_in = std::min(min_in, n);
+    max_in = std::max(max_in, n);
+    min_out = std::min(min_out, r.output_len);
+    max_out = std::max(max_out, r.output_len);
+    for (int32_t id : r.prompt_ids) {
+      ASSERT_GE(id, 0);
+      ASSERT_LT(id, tok().vocab_size());
+      ASSERT_FALSE(tok().IsSpecial(id)) << id;
+    }
+  }
+  EXPECT_GE(min_in, 20);
+  EXPECT_LE(max_in, 60);
+  EXPECT_GE(min_out, 5);
+  EXPECT_LE(max_out, 15);
+  EXPECT_LT(min_in, 30);  // the range is used, not just its middle
+  EXPECT_GT(max_in, 50);
+  // Seeded: the same prompts again.
+  auto again = RandomDataset(tok(), o);
+  EXPECT_EQ((*again)[17].prompt_ids, (*d)[17].prompt_ids);
+}
+
+TEST_F(DatasetTest, RandomRatioZeroGivesExactLengths) {
+  auto d = RandomDataset(tok(), {.num_prompts = 5, .input_len = 12, .output_len = 3});
+  ASSERT_TRUE(d.ok()) << d.status();
+  for (const SampleRequest& r : *d) {
+    EXPECT_EQ(r.prompt_ids.size(), 12u);
+    EXPECT_EQ(r.output_len, 3);
+  }
+  EXPECT_EQ(RandomLengthBounds(10, 0.25, 1), (std::pair<int64_t, int64_t>{7, 13}));
+  EXPECT_EQ(RandomLengthBounds(1, 0.9, 1), (std::pair<int64_t, int64_t>{1, 2}));
+}
+
+TEST_F(DatasetTest, RandomRejectsBadSettingsNamingTheFlag) {
+  auto message = [&](const RandomDatasetOptions& o) {
+    return RandomDataset(tok(), o).status().message();
+  };
+  EXPECT_NE(message({.num_prompts = 1, .input_len = 4, .output_len = 4, .range_ratio = 1})
+                .find("--random-range-ratio"),
+            std::string::npos);
+  EXPECT_NE(message({.num_prompts = 1, .input_len = 0, .output_len = 4}).find("--random-input-len"),
+            std::string::npos);
+  EXPECT_NE(
+      message({.num_prompts = 1, .input_len = 4, .output_len = 0}).find("--random-output-len"),
+      std::string::npos);
+}
+
+}  // namespace
+}  // namespace specula::loadgen

@@ -1,0 +1,261 @@
+// Black-box test of specula-loadgen: the real binary against a real `specula serve` (bundled
+// model, ephemeral port). It waits for readiness, warms up, runs two drafters and writes the flat
+// vLLM result objects, the --json summary and the comparison table; JSONL output lengths are
+// honoured; the banner and the readiness timeout are clear. No timing assertions.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/services/server_process.h"
+
+namespace specula {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kBundled = std::string(SPECULA_SOURCE_DIR) + "/models/pyllama-6m";
+const std::string kLoadgen = std::string(SPECULA_BINARY_DIR) + "/bin/specula-loadgen";
+
+struct Result {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+Result RunLoadgen(const std::vector<std::string>& args) {
+  std::string command = kLoadgen;
+  for (const std::string& a : args) command += " '" + a + "'";
+  command += " 2>&1";
+  Result r;
+  std::FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+nlohmann::json ReadJson(const fs::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+class LoadgenServeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess;
+    ASSERT_TRUE(server_->Start(
+        {"--model", kBundled, "--drafter", "ngram", "--port", "0", "--metrics-port", "-1"}))
+        << server_->error();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("loadgen_serve_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string Target() const { return "s=127.0.0.1:" + std::to_string(server_->port()); }
+
+  fs::path dir_;
+  static ServerProcess* server_;
+};
+
+ServerProcess* LoadgenServeTest::server_ = nullptr;
+
+TEST_F(LoadgenServeTest, WritesVllmResultsSummaryAndTable) {
+  const fs::path results = dir_ / "results";
+  const Result r = RunLoadgen({"--targets",
+                               Target(),
+                               "--model",
+                               kBundled,
+                               "--drafters",
+                               "none,ngram",
+                               "--concurrency",
+                               "2",
+                               "--num-prompts",
+                               "4",
+                               "--prompt-tokens",
+                               "16",
+                               "--max-new-tokens",
+                               "6",
+                               "--ignore-eos",
+                               "--request-rate",
+                               "50",
+                               "--burstiness",
+                               "0.5",
+                               "--num-warmups",
+                               "1",
+                               "--disable-tqdm",
+                               "--goodput",
+                               "ttft:60000",
+                               "tpot:60000",
+                               "--metadata",
+                               "run=ci",
+                               "build=test",
+                               "--metric-percentiles",
+                               "50,99",
+                               "--result-dir",
+                               results.string(),
+                               "--json",
+                               (dir_ / "summary.json").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("vs none"), std::string::npos) << r.output;
+
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(results)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 2u) << r.output;  // one flat object per (drafter, concurrency, repeat)
+  for (const fs::path& file : files) {
+    EXPECT_NE(file.filename().string().find("qps-concurrency2-pyllama-6m-"), std::string::npos)
+        << file;
+    const nlohmann::json j = ReadJson(file);
+    for (const char* key : {"date",
+                            "backend",
+                            "model_id",
+                            "tokenizer_id",
+                            "num_prompts",
+                            "request_rate",
+                            "burstiness",
+                            "max_concurrency",
+                            "duration",
+                            "completed",
+                            "total_input_tokens",
+                            "total_output_tokens",
+                            "request_throughput",
+                            "request_goodput",
+                            "output_throughput",
+                            "total_token_throughput",
+                            "mean_ttft_ms",
+                            "median_ttft_ms",
+                            "std_ttft_ms",
+                            "p50_ttft_ms",
+                            "p99_ttft_ms",
+                            "mean_tpot_ms",
+                            "p99_tpot_ms",
+                            "mean_itl_ms",
+                            "p99_itl_ms",
+                            "mean_e2el_ms",
+                            "input_lens",
+                            "output_lens",
+                            "ttfts",
+                            "itls",
+                            "generated_texts",
+                            "errors",
+                            "mean_accepted_len",
+                            "acceptance_rate",
+                            "acceptance_rate_per_position",
+                            "drafter"}) {
+      EXPECT_TRUE(j.contains(key)) << key << " in " << file;
+    }
+    EXPECT_EQ(j["model_id"], "pyllama-6m");
+    EXPECT_EQ(j["max_concurrency"], 2);
+    EXPECT_EQ(j["num_prompts"], 4);
+    EXPECT_EQ(j["completed"], 4);
+    EXPECT_EQ(j["run"], "ci");
+    EXPECT_EQ(j["build"], "test");
+    EXPECT_DOUBLE_EQ(j["burstiness"].get<double>(), 0.5);
+    EXPECT_FALSE(j["request_goodput"].is_null());
+    EXPECT_EQ(j["output_lens"], nlohmann::json({6, 6, 6, 6}));  // --ignore-eos
+    EXPECT_EQ(j["input_lens"].size(), 4u);
+    EXPECT_EQ(j["errors"], nlohmann::json({"", "", "", ""}));
+  }
+  const nlohmann::json summary = ReadJson(dir_ / "summary.json");
+  ASSERT_EQ(summary["results"].size(), 2u);
+  EXPECT_EQ(summary["run"], "ci");
+  for (const auto& row : summary["results"]) {
+    EXPECT_TRUE(row.contains("speedup_vs_none"));
+    EXPECT_TRUE(row.contains("output_throughput_median"));
+    EXPECT_FALSE(row.contains("itls"));  // per-request lists only in the result files
+  }
+}
+
+TEST_F(LoadgenServeTest, JsonlOutputLengthsAreHonouredAndNoNoneMeansNoVsNone) {
+  const fs::path prompts = dir_ / "prompts.jsonl";
+  std::ofstream(prompts) << "{\"prompt\": \"import os\\n\", \"output_len\": 3}\n"
+                            "{\"prompt\": \"def main():\\n\", \"output_len\": 5}\n";
+  // No --model: the tokenizer is found through the server's model path.
+  const Result r = RunLoadgen({"--targets", Target(), "--drafters", "ngram", "--concurrency", "1",
+                               "--num-prompts", "2", "--dataset-name", "jsonl", "--dataset-path",
+                               prompts.string(), "--ignore-eos", "--disable-tqdm", "--result-dir",
+                               dir_.string(), "--result-filename", "run.json"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("vs none"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Serving Benchmark Result"), std::string::npos) << r.output;
+  const nlohmann::json j = ReadJson(dir_ / "run.json");
+  EXPECT_EQ(j["output_lens"], nlohmann::json({3, 5}));
+  EXPECT_TRUE(j["request_goodput"].is_null());
+  EXPECT_EQ(j["request_rate"], "inf");
+  EXPECT_EQ(j["tokenizer_id"], kBundled);
+}
+
+TEST_F(LoadgenServeTest, PlotDrawsChartsNextToTheSummary) {
+  if (std::system("/usr/bin/python3 -c 'import matplotlib' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "python3-matplotlib is not installed (scripts/setup.sh installs it)";
+  }
+  const Result r = RunLoadgen(
+      {"--targets", Target(), "--model", kBundled, "--drafters", "none,ngram", "--concurrency", "1",
+       "--num-prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "4", "--ignore-eos",
+       "--disable-tqdm", "--json", (dir_ / "bench.json").string(), "--plot"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* chart : {"throughput", "latency", "acceptance", "speedup"}) {
+    EXPECT_TRUE(fs::exists(dir_ / (std::string("bench-") + chart + ".png"))) << chart << r.output;
+  }
+}
+
+TEST_F(LoadgenServeTest, UsageBannerNamesTheProgram) {
+  const Result r = RunLoadgen({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.output.rfind("usage: specula-loadgen [flags]\n", 0), 0u) << r.output;
+  EXPECT_NE(r.output.find("--goodput"), std::string::npos);
+}
+
+TEST_F(LoadgenServeTest, ReadinessTimeoutIsAClearError) {
+  // A port nothing listens on (the server's, after asking the kernel for a free one, is not
+  // guaranteed free; port 1 needs root to bind and is closed here).
+  const Result r = RunLoadgen({"--targets", "x=127.0.0.1:1", "--model", kBundled,
+                               "--ready-check-timeout-sec", "0.5", "--disable-tqdm"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("not SERVING after 0.5 s"), std::string::npos) << r.output;
+}
+
+TEST_F(LoadgenServeTest, BadFlagsNameTheFlag) {
+  for (const auto& [args, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--goodput", "ttft=5"}, "--goodput"},
+           {{"--percentile-metrics", "ttft,nope"}, "--percentile-metrics"},
+           {{"--burstiness", "0"}, "--burstiness"},
+           {{"--metadata", "novalue"}, "--metadata"},
+           {{"--dataset-name", "csv"}, "--dataset-name"},
+           {{"--model", "/nonexistent"}, "--model /nonexistent: no tokenizer.json"},
+       }) {
+    std::vector<std::string> full = {"--targets",
+                                     Target(),
+                                     "--model",
+                                     kBundled,
+                                     "--disable-tqdm",
+                                     "--concurrency",
+                                     "1",
+                                     "--num-prompts",
+                                     "1",
+                                     "--max-new-tokens",
+                                     "1"};
+    full.insert(full.end(), args.begin(), args.end());
+    const Result r = RunLoadgen(full);
+    EXPECT_EQ(r.exit_code, 1) << args[0];
+    EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace specula
