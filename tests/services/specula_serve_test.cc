@@ -280,6 +280,13 @@ TEST(SpeculaServeFlagsTest, ClearErrors) {
   EXPECT_NE(r.err.find("--port must be in [0, 65535]"), std::string::npos) << r.err;
   r = RunServe("--model " + dirs.target + " --drafter medusa");
   EXPECT_NE(r.err.find("unknown drafter 'medusa'"), std::string::npos) << r.err;
+  // Issue 19.8: a default draft length past the engine's cap was accepted, then every request
+  // (even drafter "none") was refused.
+  r = RunServe("--model " + dirs.target + " --draft-len 1000 --port 0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("INVALID_ARGUMENT: --draft-len must be in [0, 256], got 1000"),
+            std::string::npos)
+      << r.err;
   r = RunServe("--model /nonexistent/model --port 0");
   EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << r.err;
 }

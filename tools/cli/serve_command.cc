@@ -231,8 +231,11 @@ Status Run(ServeFlags& f) {
   if (f.max_queue < 1) {
     return InvalidArgumentError(StrCat("--max-queue must be at least 1, got ", f.max_queue));
   }
-  if (f.draft_len < 0)
-    return InvalidArgumentError(StrCat("--draft-len must be >= 0, got ", f.draft_len));
+  if (f.draft_len < 0 || f.draft_len > kMaxDraftTokens) {
+    // Checked here, not per request: a default past the engine's cap would refuse every request.
+    return InvalidArgumentError(
+        StrCat("--draft-len must be in [0, ", kMaxDraftTokens, "], got ", f.draft_len));
+  }
   if (f.model.model.empty()) return InvalidArgumentError("--model is required");
 
   // SIGINT/SIGTERM may land on any thread (libraries start threads of their own at load time), so
@@ -338,7 +341,8 @@ int RunServe(const std::vector<std::string>& args) {
                   "drafter for requests that name none: one of --drafter or none (default: the "
                   "first of --drafter)");
   flags.AddInt("draft-len", &f.draft_len,
-               "draft tokens per step for requests that give max_draft_tokens 0");
+               StrCat("draft tokens per step for requests that give max_draft_tokens 0 (at most ",
+                      kMaxDraftTokens, ")"));
   flags.AddInt("max-batch-size", &f.max_batch_size, "sequences decoded together per engine step");
   flags.AddInt("max-queue", &f.max_queue,
                "requests waiting or running at once; more get RESOURCE_EXHAUSTED");
