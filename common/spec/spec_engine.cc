@@ -118,13 +118,13 @@ Drafter* SpecEngine::drafter(const std::string& name) const {
   return it == drafters_.end() ? nullptr : it->second.get();
 }
 
-int64_t KvBlocksReserved(const SpecRequest& r, int64_t block_size) {
+int64_t KvBlocksReserved(const SpecRequest& r, int64_t block_size, int64_t context_length) {
   // The most positions a sequence ever holds: its prompt and every generated token, plus one
   // step's pending token and draft tree.
   const int64_t draft = r.speculation.enabled() ? r.speculation.max_draft_tokens : 0;
   const int64_t positions =
       static_cast<int64_t>(r.generation.prompt.size()) + r.generation.max_new_tokens + draft + 1;
-  return CeilDiv(positions, block_size);
+  return CeilDiv(std::min(positions, context_length), block_size);
 }
 
 Status SpecEngine::Validate(const SpecRequest& r) const {
@@ -141,7 +141,8 @@ Status SpecEngine::Validate(const SpecRequest& r) const {
                                        known.empty() ? "" : ", ", known, ")"));
   }
   RETURN_IF_ERROR(spec.verify.Validate());
-  const int64_t need = KvBlocksReserved(r, target_->kv_stats().block_size);
+  const int64_t need = KvBlocksReserved(r, target_->kv_stats().block_size,
+                                        target_->config().max_position_embeddings);
   const int64_t have = target_->kv_stats().num_blocks;
   if (need > have) {
     return ResourceExhaustedError(StrCat("the request needs ", need,
@@ -160,7 +161,8 @@ StatusOr<RequestId> SpecEngine::Submit(SpecRequest request) {
   s->rng = SequenceRng(request.generation.sampling.seed);
   s->stats.lossy = request.speculation.enabled() && request.speculation.verify.lossy();
   s->request = std::move(request);
-  s->reserved_blocks = KvBlocksReserved(s->request, target_->kv_stats().block_size);
+  s->reserved_blocks = KvBlocksReserved(s->request, target_->kv_stats().block_size,
+                                        target_->config().max_position_embeddings);
   s->draft_budget = s->request.speculation.enabled() ? s->request.speculation.max_draft_tokens : 0;
   const RequestId id = s->id;
   sequences_[id] = std::move(s);

@@ -73,9 +73,10 @@ struct StepReport {
 };
 
 // KV blocks a request holds at most: its prompt and every generated token, plus one step's pending
-// token and draft tree. The engine admits a request only while the sum over running requests fits
-// the cache; a router that plans admissions (services/router) uses the same rule.
-int64_t KvBlocksReserved(const SpecRequest& request, int64_t block_size);
+// token and draft tree, but never more than the context length's positions (no forward goes past
+// it). The engine admits a request only while the sum over running requests fits the cache; a
+// router that plans admissions (services/router) uses the same rule.
+int64_t KvBlocksReserved(const SpecRequest& request, int64_t block_size, int64_t context_length);
 
 // Largest per-step draft (tree nodes) a request may ask for.
 inline constexpr int32_t kMaxDraftTokens = 256;

@@ -186,7 +186,8 @@ Status RunInternalService(ServeFlags& f) {
         std::move(drafters),
         drafter::DrafterServiceOptions{.vocab_size = static_cast<int32_t>(config.vocab_size),
                                        .hidden_size = static_cast<int32_t>(config.hidden_size),
-                                       .dtype = f.model.dtype},
+                                       .dtype = f.model.dtype,
+                                       .context_length = config.max_position_embeddings},
         drafter_metrics.get());
     service_name = v1::Drafter::service_full_name();
     what = StrCat("drafters ", Join(names));
