@@ -66,7 +66,14 @@ std::vector<int32_t> CandidateTree::PathTo(int32_t node) const {
   return path;
 }
 
+CandidateTree CandidateTree::Failed(Status why) {
+  CandidateTree tree;
+  tree.failure_ = why.ok() ? InternalError("drafting failed") : std::move(why);
+  return tree;
+}
+
 Status CandidateTree::Validate(int32_t vocab_size, int32_t max_nodes, int32_t max_depth) const {
+  RETURN_IF_ERROR(failure_);
   if (size() > max_nodes) {
     return InvalidArgumentError(
         StrCat("candidate tree has ", size(), " nodes, over the budget of ", max_nodes));

@@ -24,6 +24,11 @@ class CandidateTree {
 
   // A chain of deterministic candidates: token i is the child of token i - 1.
   static CandidateTree Chain(std::span<const int32_t> tokens);
+  // No tree: the drafter could not draft for this one sequence (e.g. a remote drafter that lost
+  // its state). Empty, and Validate returns `why`, so the engine counts a draft error for this
+  // sequence only and it decodes without a draft this step. `why` must not be OK.
+  static CandidateTree Failed(Status why);
+  const Status& failure() const { return failure_; }
 
   // Appends a node; returns its index. `draft_prob` is the drafter's probability of the token
   // given its parent's path (reported in stats and used to rank; 1 when unknown).
@@ -52,10 +57,10 @@ class CandidateTree {
   // Node indices from the root's child down to `node`.
   std::vector<int32_t> PathTo(int32_t node) const;
 
-  // INVALID_ARGUMENT naming the node and field: a parent that does not precede its child, a token
-  // outside [0, vocab_size), more than max_nodes nodes, deeper than max_depth, a probability
-  // outside [0, 1], an unknown proposal, a distribution of the wrong size or that gives its own
-  // sampled token probability 0.
+  // failure() if the tree is Failed; else INVALID_ARGUMENT naming the node and field: a parent that
+  // does not precede its child, a token outside [0, vocab_size), more than max_nodes nodes, deeper
+  // than max_depth, a probability outside [0, 1], an unknown proposal, a distribution of the wrong
+  // size or that gives its own sampled token probability 0.
   Status Validate(int32_t vocab_size, int32_t max_nodes, int32_t max_depth) const;
 
  private:
@@ -65,6 +70,7 @@ class CandidateTree {
   std::vector<float> draft_probs_;
   std::vector<int32_t> proposals_;
   std::vector<std::vector<float>> distributions_;
+  Status failure_;  // OK unless Failed
 };
 
 }  // namespace specula

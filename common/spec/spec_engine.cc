@@ -130,7 +130,8 @@ Status SpecEngine::Validate(const SpecRequest& r) const {
                                        known.empty() ? "" : ", ", known, ")"));
   }
   RETURN_IF_ERROR(spec.verify.Validate());
-  const int64_t need = KvBlocksReserved(r, target_->kv_stats().block_size);
+  const int64_t need = KvBlocksReserved(r, target_->kv_stats().block_size,
+                                        target_->config().max_position_embeddings);
   const int64_t have = target_->kv_stats().num_blocks;
   if (need > have) {
     return ResourceExhaustedError(StrCat("the request needs ", need,
@@ -149,7 +150,8 @@ StatusOr<RequestId> SpecEngine::Submit(SpecRequest request) {
   s->rng = SequenceRng(request.generation.sampling.seed);
   s->stats.lossy = request.speculation.enabled() && request.speculation.verify.lossy();
   s->request = std::move(request);
-  s->reserved_blocks = KvBlocksReserved(s->request, target_->kv_stats().block_size);
+  s->reserved_blocks = KvBlocksReserved(s->request, target_->kv_stats().block_size,
+                                        target_->config().max_position_embeddings);
   s->draft_budget = s->request.speculation.enabled() ? s->request.speculation.max_draft_tokens : 0;
   const RequestId id = s->id;
   sequences_[id] = std::move(s);

@@ -4,6 +4,7 @@
 // the router, the Target service's codec and the in-process engine all speak it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -85,13 +86,15 @@ struct StepReport {
 };
 
 // KV blocks a request holds at most: its prompt and every generated token, plus one step's pending
-// token and draft tree. The engine admits a request only while the sum over running requests fits
-// the cache; a router that plans admissions (services/router) uses the same rule.
-inline int64_t KvBlocksReserved(const SpecRequest& request, int64_t block_size) {
+// token and draft tree, but never more than the context length's positions (no forward goes past
+// it). The engine admits a request only while the sum over running requests fits the cache; a
+// router that plans admissions (services/router) uses the same rule.
+inline int64_t KvBlocksReserved(const SpecRequest& request, int64_t block_size,
+                                int64_t context_length) {
   const int64_t draft = request.speculation.enabled() ? request.speculation.max_draft_tokens : 0;
   const int64_t positions = static_cast<int64_t>(request.generation.prompt.size()) +
                             request.generation.max_new_tokens + draft + 1;
-  return (positions + block_size - 1) / block_size;
+  return (std::min(positions, context_length) + block_size - 1) / block_size;
 }
 
 // Largest per-step draft (tree nodes) a request may ask for.

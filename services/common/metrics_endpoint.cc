@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 namespace specula::services {
@@ -83,6 +84,11 @@ MetricsEndpoint::~MetricsEndpoint() {
   const uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
   thread_.join();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (int fd : open_) shutdown(fd, SHUT_RDWR);  // wakes their recv/poll
+    closed_.wait(lock, [&] { return open_.empty(); });
+  }
   close(listen_fd_);
   close(wake_fd_);
 }
@@ -98,20 +104,44 @@ void MetricsEndpoint::Serve() {
     if (!(fds[0].revents & POLLIN)) continue;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    Handle(fd);
-    close(fd);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (static_cast<int>(open_.size()) >= kMaxConnections) {
+        const std::string busy = Response("503 Service Unavailable", "text/plain", "busy\n");
+        (void)!send(fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        close(fd);
+        continue;
+      }
+      open_.insert(fd);
+    }
+    std::thread([this, fd] {
+      Handle(fd);
+      std::lock_guard<std::mutex> lock(mu_);
+      open_.erase(fd);
+      close(fd);
+      closed_.notify_all();
+    }).detach();
   }
 }
 
 void MetricsEndpoint::Handle(int fd) {
-  timeval timeout{.tv_sec = 2, .tv_usec = 0};  // a silent client cannot hold the thread
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  timeval timeout{.tv_sec = 2, .tv_usec = 0};  // a client that does not read cannot hold it
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  // The whole request within the deadline: a client trickling bytes cannot hold the thread.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(kConnectionDeadlineMs);
   std::string request;
   char buf[2048];
   while (request.find("\r\n\r\n") == std::string::npos && request.size() < kMaxRequestBytes) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return;
+    pollfd p{fd, POLLIN, 0};
+    const int ready = poll(&p, 1, static_cast<int>(left.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return;
     const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
+    if (n <= 0) return;
     request.append(buf, static_cast<size_t>(n));
   }
   const size_t line_end = request.find("\r\n");

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <utility>
 
+#include "common/spec/spec_engine.h"
 #include "services/common/engine_codec.h"
 #include "services/common/grpc_status.h"
 #include "services/common/tensor_codec.h"
@@ -16,6 +17,7 @@ struct DrafterService::SessionState {
   struct Seq {
     SeqId id = 0;
     bool observed = false;  // the first observation is the prompt's (one hidden row fewer)
+    int64_t tokens = 0;     // observed so far (the target's sequence length)
   };
   std::map<std::pair<std::string, int64_t>, Seq> seqs;
 };
@@ -158,6 +160,12 @@ Status DrafterService::Handle(SessionState& session, const v1::DrafterCall& call
                                              layers.size(), " hidden-state tensors, got ",
                                              o.hidden_size()));
         }
+        const int64_t length = seq->second.tokens + o.tokens_size();
+        if (options_.context_length > 0 && length > options_.context_length) {
+          return InvalidArgumentError(
+              StrCat(field, ".tokens: ", o.tokens_size(), " tokens take sequence ", o.seq(), " to ",
+                     length, " tokens, past the context length of ", options_.context_length));
+        }
         const int64_t rows = o.tokens_size() - (seq->second.observed ? 0 : 1);
         DrafterObservation observation{.seq = seq->second.id};
         observation.tokens.assign(o.tokens().begin(), o.tokens().end());
@@ -171,7 +179,10 @@ Status DrafterService::Handle(SessionState& session, const v1::DrafterCall& call
         seqs.push_back(&seq->second);
       }
       RETURN_IF_ERROR(drafter.Observe(observations));
-      for (SessionState::Seq* s : seqs) s->observed = true;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        seqs[i]->observed = true;
+        seqs[i]->tokens += static_cast<int64_t>(observations[i].tokens.size());
+      }
       return OkStatus();
     }
     case v1::DrafterCall::kPropose: {
@@ -184,9 +195,13 @@ Status DrafterService::Handle(SessionState& session, const v1::DrafterCall& call
         if (seq == session.seqs.end()) {
           return NotFoundError(StrCat(field, ".seq: unknown sequence ", r.seq()));
         }
-        if (r.max_nodes() < 0 || r.max_depth() < 0) {
-          return InvalidArgumentError(StrCat(field, ": max_nodes and max_depth must be >= 0, got ",
-                                             r.max_nodes(), " and ", r.max_depth()));
+        if (r.max_nodes() < 0 || r.max_nodes() > kMaxDraftTokens) {
+          return InvalidArgumentError(StrCat(field, ".max_nodes must be in [0, ", kMaxDraftTokens,
+                                             "], got ", r.max_nodes()));
+        }
+        if (r.max_depth() < 0 || r.max_depth() > kMaxDraftTokens) {
+          return InvalidArgumentError(StrCat(field, ".max_depth must be in [0, ", kMaxDraftTokens,
+                                             "], got ", r.max_depth()));
         }
         requests.push_back(
             {.seq = seq->second.id, .max_nodes = r.max_nodes(), .max_depth = r.max_depth()});

@@ -1,8 +1,9 @@
 // The Drafter service (proto/specula/v1/drafter.proto): drafter models and their per-sequence
 // state, driven by a target over one bidirectional stream per target. Every call is validated
 // before it reaches a drafter (unknown drafter or sequence, tokens outside the vocabulary, hidden
-// states of the wrong dtype, shape or size: INVALID_ARGUMENT / NOT_FOUND naming the field) and
-// answered with its error; the session and every other sequence go on.
+// states of the wrong dtype, shape or size, a tree budget over kMaxDraftTokens, a sequence observed
+// past the context length: INVALID_ARGUMENT / NOT_FOUND naming the field) and answered with its
+// error; the session and every other sequence go on.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -23,6 +24,7 @@ struct DrafterServiceOptions {
   int32_t vocab_size = 0;         // the target's
   int32_t hidden_size = 0;        // the target's
   std::string dtype = "float32";  // the target's hidden-state dtype
+  int64_t context_length = 0;     // the target's; 0 = unchecked
 };
 
 class DrafterService final : public v1::Drafter::Service {

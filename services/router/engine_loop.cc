@@ -217,7 +217,8 @@ void EngineLoop::AdmitInbox(std::vector<Pending> incoming) {
                    .status = CancelledError("the request was cancelled")});
       continue;
     }
-    a->reserved_blocks = KvBlocksReserved(a->request.spec, info_.kv_block_size);
+    a->reserved_blocks =
+        KvBlocksReserved(a->request.spec, info_.kv_block_size, info_.context_length);
     if (a->reserved_blocks > info_.kv_cache_blocks) {
       Deliver(*a, {.finish_reason = FinishReason::kError,
                    .status = ResourceExhaustedError(

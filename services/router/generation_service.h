@@ -2,6 +2,10 @@
 // each handler validates its request, submits it to the EngineLoop and blocks on the request's
 // channel, waking at least every kPollInterval to notice a client that cancelled or whose deadline
 // passed (the request is then cancelled in the engine, which frees its KV blocks).
+//
+// Generate and GenerateStream take their request as raw bytes and parse it here, so that a request
+// protobuf cannot parse (a proto3 string that is not UTF-8) gets INVALID_ARGUMENT naming the field
+// instead of gRPC's own INTERNAL with an empty message.
 #pragma once
 
 #include <atomic>
@@ -12,6 +16,7 @@
 
 #include "services/router/engine_loop.h"
 #include "services/router/metrics.h"
+#include "services/router/request_convert.h"
 #include "specula/v1/generation.grpc.pb.h"
 
 namespace specula::router {
@@ -20,8 +25,10 @@ class GenerationService final : public v1::Generation::Service {
  public:
   static constexpr std::chrono::milliseconds kPollInterval{20};
 
-  // `loop` and `metrics` (may be null) must outlive the service.
-  GenerationService(EngineLoop* loop, RouterMetrics* metrics);
+  // `loop` and `metrics` (may be null) must outlive the service. Prompt texts longer than
+  // `max_prompt_bytes` are refused before tokenization.
+  GenerationService(EngineLoop* loop, RouterMetrics* metrics,
+                    int64_t max_prompt_bytes = kDefaultMaxPromptBytes);
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         v1::GenerateResponse* response) override;
@@ -36,6 +43,16 @@ class GenerationService final : public v1::Generation::Service {
     SpeculationSettings speculation;
     std::shared_ptr<RequestChannel> channel;
   };
+  using RawUnary = grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>;
+  using RawStream = grpc::ServerSplitStreamer<grpc::ByteBuffer, grpc::ByteBuffer>;
+  // The registered handlers: parse (or explain why not), then as Generate / GenerateStream.
+  grpc::Status RawGenerate(grpc::ServerContext* context, RawUnary* stream);
+  grpc::Status RawGenerateStream(grpc::ServerContext* context, RawStream* stream);
+  // Reads the one request message of a call into `request`.
+  template <typename Reader>
+  grpc::Status ReadRequest(Reader* stream, v1::GenerateRequest* request);
+  grpc::Status StreamEvents(grpc::ServerContext* context, const v1::GenerateRequest& request,
+                            const std::function<bool(const v1::GenerateStreamResponse&)>& write);
   // Validates and submits the request with the call's deadline.
   StatusOr<Started> Start(grpc::ServerContext* context, const v1::GenerateRequest& request);
   // Passes each event to `on_event` until the last one; returns the request's final status.
@@ -45,6 +62,7 @@ class GenerationService final : public v1::Generation::Service {
 
   EngineLoop* loop_;
   RouterMetrics* metrics_;
+  int64_t max_prompt_bytes_;
   std::atomic<int64_t> next_request_id_{1};
 };
 

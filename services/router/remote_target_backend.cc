@@ -9,9 +9,15 @@
 namespace specula::router {
 
 StatusOr<std::unique_ptr<RemoteTargetBackend>> RemoteTargetBackend::Connect(
-    const std::string& address, std::chrono::milliseconds timeout) {
+    const std::string& address, std::chrono::milliseconds timeout,
+    std::chrono::milliseconds step_deadline) {
+  if (step_deadline <= std::chrono::milliseconds::zero()) {
+    return InvalidArgumentError(
+        StrCat("the step deadline must be positive, got ", step_deadline.count(), " ms"));
+  }
   std::unique_ptr<RemoteTargetBackend> b(
       new RemoteTargetBackend(address, services::MakeServiceChannel(address)));
+  b->step_deadline_ = step_deadline;
   v1::TargetInfo info;
   grpc::Status got = services::RetryUntil(timeout, [&] {
     grpc::ClientContext context;
@@ -56,12 +62,19 @@ StatusOr<StepOutcome> RemoteTargetBackend::Step(const StepPlan& plan) {
   v1::StepPlan message;
   services::ToProto(plan, &message);
   v1::StepResult result;
-  if (!stream_->Write(message) || !stream_->Read(&result)) {
+  watchdog_.Arm(context_.get(), step_deadline_);
+  const bool answered = stream_->Write(message) && stream_->Read(&result);
+  const bool timed_out = watchdog_.Disarm();
+  if (!answered || timed_out) {  // an answer that raced the cancel is lost with its session
+    if (answered) context_->TryCancel();
     grpc::Status why = stream_->Finish();
     stream_.reset();
     context_.reset();
     Status status = services::FromGrpcStatus(why);
-    if (status.ok() || status.code() == StatusCode::kCancelled) {
+    if (timed_out) {
+      status = DeadlineExceededError(StrCat("no answer to a step within ", step_deadline_.count(),
+                                            " ms (--target-step-deadline-s)"));
+    } else if (status.ok() || status.code() == StatusCode::kCancelled) {
       status = UnavailableError("the stream closed");
     }
     // The target's own errors (a broken plan) keep their code; a lost connection is UNAVAILABLE.

@@ -1,7 +1,10 @@
 // The router's gRPC client of the Target service: a TargetBackend whose steps run in another
 // process (`specula serve --role router --target-address HOST:PORT`). One Run stream carries the
 // session; a step that cannot be sent or answered drops the stream and fails with UNAVAILABLE (the
-// router then fails the requests it held), and the next step opens a new session.
+// router then fails the requests it held), and the next step opens a new session. A step that gets
+// no answer within the step deadline (`--target-step-deadline-s`: a hung target) fails the same way
+// with DEADLINE_EXCEEDED, so the router's loop, and with it every client's cancellation, never
+// waits on a hung target for longer than that.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -11,15 +14,20 @@
 #include <string>
 
 #include "common/spec/target_backend.h"
+#include "services/common/stream_watchdog.h"
 #include "specula/v1/target.grpc.pb.h"
 
 namespace specula::router {
 
 class RemoteTargetBackend : public TargetBackend {
  public:
-  // Fetches the target's info, retrying for up to `timeout` while it is unreachable.
-  static StatusOr<std::unique_ptr<RemoteTargetBackend>> Connect(const std::string& address,
-                                                                std::chrono::milliseconds timeout);
+  static constexpr std::chrono::milliseconds kDefaultStepDeadline{30000};
+
+  // Fetches the target's info, retrying for up to `timeout` while it is unreachable. Each Step
+  // must be answered within `step_deadline`.
+  static StatusOr<std::unique_ptr<RemoteTargetBackend>> Connect(
+      const std::string& address, std::chrono::milliseconds timeout,
+      std::chrono::milliseconds step_deadline = kDefaultStepDeadline);
   ~RemoteTargetBackend() override;
 
   TargetInfo info() const override { return info_; }
@@ -35,6 +43,8 @@ class RemoteTargetBackend : public TargetBackend {
   TargetInfo info_;
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::StepPlan, v1::StepResult>> stream_;
+  std::chrono::milliseconds step_deadline_ = kDefaultStepDeadline;
+  services::StreamWatchdog watchdog_;
 };
 
 }  // namespace specula::router

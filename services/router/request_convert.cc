@@ -1,6 +1,10 @@
 #include "services/router/request_convert.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
+
 #include <algorithm>
+#include <map>
 #include <random>
 
 namespace specula::router {
@@ -63,18 +67,106 @@ StatusOr<SpeculationSettings> ToSpeculation(const v1::Speculation& s, const Engi
   return out;
 }
 
+// Walks the fields of one serialized message; returns the first string field (with its path)
+// that is not UTF-8, recursing into message fields.
+Status FindInvalidUtf8(const google::protobuf::Descriptor* descriptor, std::string_view bytes,
+                       const std::string& prefix, int depth) {
+  using google::protobuf::FieldDescriptor;
+  using google::protobuf::internal::WireFormatLite;
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                            static_cast<int>(bytes.size()));
+  std::map<int, int> seen;  // field number -> occurrences (repeated fields' indices)
+  while (true) {
+    const uint32_t tag = in.ReadTag();
+    if (tag == 0) return OkStatus();
+    const FieldDescriptor* field =
+        descriptor->FindFieldByNumber(WireFormatLite::GetTagFieldNumber(tag));
+    if (field == nullptr ||
+        WireFormatLite::GetTagWireType(tag) != WireFormatLite::WIRETYPE_LENGTH_DELIMITED ||
+        (field->type() != FieldDescriptor::TYPE_STRING &&
+         field->type() != FieldDescriptor::TYPE_MESSAGE)) {
+      if (!WireFormatLite::SkipField(&in, tag)) return InvalidArgumentError("malformed message");
+      if (field != nullptr) ++seen[field->number()];
+      continue;
+    }
+    const int index = seen[field->number()]++;
+    std::string name = prefix + field->name();
+    if (field->is_repeated()) name += StrCat("[", index, "]");
+    uint32_t length = 0;
+    std::string value;
+    if (!in.ReadVarint32(&length) || !in.ReadString(&value, static_cast<int>(length))) {
+      return InvalidArgumentError(StrCat(name, ": malformed message"));
+    }
+    if (field->type() == FieldDescriptor::TYPE_STRING) {
+      const int64_t bad = FirstInvalidUtf8(value);
+      if (bad >= 0)
+        return InvalidArgumentError(StrCat(name, " is not valid UTF-8 (byte ", bad, ")"));
+    } else if (depth < 16) {
+      RETURN_IF_ERROR(FindInvalidUtf8(field->message_type(), value, name + ".", depth + 1));
+    }
+  }
+}
+
 }  // namespace
 
+int64_t FirstInvalidUtf8(std::string_view s) {
+  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = b[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;  // no overlong forms
+      if (c == 0xED) hi = 0x9F;  // no surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;  // no overlong forms
+      if (c == 0xF4) hi = 0x8F;  // nothing past U+10FFFF
+    } else {
+      return static_cast<int64_t>(i);
+    }
+    if (i + len > n || b[i + 1] < lo || b[i + 1] > hi) return static_cast<int64_t>(i);
+    for (size_t k = 2; k < len; ++k) {
+      if ((b[i + k] & 0xC0) != 0x80) return static_cast<int64_t>(i);
+    }
+    i += len;
+  }
+  return -1;
+}
+
+Status DiagnoseUnparsable(const google::protobuf::Descriptor* descriptor, std::string_view bytes) {
+  RETURN_IF_ERROR(FindInvalidUtf8(descriptor, bytes, "", 0));
+  return InvalidArgumentError(StrCat("malformed ", descriptor->name(), " message"));
+}
+
 StatusOr<LoopRequest> ToLoopRequest(const v1::GenerateRequest& r, const EngineInfo& info,
-                                    const Tokenizer& tokenizer) {
+                                    const Tokenizer& tokenizer, int64_t max_prompt_bytes) {
   LoopRequest out;
   GenerationRequest& g = out.spec.generation;
   switch (r.prompt_case()) {
-    case v1::GenerateRequest::kText:
+    case v1::GenerateRequest::kText: {
       if (r.text().empty()) return InvalidArgumentError("prompt is empty: text is \"\"");
+      // Refused before tokenization, which costs time in the size of the text.
+      if (static_cast<int64_t>(r.text().size()) > max_prompt_bytes) {
+        return InvalidArgumentError(StrCat("text is ", r.text().size(),
+                                           " bytes, over the server's limit of ", max_prompt_bytes,
+                                           " (--max-prompt-bytes)"));
+      }
+      const int64_t bad = FirstInvalidUtf8(r.text());
+      if (bad >= 0) return InvalidArgumentError(StrCat("text is not valid UTF-8 (byte ", bad, ")"));
       g.prompt = tokenizer.Encode(r.text(), /*add_special_tokens=*/true);
       if (g.prompt.empty()) return InvalidArgumentError("text encodes to no tokens");
       break;
+    }
     case v1::GenerateRequest::kTokenIds:
       if (r.token_ids().ids().empty()) {
         return InvalidArgumentError("prompt is empty: token_ids has no ids");

@@ -17,7 +17,8 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(ServedModel model,
     ASSIGN_OR_RETURN(s->metrics_port_, s->metrics_->Expose(options.host, *options.metrics_port));
   }
   ASSIGN_OR_RETURN(s->loop_, EngineLoop::Create(std::move(model), options.loop, s->metrics_.get()));
-  s->service_ = std::make_unique<GenerationService>(s->loop_.get(), s->metrics_.get());
+  s->service_ = std::make_unique<GenerationService>(s->loop_.get(), s->metrics_.get(),
+                                                    options.max_prompt_bytes);
 
   // Both are process-wide switches that take effect for servers built afterwards.
   grpc::EnableDefaultHealthCheckService(true);
@@ -25,6 +26,7 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(ServedModel model,
   grpc::ServerBuilder builder;
   const std::string address = StrCat(options.host, ":", options.port);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {

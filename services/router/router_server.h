@@ -16,12 +16,18 @@
 
 namespace specula::router {
 
+inline constexpr int64_t kDefaultMaxRequestBytes = int64_t{4} << 20;
+
 struct RouterServerOptions {
   std::string host = "127.0.0.1";
   int port = 50051;  // 0 = any free port (see RouterServer::port())
   // Prometheus /metrics on host:metrics_port; nullopt = off, 0 = any free port.
   std::optional<int> metrics_port;
   EngineLoopOptions loop;
+  // Prompt texts over this many bytes are refused (INVALID_ARGUMENT) before tokenization.
+  int64_t max_prompt_bytes = kDefaultMaxPromptBytes;
+  // gRPC messages over this many bytes are refused by gRPC (RESOURCE_EXHAUSTED).
+  int64_t max_request_bytes = kDefaultMaxRequestBytes;
 };
 
 class RouterServer {

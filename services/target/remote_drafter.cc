@@ -44,13 +44,14 @@ DrafterConnection::DrafterConnection(std::string address, std::shared_ptr<grpc::
       stub_(v1::Drafter::NewStub(channel_)) {}
 
 DrafterConnection::~DrafterConnection() {
-  std::lock_guard<std::mutex> lock(mu_);
-  DropStream();
+  std::lock_guard<std::mutex> lock(call_mu_);
+  (void)DropStream();
 }
 
 bool DrafterConnection::connected() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stream_ != nullptr;
+  std::lock_guard<std::mutex> lock(call_mu_);
+  std::lock_guard<std::mutex> state(mu_);
+  return stream_ != nullptr && !broken_;
 }
 
 Status DrafterConnection::OpenStream() {
@@ -58,29 +59,102 @@ Status DrafterConnection::OpenStream() {
   stream_ = stub_->Session(context_.get());
   if (!stream_) return UnavailableError(StrCat("drafter service at ", address_, ": no stream"));
   ++session_;
+  reader_ = std::thread([this, stream = stream_.get()] { ReadReplies(stream); });
   return OkStatus();
 }
 
-void DrafterConnection::DropStream() {
-  if (!stream_) return;
-  context_->TryCancel();
-  (void)stream_->Finish();
+grpc::Status DrafterConnection::DropStream(bool cancel) {
+  if (!stream_) return grpc::Status::OK;
+  if (cancel) context_->TryCancel();
+  if (reader_.joinable()) reader_.join();  // its Read returns false once the stream ends
+  grpc::Status why = stream_->Finish();
   stream_.reset();
   context_.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  calls_sent_ = 0;
+  replies_read_ = 0;
+  replies_.clear();
+  abandoned_.clear();
+  broken_ = false;
+  return why;
+}
+
+void DrafterConnection::ReadReplies(
+    grpc::ClientReaderWriter<v1::DrafterCall, v1::DrafterReply>* stream) {
+  v1::DrafterReply reply;
+  while (stream->Read(&reply)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t index = replies_read_++;
+    if (abandoned_.erase(index)) continue;  // its call gave up waiting
+    replies_[index] = std::move(reply);
+    replied_.notify_all();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  broken_ = true;
+  replied_.notify_all();
 }
 
 StatusOr<v1::DrafterReply> DrafterConnection::Call(const v1::DrafterCall& call, uint64_t* session) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(call_mu_);
+  bool ended = false;
+  {
+    std::lock_guard<std::mutex> state(mu_);
+    ended = broken_;
+  }
+  if (ended) (void)DropStream(/*cancel=*/false);  // the service went away since the last call
   if (!stream_) RETURN_IF_ERROR(OpenStream());
   *session = session_;
-  v1::DrafterReply reply;
-  if (!stream_->Write(call) || !stream_->Read(&reply)) {
-    context_->TryCancel();
-    grpc::Status why = stream_->Finish();
-    stream_.reset();
-    context_.reset();
+  const auto deadline = std::chrono::steady_clock::now() + call_deadline_;
+  uint64_t index = 0;
+  {
+    std::lock_guard<std::mutex> state(mu_);
+    index = calls_sent_++;
+  }
+  // A service that does not even take the call's bytes (flow control) within the deadline is
+  // treated as dead.
+  watchdog_.Arm(context_.get(), call_deadline_);
+  const bool sent = stream_->Write(call);
+  const bool stuck = watchdog_.Disarm();
+  if (!sent || stuck) {
+    grpc::Status why = DropStream();
+    if (stuck) {
+      return DeadlineExceededError(StrCat("drafter service at ", address_, " did not take a call",
+                                          " within ", call_deadline_.count(),
+                                          " ms (--drafter-deadline-ms); the stream is dropped"));
+    }
     return UnavailableError(StrCat("drafter service at ", address_, " is unreachable: ",
                                    why.ok() ? "stream closed" : why.error_message()));
+  }
+  v1::DrafterReply reply;
+  bool got = false;
+  size_t late = 0;
+  {
+    std::unique_lock<std::mutex> state(mu_);
+    replied_.wait_until(state, deadline, [&] { return replies_.count(index) > 0 || broken_; });
+    auto it = replies_.find(index);
+    if (it != replies_.end()) {
+      reply = std::move(it->second);
+      replies_.erase(it);
+      got = true;
+    } else if (!broken_) {
+      abandoned_.insert(index);
+      late = abandoned_.size();
+    }
+  }
+  if (!got && late == 0) {  // the stream ended
+    grpc::Status why = DropStream(/*cancel=*/false);
+    return UnavailableError(StrCat("drafter service at ", address_, " is unreachable: ",
+                                   why.ok() ? "stream closed" : why.error_message()));
+  }
+  if (!got) {
+    std::string dropped;
+    if (late > static_cast<size_t>(kMaxLateReplies)) {
+      (void)DropStream();
+      dropped = StrCat("; ", late, " answers behind, the stream is dropped");
+    }
+    return DeadlineExceededError(StrCat("drafter service at ", address_, " did not answer within ",
+                                        call_deadline_.count(), " ms (--drafter-deadline-ms)",
+                                        dropped));
   }
   RETURN_IF_ERROR(services::StatusFromCode(reply.code(), reply.message()));
   return reply;
@@ -142,7 +216,13 @@ StatusOr<std::vector<CandidateTree>> RemoteDrafter::Propose(
   call.set_drafter(name_);
   std::vector<size_t> asked;
   for (size_t i = 0; i < requests.size(); ++i) {
-    if (!Live(requests[i].seq)) continue;  // empty tree: no speculation for it
+    if (!Live(requests[i].seq)) {
+      // Its state died with an earlier stream: a draft error for this sequence alone, every step.
+      trees[i] = CandidateTree::Failed(
+          UnavailableError(StrCat("drafter service at ", connection_->address(), " lost sequence ",
+                                  requests[i].seq, "'s state (it restarted or is unreachable)")));
+      continue;
+    }
     v1::DraftRequest* m = call.mutable_propose()->add_requests();
     m->set_seq(requests[i].seq);
     m->set_max_nodes(requests[i].max_nodes);

@@ -5,28 +5,42 @@
 //
 // When the drafter service dies, calls fail with UNAVAILABLE and the engine runs the affected
 // sequences without speculation. The next call opens a new stream; sequences of the old one are
-// unknown to the new session, so they get empty trees and their observations are skipped, while
-// sequences added after the reconnect speculate again.
+// unknown to the new session, so they get failed trees (a draft error each step, no draft) and
+// their observations are skipped, while sequences added after the reconnect speculate again.
+//
+// Every call has a deadline (`--drafter-deadline-ms`, default 500): a drafter that answers late
+// costs only that call (DEADLINE_EXCEEDED: a Propose's sequences decode without a draft for the
+// step, an Observe's go on without speculation) and its late answer is dropped when it comes; the
+// stream stays open. A drafter that falls more than kMaxLateReplies answers behind, or does not
+// even take a call's bytes within the deadline, is treated as dead: the stream is dropped.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "common/spec/drafter.h"
+#include "services/common/stream_watchdog.h"
 #include "specula/v1/drafter.grpc.pb.h"
 
 namespace specula::target {
 
 class DrafterConnection {
  public:
+  static constexpr std::chrono::milliseconds kDefaultCallDeadline{500};
+  static constexpr int kMaxLateReplies = 4;
+
   // Fetches the service's info, retrying for up to `timeout` while it is unreachable (it may still
   // be starting). UNAVAILABLE after that; INVALID_ARGUMENT if its vocabulary, hidden size or dtype
   // differ from the target's.
@@ -37,6 +51,10 @@ class DrafterConnection {
                                                               const std::string& dtype);
   ~DrafterConnection();
 
+  // Each later call's deadline (positive).
+  void set_call_deadline(std::chrono::milliseconds deadline) { call_deadline_ = deadline; }
+  std::chrono::milliseconds call_deadline() const { return call_deadline_; }
+
   const std::string& address() const { return address_; }
   const v1::DrafterInfo& info() const { return info_; }
   int32_t vocab_size() const { return info_.vocab_size(); }
@@ -46,23 +64,39 @@ class DrafterConnection {
   bool connected() const;
 
   // One call and its reply. Opens the stream if none is open; UNAVAILABLE (and the stream is
-  // dropped) if the service cannot be reached or the stream breaks; the reply's own error
-  // otherwise. `session` receives the session the call ran in.
+  // dropped) if the service cannot be reached or the stream breaks; DEADLINE_EXCEEDED if no reply
+  // came within the call deadline; the reply's own error otherwise. `session` receives the
+  // session the call ran in. Calls are serialized (one at a time).
   StatusOr<v1::DrafterReply> Call(const v1::DrafterCall& call, uint64_t* session);
 
  private:
   DrafterConnection(std::string address, std::shared_ptr<grpc::Channel> channel);
+  // Both with call_mu_ held. DropStream cancels the stream (unless `cancel` is false: the reader
+  // saw it end), waits for the reader and returns the stream's final status.
   Status OpenStream();
-  void DropStream();
+  grpc::Status DropStream(bool cancel = true);
+  // The reader thread: files every reply under its call's index, drops late ones.
+  void ReadReplies(grpc::ClientReaderWriter<v1::DrafterCall, v1::DrafterReply>* stream);
 
   std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Drafter::Stub> stub_;
   v1::DrafterInfo info_;
-  mutable std::mutex mu_;
+  std::chrono::milliseconds call_deadline_ = kDefaultCallDeadline;
+  mutable std::mutex call_mu_;  // one call at a time; guards the stream's lifetime
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::DrafterCall, v1::DrafterReply>> stream_;
+  std::thread reader_;
+  services::StreamWatchdog watchdog_;  // a Write the service does not take
   std::atomic<uint64_t> session_{0};
+  // Shared with the reader thread, under mu_. Calls and replies are numbered in stream order.
+  mutable std::mutex mu_;
+  std::condition_variable replied_;
+  uint64_t calls_sent_ = 0;
+  uint64_t replies_read_ = 0;
+  std::map<uint64_t, v1::DrafterReply> replies_;  // read, not yet taken
+  std::set<uint64_t> abandoned_;                  // calls that timed out: drop their replies
+  bool broken_ = false;                           // the reader saw the stream end
 };
 
 class RemoteDrafter : public Drafter {

@@ -95,6 +95,10 @@ void TargetMetrics::Step(const StepOutcome& outcome, int32_t running, double kv_
   impl_->prefill_tokens.Increment(static_cast<double>(r.prefill_tokens));
   impl_->verify_tokens.Increment(static_cast<double>(r.verify_tokens));
   if (r.batch_size > 0) impl_->batch_size.Observe(r.batch_size);
+  Load(running, kv_cache_usage);
+}
+
+void TargetMetrics::Load(int32_t running, double kv_cache_usage) {
   impl_->running.Set(running);
   impl_->kv_usage.Set(kv_cache_usage);
 }

@@ -18,7 +18,10 @@ class TargetMetrics {
 
   services::MetricsRegistry& registry() { return registry_; }
   void SessionStarted();
+  // One engine step; sets the load gauges as Load does.
   void Step(const StepOutcome& outcome, int32_t running, double kv_cache_usage);
+  // The load gauges alone (after a session ended and its requests were freed).
+  void Load(int32_t running, double kv_cache_usage);
 
  private:
   struct Impl;

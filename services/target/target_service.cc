@@ -54,8 +54,10 @@ grpc::Status TargetService::Run(grpc::ServerContext* context,
     if (!stream->Write(result)) break;
   }
   // The router is gone (or broke the protocol): nothing of its session may keep KV blocks.
+  // The gauges too: no later step would update them while no router is connected.
   std::lock_guard<std::mutex> lock(backend_mu_);
   backend_->CancelAll();
+  if (metrics_) metrics_->Load(backend_->num_requests(), backend_->target().kv_stats().usage());
   return ended;
 }
 

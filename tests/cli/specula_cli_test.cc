@@ -190,7 +190,9 @@ TEST_F(SpeculaCliTest, SpeculationFlagErrors) {
   r = Run(base + " --drafter ngram --verify magic");
   EXPECT_NE(r.err.find("--verify"), std::string::npos) << r.err;
   r = Run(base + " --drafter ngram --draft-len -2");
-  EXPECT_NE(r.err.find("max_draft_tokens"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--draft-len must be in [0, 256], got -2"), std::string::npos) << r.err;
+  r = Run(base + " --drafter ngram --draft-len 1000");  // issue 19.8
+  EXPECT_NE(r.err.find("--draft-len must be in [0, 256], got 1000"), std::string::npos) << r.err;
   r = Run(base + " --drafter ngram --ngram-min 5 --ngram-max 2");
   EXPECT_NE(r.err.find("min_ngram"), std::string::npos) << r.err;
 }

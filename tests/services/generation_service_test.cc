@@ -300,6 +300,82 @@ TEST_F(GenerationServiceTest, BadRequestsNameTheFieldAndTheServerKeepsServing) {
       std::string::npos);
 }
 
+// Issue 19.7: a proto3 string that is not UTF-8 fails protobuf's parse; gRPC answered INTERNAL
+// with an empty message. It is the client's error: INVALID_ARGUMENT naming the field.
+TEST_F(GenerationServiceTest, InvalidUtf8IsInvalidArgumentNamingTheField) {
+  auto stub = Stub();
+  auto expect_invalid = [&](const v1::GenerateRequest& request, const std::string& text) {
+    for (bool stream : {false, true}) {
+      grpc::Status status;
+      if (stream) {
+        status = Stream(*stub, request).status;
+      } else {
+        grpc::ClientContext context;
+        v1::GenerateResponse response;
+        status = stub->Generate(&context, request, &response);
+      }
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+          << text << ": " << status.error_message();
+      EXPECT_NE(status.error_message().find(text), std::string::npos) << status.error_message();
+    }
+  };
+  v1::GenerateRequest r = Request({}, 4, "none");
+  r.set_text(std::string("def f(x):\xff\xfe", 11));  // the C++ client sends it as it is
+  expect_invalid(r, "text is not valid UTF-8 (byte 9)");
+  r.set_text("ok \xed\xa0\x80");  // a UTF-16 surrogate
+  expect_invalid(r, "text is not valid UTF-8 (byte 3)");
+  r = Request({5, 6}, 4, "none");
+  r.add_stop("fine");
+  r.add_stop("\xc0\xaf");  // an overlong '/'
+  expect_invalid(r, "stop[1] is not valid UTF-8 (byte 0)");
+  r = Request({5, 6}, 4, "none");
+  r.mutable_speculation()->set_drafter("\x80");
+  expect_invalid(r, "speculation.drafter is not valid UTF-8");
+
+  EXPECT_EQ(FirstInvalidUtf8("plain ascii"), -1);
+  EXPECT_EQ(FirstInvalidUtf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), -1);
+  EXPECT_EQ(FirstInvalidUtf8("\xf4\x90\x80\x80"), 0);  // past U+10FFFF
+  EXPECT_EQ(FirstInvalidUtf8("ab\xe2\x82"), 2);        // cut short
+  // Still serving, and valid text works.
+  r = Request({}, 4, "none");
+  r.set_text("caf\xc3\xa9");
+  grpc::ClientContext context;
+  v1::GenerateResponse response;
+  grpc::Status ok = stub->Generate(&context, r, &response);
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(response.token_ids_size(), 4);
+}
+
+// Issue 19.9 and the message size limit: a huge prompt is refused before it is tokenized, and a
+// message over --max-request-bytes never reaches the handler.
+TEST_F(GenerationServiceTest, OversizedPromptsAndMessagesAreRefused) {
+  const TestModelDirs& dirs = TinyServedModelDirs();
+  RouterServerOptions options;
+  options.port = 0;
+  options.max_prompt_bytes = 1000;
+  options.max_request_bytes = 64 * 1024;
+  auto small = RouterServer::Start(LoadServedModel(dirs.target, ""), options);
+  ASSERT_TRUE(small.ok()) << small.status();
+  auto stub = Stub((*small)->port());
+  v1::GenerateRequest r = Request({}, 4, "none");
+  r.set_text(std::string(1001, 'a'));
+  grpc::ClientContext c1;
+  v1::GenerateResponse response;
+  grpc::Status status = stub->Generate(&c1, r, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find("text is 1001 bytes, over the server's limit of 1000"),
+            std::string::npos)
+      << status.error_message();
+  r.set_text(std::string(100 * 1024, 'a'));
+  grpc::ClientContext c2;
+  status = stub->Generate(&c2, r, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  r.set_text(std::string(1000, 'a'));
+  grpc::ClientContext c3;
+  status = stub->Generate(&c3, r, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
 TEST_F(GenerationServiceTest, QueueFullIsResourceExhausted) {
   const TestModelDirs& dirs = TinyServedModelDirs();
   RouterServerOptions options;

@@ -6,8 +6,11 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
+#include <thread>
 
 #include "common/spec/local_target_backend.h"
 #include "services/common/service_server.h"
@@ -77,7 +80,8 @@ class InternalServicesTest : public ::testing::Test {
         std::move(drafters),
         drafter::DrafterServiceOptions{.vocab_size = static_cast<int32_t>(config_.vocab_size),
                                        .hidden_size = static_cast<int32_t>(config_.hidden_size),
-                                       .dtype = "float32"});
+                                       .dtype = "float32",
+                                       .context_length = config_.max_position_embeddings});
     auto server = services::ServiceServer::Start("127.0.0.1", 0, service_.get(),
                                                  v1::Drafter::service_full_name());
     ASSERT_TRUE(server.ok()) << server.status();
@@ -376,6 +380,204 @@ TEST_F(InternalServicesTest, TargetRejectsABrokenPlanNamingTheFieldAndFreesTheSe
   EXPECT_EQ(result.updates(0).finish_reason(), "length");
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
+}
+
+// Issue 19.9: the drafter service built any tree a peer asked for (a 2,000,000-node budget) and
+// took observations past the context length.
+TEST_F(InternalServicesTest, DrafterServiceRefusesBudgetsOverTheCapAndObservationsPastTheContext) {
+  RawSession session(server_->port());
+  v1::DrafterCall add;
+  add.set_drafter("recording");
+  add.mutable_add()->set_seq(7);
+  ASSERT_EQ(session.Call(add).code(), 0);
+  auto propose = [](int32_t nodes, int32_t depth) {
+    v1::DrafterCall call;
+    call.set_drafter("recording");
+    v1::DraftRequest* r = call.mutable_propose()->add_requests();
+    r->set_seq(7);
+    r->set_max_nodes(nodes);
+    r->set_max_depth(depth);
+    return call;
+  };
+  v1::DrafterReply reply = session.Call(propose(2000000, 4));
+  EXPECT_EQ(reply.code(), 3) << reply.message();
+  EXPECT_NE(reply.message().find("propose.requests[0].max_nodes must be in [0, 256], got 2000000"),
+            std::string::npos)
+      << reply.message();
+  reply = session.Call(propose(4, 100000));
+  EXPECT_EQ(reply.code(), 3) << reply.message();
+  EXPECT_NE(reply.message().find("propose.requests[0].max_depth must be in [0, 256]"),
+            std::string::npos)
+      << reply.message();
+
+  const int64_t context = config_.max_position_embeddings;
+  const int64_t d = config_.hidden_size;
+  auto observe = [&](int64_t tokens, int64_t rows) {
+    v1::DrafterCall call;
+    call.set_drafter("recording");
+    v1::Observation* o = call.mutable_observe()->add_observations();
+    o->set_seq(7);
+    for (int64_t t = 0; t < tokens; ++t) o->add_tokens(static_cast<int32_t>(t % 50));
+    for (int l = 0; l < 2; ++l) {
+      EXPECT_TRUE(services::EncodeTensor(at::zeros({rows, d}), o->add_hidden()).ok());
+    }
+    return call;
+  };
+  reply = session.Call(observe(context + 1, context));
+  EXPECT_EQ(reply.code(), 3) << reply.message();
+  EXPECT_NE(reply.message().find("observe.observations[0].tokens: " + std::to_string(context + 1) +
+                                 " tokens take sequence 7 to " + std::to_string(context + 1) +
+                                 " tokens, past the context length of " + std::to_string(context)),
+            std::string::npos)
+      << reply.message();
+  EXPECT_TRUE(remote_log_->tokens.empty()) << "a rejected call reached the drafter";
+  // Up to the context is fine, one more token is not.
+  ASSERT_EQ(session.Call(observe(context - 1, context - 2)).code(), 0);
+  ASSERT_EQ(session.Call(observe(1, 1)).code(), 0);
+  EXPECT_EQ(session.Call(observe(1, 1)).code(), 3);
+  EXPECT_EQ(session.Call(propose(256, 256)).code(), 0);
+}
+
+// A drafter service whose proposals take `delay` (a slow or frozen drafter); other calls are
+// answered at once. Each reply's message names the call it answers.
+class SlowDrafterService final : public v1::Drafter::Service {
+ public:
+  grpc::Status GetDrafterInfo(grpc::ServerContext*, const v1::GetDrafterInfoRequest*,
+                              v1::DrafterInfo* info) override {
+    info->add_drafters()->set_name("slow");
+    info->set_vocab_size(vocab);
+    info->set_hidden_size(hidden);
+    info->set_hidden_dtype(v1::DTYPE_FLOAT32);
+    return grpc::Status::OK;
+  }
+  grpc::Status Session(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::DrafterReply, v1::DrafterCall>* stream) override {
+    v1::DrafterCall call;
+    while (stream->Read(&call)) {
+      v1::DrafterReply reply;
+      if (call.has_propose()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
+        for (const v1::DraftRequest& r : call.propose().requests()) {
+          v1::CandidateTree* t = reply.add_trees();
+          t->add_tokens(static_cast<int32_t>(r.max_nodes()));  // tells the replies apart
+          t->add_parents(-1);
+          t->add_draft_probs(1.0f);
+          t->add_proposals(-1);
+        }
+      }
+      stream->Write(reply);
+    }
+    return grpc::Status::OK;
+  }
+  int32_t vocab = 0;
+  int32_t hidden = 0;
+  std::atomic<int> delay_ms{0};
+};
+
+// Issue 19.3: a slow drafter stalled the target's every step. A call past the deadline fails alone
+// (DEADLINE_EXCEEDED), its late answer is dropped, and the next call gets its own answer on the
+// same stream; through the engine, a request completes with plain greedy output and counts the
+// draft errors.
+TEST_F(InternalServicesTest, SlowDrafterCostsOnlyThatStepsSpeculation) {
+  SlowDrafterService slow;
+  slow.vocab = static_cast<int32_t>(config_.vocab_size);
+  slow.hidden = static_cast<int32_t>(config_.hidden_size);
+  auto server =
+      services::ServiceServer::Start("127.0.0.1", 0, &slow, v1::Drafter::service_full_name());
+  ASSERT_TRUE(server.ok());
+  auto connection = target::DrafterConnection::Connect(Address((*server)->port()), 5s, slow.vocab,
+                                                       slow.hidden, "float32");
+  ASSERT_TRUE(connection.ok()) << connection.status();
+  (*connection)->set_call_deadline(300ms);
+  target::RemoteDrafter drafter(*connection, (*connection)->info().drafters(0));
+  ASSERT_TRUE(drafter.AddSequence(42, {}).ok());
+  const uint64_t session = (*connection)->session();
+  slow.delay_ms = 1500;
+  auto late = drafter.Propose({{.seq = 42, .max_nodes = 3, .max_depth = 1}});
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), StatusCode::kDeadlineExceeded) << late.status();
+  EXPECT_NE(late.status().message().find("--drafter-deadline-ms"), std::string::npos)
+      << late.status();
+  slow.delay_ms = 0;
+  // Generous: this call first waits behind the late one on the service.
+  (*connection)->set_call_deadline(20s);
+  auto next = drafter.Propose({{.seq = 42, .max_nodes = 5, .max_depth = 1}});
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_EQ(next->size(), 1u);
+  ASSERT_EQ((*next)[0].size(), 1);
+  EXPECT_EQ((*next)[0].token(0), 5) << "got the late answer of the earlier call";
+  EXPECT_EQ((*connection)->session(), session) << "the stream was dropped";
+
+  // Through the engine: every proposal is late.
+  (*connection)->set_call_deadline(200ms);
+  slow.delay_ms = 1000;
+  auto target = Target();
+  ASSERT_TRUE(target->engine()
+                  .AddDrafter(std::make_unique<target::RemoteDrafter>(
+                      *connection, (*connection)->info().drafters(0)))
+                  .ok());
+  StepPlan plan = Admit(1, {5, 9, 13}, 6);
+  plan.admit[0].request.speculation.drafter = "slow";
+  std::vector<int32_t> tokens;
+  int64_t draft_errors = 0;
+  for (int step = 0; step < 100; ++step) {
+    auto out = target->Step(plan);
+    ASSERT_TRUE(out.ok()) << out.status();
+    plan = {};
+    bool done = false;
+    for (const RequestUpdate& u : out->report.updates) {
+      tokens.insert(tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (u.finished) {
+        done = true;
+        draft_errors = u.stats.draft_errors;
+      }
+    }
+    if (done) break;
+  }
+  slow.delay_ms = 0;
+  ReferenceDecoder reference(dir_);
+  EXPECT_EQ(tokens, reference.Greedy({5, 9, 13}, 6));
+  EXPECT_GT(draft_errors, 0);
+}
+
+// Issue 19.5: after a drafter restart the sequences of the old session silently got empty trees:
+// no speculation and no draft error. Each such step is now a draft error of that sequence alone,
+// while a sequence added after the restart speculates.
+TEST_F(InternalServicesTest, SequencesThatLostTheirDrafterCountDraftErrorsEveryStep) {
+  auto connection = target::DrafterConnection::Connect(
+      Address(server_->port()), 5s, static_cast<int32_t>(config_.vocab_size),
+      static_cast<int32_t>(config_.hidden_size), "float32");
+  ASSERT_TRUE(connection.ok()) << connection.status();
+  auto target = Target();
+  ASSERT_TRUE(target->engine()
+                  .AddDrafter(std::make_unique<target::RemoteDrafter>(
+                      *connection, (*connection)->info().drafters(0)))
+                  .ok());
+  std::map<RequestId, RequestUpdate> last;
+  auto step = [&](const StepPlan& plan) {
+    auto out = target->Step(plan);
+    ASSERT_TRUE(out.ok()) << out.status();
+    for (const RequestUpdate& u : out->report.updates) last[u.id] = u;
+  };
+  step(Admit(1, {5, 9, 13, 2}, 40));
+  step({});
+  step({});
+  // The drafter service restarts on the same port: the old session and its state are gone.
+  const int port = server_->port();
+  server_.reset();
+  auto restarted = services::ServiceServer::Start("127.0.0.1", port, service_.get(),
+                                                  v1::Drafter::service_full_name());
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  server_ = std::move(*restarted);
+  step({});                       // the old stream fails: one draft error
+  step(Admit(2, {7, 3, 8}, 12));  // reconnects; the new sequence is known to the new session
+  for (int i = 0; i < 60 && !(last[1].finished && last[2].finished); ++i) step({});
+  ASSERT_TRUE(last[1].finished && last[2].finished);
+  ReferenceDecoder reference(dir_);
+  EXPECT_GT(last[1].stats.draft_errors, 5) << "steps without a draft went uncounted";
+  EXPECT_EQ(last[2].stats.draft_errors, 0) << last[2].stats.last_draft_error;
+  EXPECT_GT(last[2].stats.draft_steps, 0);
 }
 
 }  // namespace

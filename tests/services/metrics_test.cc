@@ -1,9 +1,17 @@
 // RouterMetrics: the vLLM-style names, counts that follow what is recorded, and the HTTP endpoint.
 #include "services/router/metrics.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tests/services/http_get.h"
 
@@ -66,6 +74,61 @@ TEST(RouterMetricsTest, ServesMetricsOverHttp) {
   ASSERT_FALSE(taken.ok());
   EXPECT_EQ(taken.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(taken.status().message().find("--metrics-port"), std::string::npos);
+}
+
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  return fd;
+}
+
+// Issue 19.6: the endpoint served one connection at a time, so a client that connected and sent
+// nothing, or trickled bytes, blocked every scrape.
+TEST(RouterMetricsTest, IdleAndTricklingConnectionsDoNotBlockScrapes) {
+  RouterMetrics m;
+  auto port = m.Expose("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  const int idle = Connect(*port);  // sends nothing
+  const int trickle = Connect(*port);
+  std::atomic<bool> scraped{false};
+  std::atomic<bool> gave_up{false};
+  std::thread trickler([&] {
+    // One byte at a time, well inside any per-read timeout, for up to 30 s.
+    const std::string request = "GET /metrics HTTP/1.0\r\nX-Slow: ";
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (size_t i = 0; !scraped; ++i) {
+      if (std::chrono::steady_clock::now() > end) {
+        gave_up = true;
+        return;
+      }
+      const char c = i < request.size() ? request[i] : 'x';
+      (void)!send(trickle, &c, 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both are accepted first
+  HttpResponse ok = HttpGet(*port, "/metrics");
+  scraped = true;
+  trickler.join();
+  EXPECT_EQ(ok.status, 200);
+  EXPECT_FALSE(gave_up) << "the scrape waited for the trickling client";
+  close(idle);
+  close(trickle);
+  // Many idle connections at once: past the cap they are refused, and a scrape still succeeds
+  // once they go.
+  std::vector<int> many;
+  for (int i = 0; i < 40; ++i) many.push_back(Connect(*port));
+  for (int fd : many) close(fd);
+  HttpResponse after;
+  for (int i = 0; i < 100 && after.status != 200; ++i) {
+    after = HttpGet(*port, "/metrics");
+    if (after.status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(after.status, 200);
 }
 
 }  // namespace

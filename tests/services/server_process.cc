@@ -107,6 +107,10 @@ int ServerProcess::Stop(int signal, std::chrono::seconds timeout) {
   return -1;
 }
 
+void ServerProcess::Signal(int signal) {
+  if (pid_ > 0) kill(pid_, signal);
+}
+
 std::string ServerProcess::Stderr() const {
   std::ifstream in(stderr_path_);
   std::stringstream ss;

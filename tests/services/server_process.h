@@ -24,6 +24,8 @@ class ServerProcess {
   // Sends `signal` and waits for exit; returns the exit code (-1 if killed by a signal or still
   // running after `timeout`, in which case it is killed).
   int Stop(int signal, std::chrono::seconds timeout = std::chrono::seconds(30));
+  // Sends `signal` without waiting (SIGSTOP / SIGCONT: a frozen peer).
+  void Signal(int signal);
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }  // 0 when metrics are off

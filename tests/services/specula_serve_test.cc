@@ -280,6 +280,22 @@ TEST(SpeculaServeFlagsTest, ClearErrors) {
   EXPECT_NE(r.err.find("--port must be in [0, 65535]"), std::string::npos) << r.err;
   r = RunServe("--model " + dirs.target + " --drafter medusa");
   EXPECT_NE(r.err.find("unknown drafter 'medusa'"), std::string::npos) << r.err;
+  // Issue 19.8: a default draft length past the engine's cap was accepted, then every request
+  // (even drafter "none") was refused.
+  r = RunServe("--model " + dirs.target + " --draft-len 1000 --port 0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("INVALID_ARGUMENT: --draft-len must be in [0, 256], got 1000"),
+            std::string::npos)
+      << r.err;
+  r = RunServe("--role target --model " + dirs.target + " --drafter-deadline-ms 0 --port 0");
+  EXPECT_NE(r.err.find("--drafter-deadline-ms must be at least 1, got 0"), std::string::npos)
+      << r.err;
+  r = RunServe("--role router --model " + dirs.target +
+               " --target-address 127.0.0.1:1 --target-step-deadline-s 0 --port 0");
+  EXPECT_NE(r.err.find("--target-step-deadline-s must be at least 0.001"), std::string::npos)
+      << r.err;
+  r = RunServe("--model " + dirs.target + " --max-prompt-bytes 0 --port 0");
+  EXPECT_NE(r.err.find("--max-prompt-bytes must be at least 1, got 0"), std::string::npos) << r.err;
   r = RunServe("--model /nonexistent/model --port 0");
   EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << r.err;
 }

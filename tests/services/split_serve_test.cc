@@ -43,17 +43,21 @@ class Deployment {
     return router_.Start({"--role", "all", "--model", dirs.target, "--drafter", "ngram,draft-model",
                           "--drafter-model", dirs.draft, "--port", "0", "--metrics-port", "0"});
   }
-  bool StartSplit(const TestModelDirs& dirs) {
+  // The drafter deadline is generous by default: these tests assert draft_errors == 0 on machines
+  // that may be loaded (or pause a process for a moment).
+  bool StartSplit(const TestModelDirs& dirs, const std::string& drafter_deadline_ms = "20000",
+                  const std::string& target_step_deadline_s = "60") {
     dirs_ = dirs;
     if (!StartDrafter("0")) return false;
     if (!target_.Start({"--role", "target", "--model", dirs.target, "--drafter-address",
-                        Address(drafter_), "--port", "0", "--metrics-port", "-1"})) {
+                        Address(drafter_), "--port", "0", "--metrics-port", "-1",
+                        "--drafter-deadline-ms", drafter_deadline_ms})) {
       error_ = target_.error();
       return false;
     }
     if (!router_.Start({"--role", "router", "--model", dirs.target, "--target-address",
                         Address(target_), "--port", "0", "--metrics-port", "0", "--default-drafter",
-                        "ngram"})) {
+                        "ngram", "--target-step-deadline-s", target_step_deadline_s})) {
       error_ = router_.error();
       return false;
     }
@@ -224,8 +228,9 @@ TEST_F(DeploymentTest, HiddenStateDraftersAcrossProcessesStayLossless) {
                      "--specformer-model", root + "/models/specformer-pyllama-6m", "--beagle-model",
                      root + "/models/beagle-pyllama-6m", "--port", "0", "--metrics-port", "0"}))
       << drafter.error();
-  ASSERT_TRUE(target.Start({"--role", "target", "--model", model, "--drafter-address",
-                            Address(drafter), "--port", "0", "--metrics-port", "0"}))
+  ASSERT_TRUE(
+      target.Start({"--role", "target", "--model", model, "--drafter-address", Address(drafter),
+                    "--port", "0", "--metrics-port", "0", "--drafter-deadline-ms", "20000"}))
       << target.error();
   ASSERT_TRUE(router.Start({"--role", "router", "--model", model, "--target-address",
                             Address(target), "--port", "0", "--metrics-port", "0"}))
@@ -335,6 +340,84 @@ TEST_F(SplitFailureTest, TargetDeathFailsRequestsWithUnavailableAndNoneHang) {
   Streamed after = Stream(*stub, GreedyRequest({5, 6}, 4, "none"), 20s);
   EXPECT_EQ(after.status.error_code(), grpc::StatusCode::UNAVAILABLE)
       << after.status.error_message();
+}
+
+// Issue 19.3: a frozen drafter (SIGSTOP) stalled the whole target. With a call deadline it costs
+// only speculation: every request completes with plain greedy output and counts draft errors.
+TEST_F(SplitFailureTest, FrozenDrafterCostsOnlySpeculation) {
+  Deployment d;
+  ASSERT_TRUE(d.StartSplit(TinyServedModelDirs(), /*drafter_deadline_ms=*/"300")) << d.error();
+  auto stub = v1::Generation::NewStub(Channel(d.router().port()));
+  d.drafter().Signal(SIGSTOP);
+  constexpr int kClients = 3;
+  std::vector<Streamed> got(kClients);
+  std::vector<std::vector<int32_t>> prompts(kClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    prompts[i] = Prompt(reference_->tokenizer(), i);
+    clients.emplace_back([&, i] {
+      got[i] = Stream(*stub, GreedyRequest(prompts[i], 12, i % 2 ? "draft-model" : "ngram"), 90s);
+    });
+  }
+  for (auto& t : clients) t.join();
+  d.drafter().Signal(SIGCONT);
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_TRUE(got[i].status.ok()) << i << ": " << got[i].status.error_message();
+    EXPECT_EQ(got[i].ids, reference_->Greedy(prompts[i], 12)) << "client " << i;
+    EXPECT_GT(got[i].finished.spec().draft_errors(), 0) << "client " << i;
+  }
+}
+
+// Issue 19.3: a hung target froze the router's loop, and with it every client's cancellation. With
+// a step deadline the requests fail with DEADLINE_EXCEEDED from the router itself.
+TEST_F(SplitFailureTest, HungTargetFailsRequestsAtTheStepDeadline) {
+  Deployment d;
+  ASSERT_TRUE(d.StartSplit(TinyServedModelDirs(), "20000", /*target_step_deadline_s=*/"1"))
+      << d.error();
+  auto stub = v1::Generation::NewStub(Channel(d.router().port()));
+  Streamed warm = Stream(*stub, GreedyRequest({5, 6}, 2, "none"));
+  ASSERT_TRUE(warm.status.ok()) << warm.status.error_message();
+  d.target().Signal(SIGSTOP);
+  // The client's own deadline is far away: the error must come from the router.
+  Streamed hung = Stream(*stub, GreedyRequest({5, 6, 7}, 8, "none"), 120s);
+  d.target().Signal(SIGCONT);
+  EXPECT_EQ(hung.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << hung.status.error_message();
+  EXPECT_NE(hung.status.error_message().find("--target-step-deadline-s"), std::string::npos)
+      << hung.status.error_message();
+}
+
+// Issue 19.4: the target's gauges stayed at their last values after its router died.
+TEST_F(SplitFailureTest, RouterDeathResetsTheTargetsLoadGauges) {
+  Deployment d;
+  ASSERT_TRUE(d.StartSplit(TinyServedModelDirs())) << d.error();
+  auto stub = v1::Generation::NewStub(Channel(d.router().port()));
+  auto gauge = [&](const std::string& name) {
+    HttpResponse r = HttpGet(d.target().metrics_port(), "/metrics");
+    const size_t at = r.body.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::atof(r.body.c_str() + at + name.size() + 2);
+  };
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 3; ++i) {
+    clients.emplace_back([&, i] {
+      (void)Stream(*stub, GreedyRequest(Prompt(reference_->tokenizer(), i), 950, "none"), 60s);
+    });
+  }
+  double running = 0;
+  for (int i = 0; i < 500 && running <= 0; ++i) {
+    running = gauge("specula_num_requests_running");
+    if (running <= 0) std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_GT(running, 0) << "the requests never ran";
+  EXPECT_GT(gauge("specula_kv_cache_usage_perc"), 0);
+  d.router().Stop(SIGKILL);
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < 500 && running != 0; ++i) {
+    running = gauge("specula_num_requests_running");
+    if (running != 0) std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(running, 0);
+  EXPECT_EQ(gauge("specula_kv_cache_usage_perc"), 0);
 }
 
 }  // namespace

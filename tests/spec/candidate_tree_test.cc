@@ -218,5 +218,14 @@ TEST(CandidateTreeTest, ValidateRejectsASampledTokenItsDistributionCannotProduce
   EXPECT_TRUE(deterministic.Validate(3, 10, 10).ok());
 }
 
+TEST(CandidateTreeTest, FailedTreeIsEmptyAndValidateReturnsWhy) {
+  const CandidateTree tree = CandidateTree::Failed(UnavailableError("drafter lost sequence 3"));
+  EXPECT_TRUE(tree.empty());
+  const Status st = tree.Validate(100, 4, 4);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(st.message(), "drafter lost sequence 3");
+  EXPECT_TRUE(CandidateTree().Validate(100, 4, 4).ok());
+}
+
 }  // namespace
 }  // namespace specula

@@ -1043,5 +1043,18 @@ TEST_F(SpecEngineTest, LossyVerificationIsLabelled) {
   EXPECT_TRUE((*results)[1].stats.lossy);
 }
 
+// Issue 19.9: a request whose max_new_tokens fills the context (the API's default when unset)
+// reserved its draft and one more position past the context, which no forward can reach.
+TEST(KvBlocksReservedTest, NeverMoreThanTheContext) {
+  SpecRequest r;
+  r.generation.prompt.assign(10, 5);
+  r.generation.max_new_tokens = 512 - 10;
+  r.speculation.drafter = "ngram";
+  r.speculation.max_draft_tokens = 4;
+  EXPECT_EQ(KvBlocksReserved(r, 16, 512), 32);
+  r.generation.max_new_tokens = 100;  // far from the context: prompt + max_new + draft + 1
+  EXPECT_EQ(KvBlocksReserved(r, 16, 512), 8);
+}
+
 }  // namespace
 }  // namespace specula

@@ -54,6 +54,11 @@ struct ServeFlags {
   std::string target_address;
   std::string drafter_address;
   double connect_timeout_s = 60;
+  int64_t drafter_deadline_ms = target::DrafterConnection::kDefaultCallDeadline.count();
+  double target_step_deadline_s =
+      router::RemoteTargetBackend::kDefaultStepDeadline.count() / 1000.0;
+  int64_t max_prompt_bytes = router::kDefaultMaxPromptBytes;
+  int64_t max_request_bytes = router::kDefaultMaxRequestBytes;
 };
 
 Status CheckRole(const ServeFlags& f) {
@@ -69,6 +74,22 @@ Status CheckRole(const ServeFlags& f) {
   }
   if (f.role != "target" && !f.drafter_address.empty()) {
     return InvalidArgumentError("--drafter-address is for --role target");
+  }
+  if (f.drafter_deadline_ms < 1) {
+    return InvalidArgumentError(
+        StrCat("--drafter-deadline-ms must be at least 1, got ", f.drafter_deadline_ms));
+  }
+  if (!(f.target_step_deadline_s >= 0.001)) {
+    return InvalidArgumentError(
+        StrCat("--target-step-deadline-s must be at least 0.001, got ", f.target_step_deadline_s));
+  }
+  if (f.max_prompt_bytes < 1) {
+    return InvalidArgumentError(
+        StrCat("--max-prompt-bytes must be at least 1, got ", f.max_prompt_bytes));
+  }
+  if (f.max_request_bytes < 1024 || f.max_request_bytes > (int64_t{1} << 31) - 1) {
+    return InvalidArgumentError(
+        StrCat("--max-request-bytes must be in [1024, 2147483647], got ", f.max_request_bytes));
   }
   if (f.connect_timeout_s < 0) {
     return InvalidArgumentError(
@@ -139,6 +160,7 @@ StatusOr<std::unique_ptr<LocalTargetBackend>> LoadTarget(const ServeFlags& f) {
                                                       static_cast<int32_t>(config.vocab_size),
                                                       static_cast<int32_t>(config.hidden_size),
                                                       backend->target().dtype_name()));
+  connection->set_call_deadline(std::chrono::milliseconds(f.drafter_deadline_ms));
   for (const v1::DrafterSpec& spec : connection->info().drafters()) {
     RETURN_IF_ERROR(
         backend->engine().AddDrafter(std::make_unique<target::RemoteDrafter>(connection, spec)));
@@ -186,7 +208,8 @@ Status RunInternalService(ServeFlags& f) {
         std::move(drafters),
         drafter::DrafterServiceOptions{.vocab_size = static_cast<int32_t>(config.vocab_size),
                                        .hidden_size = static_cast<int32_t>(config.hidden_size),
-                                       .dtype = f.model.dtype},
+                                       .dtype = f.model.dtype,
+                                       .context_length = config.max_position_embeddings},
         drafter_metrics.get());
     service_name = v1::Drafter::service_full_name();
     what = StrCat("drafters ", Join(names));
@@ -231,8 +254,11 @@ Status Run(ServeFlags& f) {
   if (f.max_queue < 1) {
     return InvalidArgumentError(StrCat("--max-queue must be at least 1, got ", f.max_queue));
   }
-  if (f.draft_len < 0)
-    return InvalidArgumentError(StrCat("--draft-len must be >= 0, got ", f.draft_len));
+  if (f.draft_len < 0 || f.draft_len > kMaxDraftTokens) {
+    // Checked here, not per request: a default past the engine's cap would refuse every request.
+    return InvalidArgumentError(
+        StrCat("--draft-len must be in [0, ", kMaxDraftTokens, "], got ", f.draft_len));
+  }
   if (f.model.model.empty()) return InvalidArgumentError("--model is required");
 
   // SIGINT/SIGTERM may land on any thread (libraries start threads of their own at load time), so
@@ -246,8 +272,11 @@ Status Run(ServeFlags& f) {
   const std::string tok_path = (std::filesystem::path(f.model.model) / "tokenizer.json").string();
   ASSIGN_OR_RETURN(served.tokenizer, Tokenizer::FromFile(tok_path));
   if (f.role == "router") {
-    ASSIGN_OR_RETURN(served.backend,
-                     router::RemoteTargetBackend::Connect(f.target_address, ConnectTimeout(f)));
+    ASSIGN_OR_RETURN(
+        served.backend,
+        router::RemoteTargetBackend::Connect(
+            f.target_address, ConnectTimeout(f),
+            std::chrono::milliseconds(static_cast<int64_t>(f.target_step_deadline_s * 1000))));
   } else {
     ASSIGN_OR_RETURN(served.backend, LoadTarget(f));
   }
@@ -258,6 +287,8 @@ Status Run(ServeFlags& f) {
   options.port = static_cast<int>(f.port);
   if (f.metrics_port != 0)
     options.metrics_port = f.metrics_port < 0 ? 0 : static_cast<int>(f.metrics_port);
+  options.max_prompt_bytes = f.max_prompt_bytes;
+  options.max_request_bytes = f.max_request_bytes;
   options.loop.max_queue = static_cast<int32_t>(f.max_queue);
   options.loop.max_batch_size = static_cast<int32_t>(f.max_batch_size);
   // Default drafter: the flag, else the first drafter listed in --drafter (all) or the first the
@@ -336,6 +367,18 @@ int RunServe(const std::vector<std::string>& args) {
                   "target: the drafter service, HOST:PORT (empty: load --drafter locally)");
   flags.AddDouble("connect-timeout-s", &f.connect_timeout_s,
                   "router/target: how long to wait at startup for the target/drafter service");
+  flags.AddInt("drafter-deadline-ms", &f.drafter_deadline_ms,
+               "target: deadline of each call to the drafter service; a late drafter costs only "
+               "that step's speculation (counted in draft_errors)");
+  flags.AddDouble("target-step-deadline-s", &f.target_step_deadline_s,
+                  "router: deadline of each engine step on the target; a hung target fails its "
+                  "requests with DEADLINE_EXCEEDED");
+  flags.AddInt("max-prompt-bytes", &f.max_prompt_bytes,
+               "router/all: largest prompt text in bytes, refused with INVALID_ARGUMENT before "
+               "tokenization");
+  flags.AddInt("max-request-bytes", &f.max_request_bytes,
+               "router/all: largest gRPC request message the public API accepts "
+               "(RESOURCE_EXHAUSTED beyond)");
   flags.AddString(
       "host", &f.host,
       "address to listen on (127.0.0.1 = this machine only; 0.0.0.0 = every interface)");
@@ -358,8 +401,9 @@ int RunServe(const std::vector<std::string>& args) {
                   "and acceptance (0 = no draft when it cannot pay), up to the request's "
                   "max_draft_tokens or --draft-cap | fixed: --draft-len nodes every step");
   flags.AddInt("draft-len", &f.draft_len,
-               "--draft-budget fixed: draft tokens per step for requests that give "
-               "max_draft_tokens 0");
+               StrCat("--draft-budget fixed: draft tokens per step for requests that give "
+                      "max_draft_tokens 0 (at most ",
+                      kMaxDraftTokens, ")"));
   flags.AddInt("max-batch-size", &f.max_batch_size, "sequences decoded together per engine step");
   flags.AddInt("max-queue", &f.max_queue,
                "requests waiting or running at once; more get RESOURCE_EXHAUSTED");

@@ -162,6 +162,10 @@ Status SpecFlags::AddDrafters(SpecEngine& engine, const ModelFlags& model) const
 
 StatusOr<SpeculationSettings> SpecFlags::Settings(const std::string& name, int64_t len,
                                                   double temperature) const {
+  if (len < 0 || len > kMaxDraftTokens) {
+    return InvalidArgumentError(
+        StrCat("--draft-len must be in [0, ", kMaxDraftTokens, "], got ", len));
+  }
   SpeculationSettings s;
   s.drafter = name;
   s.max_draft_tokens = static_cast<int32_t>(len);

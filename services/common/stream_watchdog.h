@@ -1,0 +1,46 @@
+// A deadline for one blocking operation on a long-lived gRPC stream. gRPC deadlines belong to a
+// whole call, so a stream that carries many request/reply exchanges (Target.Run, Drafter.Session)
+// gets none per exchange; the watchdog gives one: Arm before the blocking Write/Read, Disarm after.
+// If the deadline passes first, a background thread cancels the stream's ClientContext, which makes
+// the blocked Write/Read return false; Disarm then reports that it fired, and the caller drops the
+// stream (the next exchange opens a new one).
+//
+// Thread-safety: Arm and Disarm from one thread at a time (the stream's user); the watchdog's own
+// thread only calls ClientContext::TryCancel, which gRPC allows from any thread.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+namespace specula::services {
+
+class StreamWatchdog {
+ public:
+  StreamWatchdog() = default;
+  ~StreamWatchdog();
+  StreamWatchdog(const StreamWatchdog&) = delete;
+  StreamWatchdog& operator=(const StreamWatchdog&) = delete;
+
+  // Cancels `context` unless Disarm is called within `timeout`. `context` must stay alive until
+  // Disarm returns.
+  void Arm(grpc::ClientContext* context, std::chrono::steady_clock::duration timeout);
+  // Stops watching; true if the deadline had passed and the context was cancelled.
+  bool Disarm();
+
+ private:
+  void Watch();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  grpc::ClientContext* context_ = nullptr;  // armed while not null
+  std::chrono::steady_clock::time_point deadline_;
+  bool fired_ = false;
+  bool stop_ = false;
+  std::thread thread_;  // started by the first Arm
+};
+
+}  // namespace specula::services
