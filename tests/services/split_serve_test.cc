@@ -40,8 +40,11 @@ std::string Address(const ServerProcess& p) { return "127.0.0.1:" + std::to_stri
 class Deployment {
  public:
   bool StartAll(const TestModelDirs& dirs) {
+    // Fixed draft budgets: these tests check that speculation runs (and fails over), whatever the
+    // adaptive policy would conclude on a loaded machine.
     return router_.Start({"--role", "all", "--model", dirs.target, "--drafter", "ngram,draft-model",
-                          "--drafter-model", dirs.draft, "--port", "0", "--metrics-port", "0"});
+                          "--drafter-model", dirs.draft, "--port", "0", "--metrics-port", "0",
+                          "--draft-budget", "fixed"});
   }
   // The drafter deadline is generous by default: these tests assert draft_errors == 0 on machines
   // that may be loaded (or pause a process for a moment).
@@ -57,7 +60,8 @@ class Deployment {
     }
     if (!router_.Start({"--role", "router", "--model", dirs.target, "--target-address",
                         Address(target_), "--port", "0", "--metrics-port", "0", "--default-drafter",
-                        "ngram", "--target-step-deadline-s", target_step_deadline_s})) {
+                        "ngram", "--target-step-deadline-s", target_step_deadline_s,
+                        "--draft-budget", "fixed"})) {
       error_ = router_.error();
       return false;
     }
@@ -233,7 +237,8 @@ TEST_F(DeploymentTest, HiddenStateDraftersAcrossProcessesStayLossless) {
                     "--port", "0", "--metrics-port", "0", "--drafter-deadline-ms", "20000"}))
       << target.error();
   ASSERT_TRUE(router.Start({"--role", "router", "--model", model, "--target-address",
-                            Address(target), "--port", "0", "--metrics-port", "0"}))
+                            Address(target), "--port", "0", "--metrics-port", "0",
+                            "--draft-budget", "fixed"}))
       << router.error();
   EXPECT_NE(router.line().find("specformer"), std::string::npos) << router.line();
   EXPECT_NE(router.line().find("beagle"), std::string::npos) << router.line();

@@ -89,6 +89,7 @@ struct RunResult {
   int64_t accepted_tokens = 0;
   int64_t mismatches = 0;  // requests whose output differs from the baseline's
   int64_t peak_drafter_state_bytes = 0;
+  int64_t engine_steps = 0;  // target forwards (each serves the whole batch)
   int64_t budget_nodes = 0;  // adaptive: nodes the policy gave, over sequence-steps
   int64_t budgeted_sequence_steps = 0;
   double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0; }
@@ -123,6 +124,7 @@ StatusOr<RunResult> RunOnce(SpecEngine& engine, const std::vector<SpecRequest>& 
     SpecRunStats stats;
     ASSIGN_OR_RETURN(auto results, GenerateAll(engine, wave, nullptr, &stats, planner));
     r.budget_nodes += stats.budget_nodes;
+    r.engine_steps += stats.steps;
     r.budgeted_sequence_steps += stats.budgeted_sequence_steps;
     r.seconds += stats.seconds;
     r.draft_seconds += stats.draft_seconds;
@@ -247,6 +249,7 @@ Status Run(const BenchFlags& f) {
                         {"draft_depth", r.draft_depth},
                         {"accepted_tokens", r.accepted_tokens},
                         {"draft_seconds", r.draft_seconds},
+                        {"engine_steps", r.engine_steps},
                         {"verify_seconds", r.verify_seconds},
                         {"mismatches", r.mismatches},
                         {"peak_drafter_state_bytes", r.peak_drafter_state_bytes}});
@@ -254,6 +257,23 @@ Status Run(const BenchFlags& f) {
       // kappa = a * l_d / k (SpecFormer): accepted length per draft token spent, scaled by the
       // draft positions l_d (the tree's depth). Chains have l_d = k, so kappa = a.
       const double kappa = k > 0 ? a * l_d / k : 0;
+      // theta = kappa / speedup (SpecFormer's kappa-to-TPS conversion ratio; lower is better, 1 =
+      // every accepted token turned into speed).
+      const double theta = kappa > 0 && Median(speedups) > 0 ? kappa / Median(speedups) : 0;
+      // The per-step limit: a tokens per step at the cost of (verify + draft) per step, against
+      // one token per step at the no-draft step's cost; and the fraction of it reached.
+      std::vector<double> fractions;
+      double limit = 0;
+      for (int64_t rep = 0; rep < f.repeats; ++rep) {
+        const RunResult& r = runs[s][rep];
+        const RunResult& base = runs[0][rep];
+        if (r.engine_steps == 0 || base.engine_steps == 0 || r.seconds <= 0) continue;
+        const double t_none = (base.verify_seconds + base.draft_seconds) / base.engine_steps;
+        const double t_spec = (r.verify_seconds + r.draft_seconds) / r.engine_steps;
+        const double lim = t_spec > 0 ? r.a() * t_none / t_spec : 0;
+        limit += lim / f.repeats;
+        if (lim > 0) fractions.push_back(speedups[rep] / lim);
+      }
       const double state_mb = peak_state / (1024.0 * 1024.0);
       std::printf(
           "%-6lld %-18s %10.1f %10.1f %8.2fx %8.2fx %6.2f %6.2f %6.1f %6.1f%% %6.1f%% %8.2f %lld\n",
@@ -273,6 +293,9 @@ Status Run(const BenchFlags& f) {
                          {"mean_draft_tokens", k},
                          {"mean_draft_depth", l_d},
                          {"kappa", kappa},
+                         {"theta", theta},
+                         {"speedup_limit", limit},
+                         {"fraction_of_limit", Median(fractions)},
                          {"peak_drafter_state_mb", state_mb},
                          {"draft_share_median", Median(draft_share)},
                          {"verify_share_median", Median(verify_share)},

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The adaptive draft budget served: two `specula serve` processes side by side, one with
+# `--draft-budget adaptive` (the default) and one with `--draft-budget fixed --draft-len K`, measured
+# by specula-loadgen in the same run on the same held-out prompts, for every drafter and without
+# speculation, at several concurrencies. With SPLIT=1 each is three processes (drafter, target,
+# router over loopback gRPC) instead of one.
+#
+#   scripts/bench_adaptive_serving.sh [OUT]     (default docs/bench-adaptive-serving-pyllama-6m-cpu)
+# Environment: CONCURRENCY (1,4,16,64), DRAFTERS (none,ngram,draft-model,specformer,beagle),
+# MAX_NEW_TOKENS (48), REPEATS (3), FIXED_LEN (4), REQUEST_RATE (0 = all at once), SPLIT (0).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:-docs/bench-adaptive-serving-pyllama-6m-cpu}"
+MODEL=models/pyllama-6m
+BIN=build/bin
+LOGS="$(mktemp -d)"
+trap 'for p in "$LOGS"/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done; rm -rf "$LOGS"' EXIT
+
+# shellcheck source=scripts/serve_lib.sh
+source scripts/serve_lib.sh
+
+DRAFTER_FLAGS=(--drafter ngram,draft-model,specformer,beagle --drafter-model models/pyllama-draft-1m
+  --specformer-model models/specformer-pyllama-6m --beagle-model models/beagle-pyllama-6m)
+
+# start NAME BUDGET_FLAGS...: one server (or three processes) named NAME; prints its public port.
+start() {
+  local name="$1"
+  shift
+  if [ "${SPLIT:-0}" = 1 ]; then
+    local dport tport rport
+    read -r dport _ < <(serve "$name-drafter" --role drafter --model "$MODEL" "${DRAFTER_FLAGS[@]}" \
+      --port 0 --metrics-port 0)
+    read -r tport _ < <(serve "$name-target" --role target --model "$MODEL" \
+      --drafter-address "127.0.0.1:$dport" --port 0 --metrics-port 0)
+    read -r rport _ < <(serve "$name-router" --role router --model "$MODEL" \
+      --target-address "127.0.0.1:$tport" --port 0 --metrics-port 0 --default-drafter none "$@")
+    echo "$rport"
+  else
+    local port
+    read -r port _ < <(serve "$name" --model "$MODEL" "${DRAFTER_FLAGS[@]}" --port 0 \
+      --metrics-port 0 --default-drafter none "$@")
+    echo "$port"
+  fi
+}
+ADAPTIVE_PORT="$(start adaptive --draft-budget adaptive)"
+FIXED_PORT="$(start fixed --draft-budget fixed --draft-len "${FIXED_LEN:-4}")"
+echo "adaptive on :$ADAPTIVE_PORT, fixed k=${FIXED_LEN:-4} on :$FIXED_PORT (split=${SPLIT:-0})"
+
+"$BIN/specula-loadgen" --model "$MODEL" \
+  --targets "adaptive=127.0.0.1:$ADAPTIVE_PORT,fixed=127.0.0.1:$FIXED_PORT" \
+  --drafters "${DRAFTERS:-none,ngram,draft-model,specformer,beagle}" \
+  --concurrency "${CONCURRENCY:-1,4,16,64}" --max-new-tokens "${MAX_NEW_TOKENS:-48}" \
+  --request-rate "${REQUEST_RATE:-0}" --ignore-eos --repeats "${REPEATS:-3}" --json "$OUT.json"
