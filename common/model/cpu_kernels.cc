@@ -350,8 +350,8 @@ __attribute__((always_inline)) inline void SmallMatmulT(const float* x, const fl
 }
 
 SPECULA_VECTOR_CLONES
-void SmallMatmul(const float* x, const float* w, const float* bias, const float* residual, float* y,
-                 int64_t rows, int64_t n0, int64_t n1, int64_t n_out, int64_t k) {
+void SmallMatmulBlock(const float* x, const float* w, const float* bias, const float* residual,
+                      float* y, int64_t rows, int64_t n0, int64_t n1, int64_t n_out, int64_t k) {
   switch (rows) {
     case 1:
       return SmallMatmulT<1>(x, w, bias, residual, y, n0, n1, n_out, k);
@@ -369,6 +369,21 @@ void SmallMatmul(const float* x, const float* w, const float* bias, const float*
       return SmallMatmulT<7>(x, w, bias, residual, y, n0, n1, n_out, k);
     default:
       return SmallMatmulT<8>(x, w, bias, residual, y, n0, n1, n_out, k);
+  }
+}
+
+// More than 8 rows: blocks of 8 rows over tiles of weight rows small enough to stay in cache, so
+// the weights are still read from memory once.
+void SmallMatmul(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                 int64_t rows, int64_t n0, int64_t n1, int64_t n_out, int64_t k) {
+  if (rows <= 8) return SmallMatmulBlock(x, w, bias, residual, y, rows, n0, n1, n_out, k);
+  const int64_t tile = std::max<int64_t>(4, (int64_t{16} << 10) / k);  // ~64 KB of weights
+  for (int64_t t0 = n0; t0 < n1; t0 += tile) {
+    const int64_t t1 = std::min(n1, t0 + tile);
+    for (int64_t m0 = 0; m0 < rows; m0 += 8) {
+      SmallMatmulBlock(x + m0 * k, w, bias, residual ? residual + m0 * n_out : nullptr,
+                       y + m0 * n_out, std::min<int64_t>(8, rows - m0), t0, t1, n_out, k);
+    }
   }
 }
 

@@ -175,7 +175,8 @@ torch::Tensor MlpImpl::Activation(const torch::Tensor& x) {
     auto gate_up = ServingLinear(x, gate_up_weight_, {});  // [..., 2f]
     // The one-pass kernel saves ops where op overhead dominates (a few rows); LibTorch's
     // vectorised silu is faster per element on many rows (the kernel's loop stays scalar).
-    if (CpuKernelsApply(gate_up) && gate_up.numel() <= 2 * f * kSmallMatmulMaxRows) {
+    constexpr int64_t kOnePassMaxRows = 8;
+    if (CpuKernelsApply(gate_up) && gate_up.numel() <= 2 * f * kOnePassMaxRows) {
       return SiluMulCpu(gate_up);
     }
     return F::silu(gate_up.narrow(-1, 0, f)) * gate_up.narrow(-1, f, f);
