@@ -430,30 +430,47 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     }
   }
 
-  // Bounded exploration.
+  // Bounded exploration: probes for sequences left at 0, one extra node now and then, applied
+  // only while their predicted cost stays within exploration_share of the planned time.
+  const std::vector<int32_t> optimum = decision.budgets;
+  std::vector<int32_t> explore = optimum;
   double explored = 0;
+  std::vector<int64_t> probed;
   for (size_t i = 0; i < n; ++i) {
     int32_t& idle = idle_plans_[candidates[i].id];
-    if (decision.budgets[i] > 0) {
+    if (optimum[i] > 0) {
       idle = 0;
       continue;
     }
     if (options_.probe_after <= 0 || ++idle < options_.probe_after) continue;
     const int32_t probe = std::min(candidates[i].max_nodes, options_.probe_nodes);
     if (probe <= 0) continue;
-    decision.budgets[i] = probe;
+    explore[i] = probe;
     explored += probe;
-    idle = 0;
+    probed.push_back(candidates[i].id);
   }
   if (options_.explore_every > 0 && n > 0 &&
       plans_ % static_cast<uint64_t>(options_.explore_every) == 0) {
     std::vector<size_t> room;
     for (size_t i = 0; i < n; ++i) {
-      if (decision.budgets[i] < candidates[i].max_nodes) room.push_back(i);
+      if (explore[i] < candidates[i].max_nodes) room.push_back(i);
     }
     if (!room.empty()) {
-      ++decision.budgets[room[SplitMix(rng_) % room.size()]];
+      ++explore[room[SplitMix(rng_) % room.size()]];
       explored += 1;
+    }
+  }
+  const auto [optimum_seconds, optimum_tokens] = Evaluate(base, candidates, optimum);
+  planned_seconds_ += optimum_seconds;
+  if (explored > 0) {
+    const double extra =
+        std::max(0.0, Evaluate(base, candidates, explore).first - optimum_seconds);
+    if (explored_seconds_ + extra <= options_.exploration_share * planned_seconds_) {
+      explored_seconds_ += extra;
+      decision.budgets = explore;
+      for (int64_t id : probed) idle_plans_[id] = 0;
+    } else {
+      explored = 0;  // waits (the idle counts keep growing) until the share allows it
     }
   }
   decision.explored_nodes = explored;

@@ -35,7 +35,8 @@
 // row gets a probe of `probe_nodes` nodes (so a drafter whose acceptance was once low is
 // re-measured), and every `explore_every`-th plan one sequence gets one node past the optimum
 // (so the cost curve is measured around the operating point). Both are capped by the requests'
-// own limits.
+// own limits, and their predicted cost by `exploration_share` (2%) of the predicted time of all
+// plans: an expensive drafter (whose catch-up Observe costs more than a step) is probed rarely.
 #pragma once
 
 #include <cstdint>
@@ -167,6 +168,9 @@ struct DraftBudgetOptions {
   int32_t probe_nodes = 2;
   // Every explore_every-th plan, one sequence gets one node past the optimum (0 = never).
   int32_t explore_every = 16;
+  // Exploration (probes and extra nodes) may cost at most this share of the planned steps'
+  // predicted time; what does not fit waits.
+  double exploration_share = 0.02;
   uint64_t seed = 0x5eed;
 };
 
@@ -248,6 +252,8 @@ class DraftBudgetPolicy {
   std::unordered_map<int64_t, int32_t> idle_plans_;  // plans in a row at budget 0
   uint64_t plans_ = 0;
   uint64_t rng_;
+  double planned_seconds_ = 0;  // predicted seconds of every plan so far
+  double explored_seconds_ = 0;  // of which exploration's
 };
 
 }  // namespace specula

@@ -146,7 +146,8 @@ TEST_P(EngineLoopTest, AdaptiveBudgetsAreAppliedThroughTheTargetAndKeepGreedyOut
   // 0 for one plan makes budgets change from step to step whatever the policy concludes.
   EngineLoopOptions options;
   options.adaptive_draft_budget = true;
-  options.draft_budget = {.probe_after = 1, .probe_nodes = 3, .explore_every = 2};
+  options.draft_budget = {
+      .probe_after = 1, .probe_nodes = 3, .explore_every = 2, .exploration_share = 1.0};
   auto loop = MakeLoop(options);
   ASSERT_TRUE(loop);
   ASSERT_TRUE(loop->info().adaptive_draft_budget);

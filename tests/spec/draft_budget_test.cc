@@ -212,7 +212,8 @@ TEST(DraftBudgetPolicyTest, ExpensiveDrafterStaysOff) {
 
 TEST(DraftBudgetPolicyTest, RespectsEveryCap) {
   std::mt19937 rng(6);
-  DraftBudgetPolicy policy({.probe_after = 3, .probe_nodes = 4, .explore_every = 2});
+  DraftBudgetPolicy policy(
+      {.probe_after = 3, .probe_nodes = 4, .explore_every = 2, .exploration_share = 1.0});
   Train(policy, Curve{.base = 5e-3, .knee = 256}, 300, rng);
   std::uniform_int_distribution<int32_t> cap(0, 6);
   for (int step = 0; step < 50; ++step) {
@@ -229,7 +230,8 @@ TEST(DraftBudgetPolicyTest, RespectsEveryCap) {
 
 TEST(DraftBudgetPolicyTest, ProbesASequenceLeftAtZero) {
   std::mt19937 rng(8);
-  DraftBudgetPolicy policy({.probe_after = 5, .probe_nodes = 2, .explore_every = 0});
+  DraftBudgetPolicy policy(
+      {.probe_after = 5, .probe_nodes = 2, .explore_every = 0, .exploration_share = 1.0});
   Train(policy, Curve{.base = 1e-4, .knee = 0, .per_token = 1e-4}, 300, rng);
   TrainAcceptance(policy, "ngram", 1, 0.05, 50, rng);
   int probes = 0;
@@ -242,6 +244,24 @@ TEST(DraftBudgetPolicyTest, ProbesASequenceLeftAtZero) {
     }
   }
   EXPECT_EQ(probes, 4);  // every 5th plan
+}
+
+TEST(DraftBudgetPolicyTest, ExplorationStaysWithinItsShareOfTime) {
+  std::mt19937 rng(9);
+  DraftBudgetPolicy policy({.probe_after = 1, .probe_nodes = 4, .explore_every = 1});
+  // Tokens cost, acceptance is poor, and the drafter costs a whole step per call: the optimum is
+  // 0 everywhere, and every probe is expensive.
+  Train(policy, Curve{.base = 1e-3, .knee = 0, .per_token = 1e-4}, 300, rng);
+  TrainDrafter(policy, "slow", 2e-3, 1e-6);
+  for (int64_t id = 1; id <= 4; ++id) TrainAcceptance(policy, "slow", id, 0.05, 40, rng);
+  double planned = 0, explored = 0;
+  for (int step = 0; step < 400; ++step) {
+    const auto d = policy.Plan(Decoding(4, 10), Candidates(4, "slow", 8, 10));
+    planned += d.no_draft_seconds;
+    explored += d.predicted_seconds - d.no_draft_seconds;
+  }
+  EXPECT_GT(explored, 0) << "some exploration must happen";
+  EXPECT_LE(explored, 0.02 * planned * 1.01);
 }
 
 TEST(DraftBudgetPolicyTest, PlansNothingBeforeAnyMeasurement) {

@@ -844,8 +844,9 @@ TEST_F(SpecEngineTest, AdaptiveBudgetsKeepGreedyOutputAndRespectCaps) {
                     .AddDrafter(std::make_unique<ScriptedDrafter>("d", kind,
                                                                   References(requests, plain), 64))
                     .ok());
-    BudgetPlanner planner({.probe_after = 4, .probe_nodes = 2, .explore_every = 3},
-                          kDefaultMaxStepTokens);
+    BudgetPlanner planner(
+        {.probe_after = 4, .probe_nodes = 2, .explore_every = 3, .exploration_share = 0.5},
+        kDefaultMaxStepTokens);
     SpecRunStats run;
     auto results = GenerateAll(engine, WithDrafter(requests, "d", 6), nullptr, &run, &planner);
     ASSERT_TRUE(results.ok()) << results.status();
