@@ -4,6 +4,7 @@
 //     plaintext client, is refused. With --tls-ca the client must also present a certificate.
 //   - --api-token-file / $SPECULA_API_TOKEN: a missing or wrong bearer token gets UNAUTHENTICATED
 //     on every Generation method; the right one is served; health checking stays open.
+//   - specula-loadgen reaches such a server with --tls-ca and --api-token-file.
 //   - --peer-tls-*: router, target and drafter speak mutual TLS; the target refuses a client
 //     without a certificate, with one from another CA, or in plaintext; a router without the
 //     flags cannot start against it.
@@ -11,7 +12,9 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -191,6 +194,43 @@ TEST(TlsServeTest, BearerTokenFromTheEnvironmentWithTls) {
   EXPECT_EQ(Generate(channel).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   grpc::Status ok = Generate(channel, "Bearer from-env");
   EXPECT_TRUE(ok.ok()) << ok.error_message();
+}
+
+// specula-loadgen against a server with TLS and a token: it needs --tls-ca and the token.
+TEST(TlsServeTest, LoadgenSpeaksTlsAndSendsTheToken) {
+  REQUIRE_CERTS(certs);
+  TempDir dir;
+  const std::string token_file = WriteFile(dir, "token", "loadgen-token\n");
+  ServerProcess server;
+  ASSERT_TRUE(server.Start(ServeArgs(
+      {"--tls-cert", certs->cert, "--tls-key", certs->key, "--api-token-file", token_file})))
+      << server.error();
+  auto loadgen = [&](const std::vector<std::string>& extra) {
+    std::string command = std::string(SPECULA_BINARY_DIR) + "/bin/specula-loadgen";
+    for (const std::string& a :
+         std::vector<std::string>{"--targets", "tls=" + Address(server.port()), "--model", kBundled,
+                                  "--drafters", "ngram", "--concurrency", "1", "--num-prompts", "2",
+                                  "--prompt-tokens", "8", "--max-new-tokens", "4", "--num-warmups",
+                                  "0", "--disable-tqdm", "--json", dir.File("out.json")}) {
+      command += " '" + a + "'";
+    }
+    for (const std::string& a : extra) command += " '" + a + "'";
+    std::string output;
+    std::FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+    char buffer[4096];
+    size_t n = 0;
+    while (pipe && (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
+    const int status = pipe ? pclose(pipe) : -1;
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, output);
+  };
+  const auto [ok_code, ok_output] =
+      loadgen({"--tls-ca", certs->ca, "--api-token-file", token_file});
+  EXPECT_EQ(ok_code, 0) << ok_output;
+  EXPECT_EQ(ok_output.find("UNAUTHENTICATED"), std::string::npos) << ok_output;
+  EXPECT_NE(ReadTextFile(dir.File("out.json")).find("\"completed\": 2"), std::string::npos)
+      << ReadTextFile(dir.File("out.json"));
+  const auto [no_token_code, no_token_output] = loadgen({"--tls-ca", certs->ca});
+  EXPECT_NE(no_token_output.find("authorization"), std::string::npos) << no_token_output;
 }
 
 TEST(TlsServeTest, SplitDeploymentSpeaksMutualTls) {
