@@ -30,6 +30,7 @@ RequestRecord RunOne(v1::Generation::Stub& stub, const SampleRequest& sample,
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)));
+  if (!o.authorization.empty()) context.AddMetadata("authorization", o.authorization);
   const Clock::time_point start = Clock::now();
   Clock::time_point last = start;
   auto reader = stub.GenerateStream(&context, request);

@@ -25,6 +25,7 @@ struct LoadOptions {
   int32_t max_draft_tokens = 0;   // 0 = the server's default
   float temperature = 0;
   double timeout_s = 600;           // per request
+  std::string authorization;        // the `authorization` metadata of every call ("" = none)
   ProgressBar* progress = nullptr;  // advanced as requests finish, when set
 };
 

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -53,6 +54,10 @@ constexpr char kBundledModel[] = "models/pyllama-6m";
 
 struct Flags {
   std::string targets = "server=127.0.0.1:50051";
+  std::string tls_ca;  // TLS: the servers' CA (empty = plaintext)
+  std::string tls_cert;
+  std::string tls_key;
+  std::string api_token_file;  // bearer token (empty = $SPECULA_API_TOKEN, or none)
   std::string model;
   std::string dataset_name;
   std::string dataset_path;
@@ -130,7 +135,50 @@ struct Target {
   std::unique_ptr<v1::Generation::Stub> stub;
 };
 
-StatusOr<std::vector<Target>> ParseTargets(const std::string& spec) {
+StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return InvalidArgumentError(StrCat("--", flag, ": cannot read '", path, "'"));
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+// Plaintext, or TLS trusting --tls-ca (presenting --tls-cert/--tls-key when given).
+StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const Flags& f) {
+  if (f.tls_ca.empty()) {
+    if (!f.tls_cert.empty() || !f.tls_key.empty()) {
+      return InvalidArgumentError("--tls-cert/--tls-key need --tls-ca");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  if (f.tls_cert.empty() != f.tls_key.empty()) {
+    return InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  grpc::SslCredentialsOptions options;
+  ASSIGN_OR_RETURN(options.pem_root_certs, ReadFlagFile("tls-ca", f.tls_ca));
+  if (!f.tls_cert.empty()) {
+    ASSIGN_OR_RETURN(options.pem_cert_chain, ReadFlagFile("tls-cert", f.tls_cert));
+    ASSIGN_OR_RETURN(options.pem_private_key, ReadFlagFile("tls-key", f.tls_key));
+  }
+  return grpc::SslCredentials(options);
+}
+
+// "Bearer <token>" from --api-token-file or $SPECULA_API_TOKEN; "" when neither is set.
+StatusOr<std::string> Authorization(const Flags& f) {
+  std::string token;
+  if (!f.api_token_file.empty()) {
+    ASSIGN_OR_RETURN(token, ReadFlagFile("api-token-file", f.api_token_file));
+  } else if (const char* env = std::getenv("SPECULA_API_TOKEN"); env != nullptr) {
+    token = env;
+  }
+  const size_t begin = token.find_first_not_of(" \t\r\n");
+  if (begin == std::string::npos) return std::string();
+  token = token.substr(begin, token.find_last_not_of(" \t\r\n") - begin + 1);
+  return "Bearer " + token;
+}
+
+StatusOr<std::vector<Target>> ParseTargets(const std::string& spec,
+                                           const std::shared_ptr<grpc::ChannelCredentials>& creds) {
   std::vector<Target> targets;
   for (const std::string& item : Split(spec)) {
     const size_t eq = item.find('=');
@@ -140,7 +188,7 @@ StatusOr<std::vector<Target>> ParseTargets(const std::string& spec) {
     if (t.label.empty() || t.address.empty()) {
       return InvalidArgumentError(StrCat("--targets: '", item, "' is not LABEL=HOST:PORT"));
     }
-    t.channel = grpc::CreateChannel(t.address, grpc::InsecureChannelCredentials());
+    t.channel = grpc::CreateChannel(t.address, creds);
     t.stub = v1::Generation::NewStub(t.channel);
     targets.push_back(std::move(t));
   }
@@ -305,7 +353,9 @@ const std::vector<std::string> kPerRequestKeys = {"input_lens", "output_lens",  
                                                   "itls",       "generated_texts", "errors"};
 
 Status Run(const Flags& f, const std::map<std::string, std::string>& metadata) {
-  ASSIGN_OR_RETURN(std::vector<Target> targets, ParseTargets(f.targets));
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> creds, ChannelCredentials(f));
+  ASSIGN_OR_RETURN(const std::string authorization, Authorization(f));
+  ASSIGN_OR_RETURN(std::vector<Target> targets, ParseTargets(f.targets, creds));
   const std::vector<std::string> drafters = Split(f.drafters);
   if (drafters.empty()) return InvalidArgumentError("--drafters is empty");
   if (f.repeats < 1) return InvalidArgumentError("--repeats must be at least 1");
@@ -341,6 +391,7 @@ Status Run(const Flags& f, const std::map<std::string, std::string>& metadata) {
   {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    if (!authorization.empty()) context.AddMetadata("authorization", authorization);
     grpc::Status s = targets[0].stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info);
     if (!s.ok()) {
       std::fprintf(stderr, "specula-loadgen: GetServerInfo on %s failed (%s); continuing\n",
@@ -367,6 +418,7 @@ Status Run(const Flags& f, const std::map<std::string, std::string>& metadata) {
   base.max_draft_tokens = static_cast<int32_t>(f.draft_len);
   base.temperature = static_cast<float>(f.temperature);
   base.timeout_s = f.timeout_s;
+  base.authorization = authorization;
   if (f.num_warmups > 0) {
     for (const Target& t : targets) {
       LoadOptions o = base;
@@ -603,6 +655,14 @@ int main(int argc, char** argv) {
   Flags f;
   specula::FlagSet flags("specula-loadgen");
   flags.AddString("targets", &f.targets, "comma-separated LABEL=HOST:PORT routers to measure");
+  flags.AddString("tls-ca", &f.tls_ca,
+                  "connect with TLS, trusting this PEM CA bundle (specula serve --tls-cert)");
+  flags.AddString("tls-cert", &f.tls_cert,
+                  "with --tls-ca: PEM client certificate (specula serve --tls-ca)");
+  flags.AddString("tls-key", &f.tls_key, "with --tls-ca: PEM private key of --tls-cert");
+  flags.AddString("api-token-file", &f.api_token_file,
+                  "send 'authorization: Bearer <the file's token>' on every call (default: "
+                  "$SPECULA_API_TOKEN if set)");
   flags.AddString("model", &f.model,
                   "model directory whose tokenizer.json encodes the prompts (default: the "
                   "server's model path if readable here, else models/pyllama-6m of the checkout "

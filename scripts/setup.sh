@@ -15,6 +15,7 @@ PACKAGES=(
   libjemalloc2                                       # training runs (scripts/train_models.sh)
   libpython3.11-stdlib                               # the training corpus (/usr/lib/python3.11)
   yamllint prometheus nodejs                         # deploy/ checks: YAML lint, promtool + a real Prometheus, Node.js
+  openssl                                            # TLS tests: certificates generated at test time
 )
 # Installed only when their command is missing: a Node.js from elsewhere (NodeSource) ships its own
 # npm and conflicts with Debian's package; likewise a kubectl from Google's repository conflicts

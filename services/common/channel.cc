@@ -6,7 +6,8 @@
 
 namespace specula::services {
 
-std::shared_ptr<grpc::Channel> MakeServiceChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeServiceChannel(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
@@ -17,7 +18,8 @@ std::shared_ptr<grpc::Channel> MakeServiceChannel(const std::string& address) {
   // Hidden states of a long prompt can exceed gRPC's 4 MB default.
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (!credentials) credentials = grpc::InsecureChannelCredentials();
+  return grpc::CreateCustomChannel(address, credentials, args);
 }
 
 grpc::Status RetryUntil(std::chrono::milliseconds timeout,

@@ -1,7 +1,5 @@
 #include "services/common/engine_codec.h"
 
-#include <ATen/ATen.h>
-
 #include <cstring>
 #include <utility>
 

@@ -5,21 +5,26 @@
 
 namespace specula::services {
 
-StatusOr<std::unique_ptr<ServiceServer>> ServiceServer::Start(const std::string& host, int port,
-                                                              grpc::Service* service,
-                                                              const std::string& service_name) {
+StatusOr<std::unique_ptr<ServiceServer>> ServiceServer::Start(
+    const std::string& host, int port, grpc::Service* service, const std::string& service_name,
+    std::shared_ptr<grpc::ServerCredentials> credentials) {
   std::unique_ptr<ServiceServer> s(new ServiceServer);
   // Both are process-wide switches that take effect for servers built afterwards.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address = StrCat(host, ":", port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
+  const bool tls = credentials != nullptr;
+  if (!tls) credentials = grpc::InsecureServerCredentials();
+  builder.AddListeningPort(address, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(-1);  // hidden states of long prompts
   builder.SetMaxSendMessageSize(-1);
   builder.RegisterService(service);
   s->server_ = builder.BuildAndStart();
-  if (!s->server_ || s->port_ == 0) return UnavailableError(StrCat("cannot listen on ", address));
+  if (!s->server_ || s->port_ == 0) {
+    return UnavailableError(StrCat("cannot listen on ", address,
+                                   tls ? " (or the TLS key does not match its certificate)" : ""));
+  }
   s->server_->GetHealthCheckService()->SetServingStatus(service_name, true);
   return s;
 }

@@ -1,5 +1,6 @@
 // A gRPC server for an internal service (target, drafter): the service plus health checking
-// (grpc.health.v1, SERVING for "" and the service's name) and reflection.
+// (grpc.health.v1, SERVING for "" and the service's name) and reflection; insecure, or mutual TLS
+// with credentials from TlsServerCredentials (services/common/tls.h).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -14,10 +15,11 @@ namespace specula::services {
 
 class ServiceServer {
  public:
-  // Listens on host:port (0 = any free port). UNAVAILABLE if the port cannot be bound.
-  static StatusOr<std::unique_ptr<ServiceServer>> Start(const std::string& host, int port,
-                                                        grpc::Service* service,
-                                                        const std::string& service_name);
+  // Listens on host:port (0 = any free port); `credentials` null = insecure. UNAVAILABLE if the
+  // port cannot be bound (or the TLS key does not match its certificate).
+  static StatusOr<std::unique_ptr<ServiceServer>> Start(
+      const std::string& host, int port, grpc::Service* service, const std::string& service_name,
+      std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
   ~ServiceServer();  // Shutdown()
 
   int port() const { return port_; }

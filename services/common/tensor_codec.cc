@@ -1,6 +1,11 @@
 #include "services/common/tensor_codec.h"
 
-#include <ATen/ATen.h>
+// Narrow ATen headers rather than <ATen/ATen.h> (or <ATen/ops/empty.h>): clang 14 cannot
+// compile those in C++20 mode against LibTorch 1.13 (an incomplete c10::IValue in std::vector),
+// and the fuzz targets (tests/fuzz) build this file with clang.
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include <cstring>
 
@@ -116,7 +121,7 @@ StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& tensor, const std::string& f
                                        DTypeName(tensor.dtype()), " needs ", bytes, " bytes, got ",
                                        tensor.data().size()));
   }
-  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(type));
+  at::Tensor out = at::detail::empty_cpu(shape, type);
   if (bytes > 0) std::memcpy(out.data_ptr(), tensor.data().data(), static_cast<size_t>(bytes));
   return out;
 }

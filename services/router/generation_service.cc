@@ -22,8 +22,8 @@ Clock::time_point SteadyDeadline(const grpc::ServerContext& context) {
 }  // namespace
 
 GenerationService::GenerationService(EngineLoop* loop, RouterMetrics* metrics,
-                                     int64_t max_prompt_bytes)
-    : loop_(loop), metrics_(metrics), max_prompt_bytes_(max_prompt_bytes) {
+                                     int64_t max_prompt_bytes, ApiTokenAuth auth)
+    : loop_(loop), metrics_(metrics), max_prompt_bytes_(max_prompt_bytes), auth_(std::move(auth)) {
   // Method indices as in generation.proto's service (the generated WithStreamed*Method_ classes
   // use the same ones).
   MarkMethodStreamed(0,
@@ -55,6 +55,7 @@ grpc::Status GenerationService::ReadRequest(Reader* stream, v1::GenerateRequest*
 }
 
 grpc::Status GenerationService::RawGenerate(grpc::ServerContext* context, RawUnary* stream) {
+  if (grpc::Status auth = auth_.Check(*context); !auth.ok()) return auth;
   v1::GenerateRequest request;
   grpc::Status read = ReadRequest(stream, &request);
   if (!read.ok()) return read;
@@ -71,6 +72,7 @@ grpc::Status GenerationService::RawGenerate(grpc::ServerContext* context, RawUna
 }
 
 grpc::Status GenerationService::RawGenerateStream(grpc::ServerContext* context, RawStream* stream) {
+  if (grpc::Status auth = auth_.Check(*context); !auth.ok()) return auth;
   v1::GenerateRequest request;
   grpc::Status read = ReadRequest(stream, &request);
   if (!read.ok()) return read;
@@ -180,6 +182,7 @@ grpc::Status GenerationService::StreamEvents(
 grpc::Status GenerationService::GetServerInfo(grpc::ServerContext* context,
                                               const v1::GetServerInfoRequest* request,
                                               v1::ServerInfo* response) {
+  if (grpc::Status auth = auth_.Check(*context); !auth.ok()) return auth;
   FillServerInfo(loop_->info(), loop_->load(), response);
   return grpc::Status::OK;
 }

@@ -5,7 +5,8 @@
 //
 // Generate and GenerateStream take their request as raw bytes and parse it here, so that a request
 // protobuf cannot parse (a proto3 string that is not UTF-8) gets INVALID_ARGUMENT naming the field
-// instead of gRPC's own INTERNAL with an empty message.
+// instead of gRPC's own INTERNAL with an empty message. The optional bearer token (api_token.h) is
+// checked first, in each of the three registered handlers.
 #pragma once
 
 #include <atomic>
@@ -14,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "services/router/api_token.h"
 #include "services/router/engine_loop.h"
 #include "services/router/metrics.h"
 #include "services/router/request_convert.h"
@@ -26,9 +28,10 @@ class GenerationService final : public v1::Generation::Service {
   static constexpr std::chrono::milliseconds kPollInterval{20};
 
   // `loop` and `metrics` (may be null) must outlive the service. Prompt texts longer than
-  // `max_prompt_bytes` are refused before tokenization.
+  // `max_prompt_bytes` are refused before tokenization. With `auth` enabled every call must carry
+  // the bearer token (UNAUTHENTICATED before its request is read otherwise).
   GenerationService(EngineLoop* loop, RouterMetrics* metrics,
-                    int64_t max_prompt_bytes = kDefaultMaxPromptBytes);
+                    int64_t max_prompt_bytes = kDefaultMaxPromptBytes, ApiTokenAuth auth = {});
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         v1::GenerateResponse* response) override;
@@ -63,6 +66,7 @@ class GenerationService final : public v1::Generation::Service {
   EngineLoop* loop_;
   RouterMetrics* metrics_;
   int64_t max_prompt_bytes_;
+  ApiTokenAuth auth_;
   std::atomic<int64_t> next_request_id_{1};
 };
 

@@ -10,13 +10,14 @@ namespace specula::router {
 
 StatusOr<std::unique_ptr<RemoteTargetBackend>> RemoteTargetBackend::Connect(
     const std::string& address, std::chrono::milliseconds timeout,
-    std::chrono::milliseconds step_deadline) {
+    std::chrono::milliseconds step_deadline,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
   if (step_deadline <= std::chrono::milliseconds::zero()) {
     return InvalidArgumentError(
         StrCat("the step deadline must be positive, got ", step_deadline.count(), " ms"));
   }
-  std::unique_ptr<RemoteTargetBackend> b(
-      new RemoteTargetBackend(address, services::MakeServiceChannel(address)));
+  std::unique_ptr<RemoteTargetBackend> b(new RemoteTargetBackend(
+      address, services::MakeServiceChannel(address, std::move(credentials))));
   b->step_deadline_ = step_deadline;
   v1::TargetInfo info;
   grpc::Status got = services::RetryUntil(timeout, [&] {

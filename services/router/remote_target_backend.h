@@ -24,10 +24,12 @@ class RemoteTargetBackend : public TargetBackend {
   static constexpr std::chrono::milliseconds kDefaultStepDeadline{30000};
 
   // Fetches the target's info, retrying for up to `timeout` while it is unreachable. Each Step
-  // must be answered within `step_deadline`.
+  // must be answered within `step_deadline`. `credentials`: the channel's (null = insecure; mutual
+  // TLS from services/common/tls.h).
   static StatusOr<std::unique_ptr<RemoteTargetBackend>> Connect(
       const std::string& address, std::chrono::milliseconds timeout,
-      std::chrono::milliseconds step_deadline = kDefaultStepDeadline);
+      std::chrono::milliseconds step_deadline = kDefaultStepDeadline,
+      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
   ~RemoteTargetBackend() override;
 
   TargetInfo info() const override { return info_; }

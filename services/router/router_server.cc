@@ -17,20 +17,23 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(ServedModel model,
     ASSIGN_OR_RETURN(s->metrics_port_, s->metrics_->Expose(options.host, *options.metrics_port));
   }
   ASSIGN_OR_RETURN(s->loop_, EngineLoop::Create(std::move(model), options.loop, s->metrics_.get()));
-  s->service_ = std::make_unique<GenerationService>(s->loop_.get(), s->metrics_.get(),
-                                                    options.max_prompt_bytes);
+  s->service_ = std::make_unique<GenerationService>(
+      s->loop_.get(), s->metrics_.get(), options.max_prompt_bytes, ApiTokenAuth(options.api_token));
 
   // Both are process-wide switches that take effect for servers built afterwards.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address = StrCat(options.host, ":", options.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
+  const bool tls = options.credentials != nullptr;
+  builder.AddListeningPort(address, tls ? options.credentials : grpc::InsecureServerCredentials(),
+                           &s->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
-    return UnavailableError(StrCat("cannot listen on ", address));
+    return UnavailableError(StrCat("cannot listen on ", address,
+                                   tls ? " (or the TLS key does not match its certificate)" : ""));
   }
   s->server_->GetHealthCheckService()->SetServingStatus(v1::Generation::service_full_name(), true);
   return s;

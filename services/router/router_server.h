@@ -2,6 +2,7 @@
 // (grpc.health.v1) and server reflection on one gRPC server, and the Prometheus endpoint.
 #pragma once
 
+#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 
 #include <chrono>
@@ -28,6 +29,10 @@ struct RouterServerOptions {
   int64_t max_prompt_bytes = kDefaultMaxPromptBytes;
   // gRPC messages over this many bytes are refused by gRPC (RESOURCE_EXHAUSTED).
   int64_t max_request_bytes = kDefaultMaxRequestBytes;
+  // The public port's credentials (services/common/tls.h); null = insecure.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // Bearer token every Generation call must carry (api_token.h); empty = none.
+  std::string api_token;
 };
 
 class RouterServer {

@@ -13,9 +13,10 @@ namespace specula::target {
 
 StatusOr<std::shared_ptr<DrafterConnection>> DrafterConnection::Connect(
     const std::string& address, std::chrono::milliseconds timeout, int32_t vocab_size,
-    int32_t hidden_size, const std::string& dtype) {
-  std::shared_ptr<DrafterConnection> c(
-      new DrafterConnection(address, services::MakeServiceChannel(address)));
+    int32_t hidden_size, const std::string& dtype,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  std::shared_ptr<DrafterConnection> c(new DrafterConnection(
+      address, services::MakeServiceChannel(address, std::move(credentials))));
   grpc::Status got = services::RetryUntil(timeout, [&] {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));

@@ -43,12 +43,12 @@ class DrafterConnection {
 
   // Fetches the service's info, retrying for up to `timeout` while it is unreachable (it may still
   // be starting). UNAVAILABLE after that; INVALID_ARGUMENT if its vocabulary, hidden size or dtype
-  // differ from the target's.
-  static StatusOr<std::shared_ptr<DrafterConnection>> Connect(const std::string& address,
-                                                              std::chrono::milliseconds timeout,
-                                                              int32_t vocab_size,
-                                                              int32_t hidden_size,
-                                                              const std::string& dtype);
+  // differ from the target's. `credentials`: the channel's (null = insecure; mutual TLS from
+  // services/common/tls.h).
+  static StatusOr<std::shared_ptr<DrafterConnection>> Connect(
+      const std::string& address, std::chrono::milliseconds timeout, int32_t vocab_size,
+      int32_t hidden_size, const std::string& dtype,
+      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
   ~DrafterConnection();
 
   // Each later call's deadline (positive).

@@ -32,6 +32,7 @@
 #include "services/target/target_service.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/model_flags.h"
+#include "tools/cli/serve_security_flags.h"
 #include "tools/cli/spec_flags.h"
 
 namespace specula::cli {
@@ -59,6 +60,7 @@ struct ServeFlags {
       router::RemoteTargetBackend::kDefaultStepDeadline.count() / 1000.0;
   int64_t max_prompt_bytes = router::kDefaultMaxPromptBytes;
   int64_t max_request_bytes = router::kDefaultMaxRequestBytes;
+  ServeSecurityFlags security;  // TLS, mutual TLS between the services, bearer token
 };
 
 Status CheckRole(const ServeFlags& f) {
@@ -155,11 +157,12 @@ StatusOr<std::unique_ptr<LocalTargetBackend>> LoadTarget(const ServeFlags& f) {
     return backend;
   }
   const ModelConfig& config = backend->target().config();
-  ASSIGN_OR_RETURN(std::shared_ptr<target::DrafterConnection> connection,
-                   target::DrafterConnection::Connect(f.drafter_address, ConnectTimeout(f),
-                                                      static_cast<int32_t>(config.vocab_size),
-                                                      static_cast<int32_t>(config.hidden_size),
-                                                      backend->target().dtype_name()));
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<target::DrafterConnection> connection,
+      target::DrafterConnection::Connect(f.drafter_address, ConnectTimeout(f),
+                                         static_cast<int32_t>(config.vocab_size),
+                                         static_cast<int32_t>(config.hidden_size),
+                                         backend->target().dtype_name(), f.security.peer_channel));
   connection->set_call_deadline(std::chrono::milliseconds(f.drafter_deadline_ms));
   for (const v1::DrafterSpec& spec : connection->info().drafters()) {
     RETURN_IF_ERROR(
@@ -216,7 +219,7 @@ Status RunInternalService(ServeFlags& f) {
   }
   ASSIGN_OR_RETURN(std::unique_ptr<services::ServiceServer> server,
                    services::ServiceServer::Start(f.host, static_cast<int>(f.port), service.get(),
-                                                  service_name));
+                                                  service_name, f.security.peer_server));
   std::string metrics = "metrics off";
   if (f.metrics_port != 0) {
     ASSIGN_OR_RETURN(
@@ -235,6 +238,7 @@ Status RunInternalService(ServeFlags& f) {
 
 Status Run(ServeFlags& f) {
   RETURN_IF_ERROR(CheckRole(f));
+  RETURN_IF_ERROR(f.security.Load(f.role));
   if (f.port < 0 || f.port > 65535) {
     return InvalidArgumentError(StrCat("--port must be in [0, 65535], got ", f.port));
   }
@@ -276,7 +280,8 @@ Status Run(ServeFlags& f) {
         served.backend,
         router::RemoteTargetBackend::Connect(
             f.target_address, ConnectTimeout(f),
-            std::chrono::milliseconds(static_cast<int64_t>(f.target_step_deadline_s * 1000))));
+            std::chrono::milliseconds(static_cast<int64_t>(f.target_step_deadline_s * 1000)),
+            f.security.peer_channel));
   } else {
     ASSIGN_OR_RETURN(served.backend, LoadTarget(f));
   }
@@ -289,6 +294,8 @@ Status Run(ServeFlags& f) {
     options.metrics_port = f.metrics_port < 0 ? 0 : static_cast<int>(f.metrics_port);
   options.max_prompt_bytes = f.max_prompt_bytes;
   options.max_request_bytes = f.max_request_bytes;
+  options.credentials = f.security.public_server;
+  options.api_token = f.security.api_token;
   options.loop.max_queue = static_cast<int32_t>(f.max_queue);
   options.loop.max_batch_size = static_cast<int32_t>(f.max_batch_size);
   // Default drafter: the flag, else the first drafter listed in --drafter (all) or the first the
@@ -409,6 +416,7 @@ int RunServe(const std::vector<std::string>& args) {
                "requests waiting or running at once; more get RESOURCE_EXHAUSTED");
   flags.AddDouble("shutdown-grace-s", &f.shutdown_grace_s,
                   "on SIGINT/SIGTERM, seconds running calls may take to finish");
+  f.security.Register(flags);
   return RunCommand(flags, args, [&] { return Run(f); });
 }
 
