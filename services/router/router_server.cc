@@ -12,7 +12,9 @@ namespace specula::router {
 StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(ServedModel model,
                                                             RouterServerOptions options) {
   std::unique_ptr<RouterServer> s(new RouterServer);
-  s->metrics_ = std::make_unique<RouterMetrics>();
+  s->metrics_ = std::make_unique<RouterMetrics>(RouterMetricsOptions{
+      .model_name = model.name,
+      .max_model_len = model.backend ? model.backend->info().context_length : 0});
   if (options.metrics_port) {
     ASSIGN_OR_RETURN(s->metrics_port_, s->metrics_->Expose(options.host, *options.metrics_port));
   }

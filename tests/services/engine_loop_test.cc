@@ -239,7 +239,8 @@ TEST_P(EngineLoopTest, CancelledAndExpiredRequestsFreeTheirBlocksWithoutDisturbi
   Collected ok = Collect(**normal);
   EXPECT_EQ(ok.tokens, reference_->Greedy({10, 11, 12}, 40));
   EXPECT_TRUE(WaitIdle(*loop));
-  EXPECT_NE(metrics_.Text().find("specula_request_success_total{finished_reason=\"cancelled\"} 2"),
+  EXPECT_NE(metrics_.Text().find("specula_request_success_total{finished_reason=\"abort\",specula_"
+                                 "reason=\"cancelled\"} 2"),
             std::string::npos);
 }
 

@@ -152,18 +152,38 @@ TEST_F(SpeculaServeTest, MetricsEndpointCountsRequests) {
   ASSERT_TRUE(stub->Generate(&context, request, &response).ok());
   HttpResponse after = HttpGet(server_->metrics_port(), "/metrics");
   ASSERT_EQ(after.status, 200);
-  auto value = [](const std::string& text, const std::string& name) {
-    const size_t at = text.find("\n" + name + " ");
-    return at == std::string::npos ? -1.0 : std::atof(text.c_str() + at + name.size() + 2);
+  const std::string model = "model_name=\"pyllama-6m\"";
+  auto delta = [&](const std::string& name, const std::string& labels) {
+    return SeriesValue(after.body, name, labels) - SeriesValue(before.body, name, labels);
   };
-  EXPECT_EQ(value(after.body, "specula_generation_tokens_total") -
-                value(before.body, "specula_generation_tokens_total"),
-            8);
-  EXPECT_EQ(value(after.body, "specula_request_success_total{finished_reason=\"length\"}") -
-                value(before.body, "specula_request_success_total{finished_reason=\"length\"}"),
+  EXPECT_EQ(delta("specula_generation_tokens_total", model), 8);
+  // vLLM's finished_reason values, Specula's own reason beside them.
+  EXPECT_EQ(delta("specula_request_success_total",
+                  model + ",finished_reason=\"length\",specula_reason=\"length\""),
             1);
+  for (const char* reason : {"stop", "length", "abort", "error"}) {
+    EXPECT_GE(SeriesValue(after.body, "specula_request_success_total",
+                          model + ",finished_reason=\"" + reason + "\""),
+              0)
+        << reason;
+  }
+  // vLLM V1's per-request histograms, with the model_name label vLLM dashboards filter on.
+  for (const char* name :
+       {"specula_request_queue_time_seconds_count", "specula_request_prefill_time_seconds_count",
+        "specula_request_decode_time_seconds_count", "specula_request_inference_time_seconds_count",
+        "specula_request_time_per_output_token_seconds_count",
+        "specula_request_prompt_tokens_count", "specula_request_generation_tokens_count",
+        "specula_request_params_max_tokens_count", "specula_e2e_request_latency_seconds_count",
+        "specula_time_to_first_token_seconds_count"}) {
+    EXPECT_EQ(delta(name, model), 1) << name;
+  }
+  EXPECT_EQ(delta("specula_request_generation_tokens_sum", model), 8);
+  EXPECT_EQ(delta("specula_request_prompt_tokens_sum", model), 2);
+  EXPECT_EQ(delta("specula_request_params_max_tokens_sum", model), 8);
+  EXPECT_GT(delta("specula_iteration_tokens_total_count", model), 0);
+  EXPECT_GE(delta("specula_iteration_tokens_total_sum", model), 10);  // 2 prompt + 8 generated
   EXPECT_NE(after.body.find("specula_spec_decode_num_drafts_total"), std::string::npos);
-  EXPECT_NE(after.body.find("specula_kv_cache_usage_perc 0"), std::string::npos);
+  EXPECT_EQ(SeriesValue(after.body, "specula_kv_cache_usage_perc", model), 0);
 }
 
 TEST(SpeculaServeProcessTest, SigtermAndSigintStopTheServerCleanly) {
