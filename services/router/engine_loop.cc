@@ -5,6 +5,8 @@
 
 #include "common/engine/plain_decoder.h"
 #include "common/tokenizer/stream_decoder.h"
+#include "common/util/log.h"
+#include "services/router/server_log.h"
 #include "services/router/stop_strings.h"
 
 namespace specula::router {
@@ -30,7 +32,7 @@ struct EngineLoop::Active {
   StreamDecoder decoder;
   StopStringMatcher stops;
   Clock::time_point last_delivery;
-  Clock::time_point admitted_at, first_token_at;  // for the per-request metrics
+  Clock::time_point admitted_at, first_token_at;  // for the per-request metrics and log
   bool first_token_delivered = false;
   int64_t completion_tokens = 0;
   SpecRequestStats stats;  // the engine's running totals so far
@@ -473,6 +475,7 @@ void EngineLoop::Deliver(Active& a, LoopEvent event) {
   if (a.first_token_delivered)
     done.ttft_seconds = SecondsBetween(a.request.arrival, a.first_token_at);
   if (metrics_) metrics_->Finished(done);
+  if (LogEnabled(LogLevel::kInfo)) LogInfo(AccessLogLine(done));
   a.delivered = true;
   a.channel->Push(std::move(event));
   in_flight_.fetch_sub(1);

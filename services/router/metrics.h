@@ -32,8 +32,8 @@ struct BudgetSnapshot {
   std::vector<std::pair<std::string, std::vector<double>>> acceptance;
 };
 
-// One request as the router saw it end: what the per-request histograms and request_success are
-// made of. Seconds; the phases are vLLM's (queued = arrival to
+// One request as the router saw it end: what the per-request histograms, request_success and the
+// access log (server_log.h) are made of. Seconds; the phases are vLLM's (queued = arrival to
 // admission into the batch, prefill = admission to first token, decode = first to last token,
 // inference = admission to last token).
 struct FinishedRequest {

@@ -35,6 +35,11 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(ServedModel model,
     return UnavailableError(StrCat("cannot listen on ", address));
   }
   s->server_->GetHealthCheckService()->SetServingStatus(v1::Generation::service_full_name(), true);
+  if (options.log_stats_interval_s > 0) {
+    s->stats_logger_ = std::make_unique<StatsLogger>(
+        s->metrics_.get(),
+        std::chrono::milliseconds(static_cast<int64_t>(options.log_stats_interval_s * 1000)));
+  }
   return s;
 }
 
@@ -43,6 +48,7 @@ RouterServer::~RouterServer() { Shutdown(); }
 void RouterServer::Shutdown(std::chrono::milliseconds grace) {
   if (shut_down_) return;
   shut_down_ = true;
+  stats_logger_.reset();
   if (server_) server_->GetHealthCheckService()->Shutdown();
   if (loop_) {
     // Drain here rather than through grpc::Server::Shutdown's deadline: gRPC waits for the whole

@@ -13,6 +13,7 @@
 #include "services/router/engine_loop.h"
 #include "services/router/generation_service.h"
 #include "services/router/metrics.h"
+#include "services/router/server_log.h"
 
 namespace specula::router {
 
@@ -28,6 +29,8 @@ struct RouterServerOptions {
   int64_t max_prompt_bytes = kDefaultMaxPromptBytes;
   // gRPC messages over this many bytes are refused by gRPC (RESOURCE_EXHAUSTED).
   int64_t max_request_bytes = kDefaultMaxRequestBytes;
+  // A stats line (server_log.h) every this many seconds; 0 = none. (`specula serve`: 10.)
+  double log_stats_interval_s = 0;
 };
 
 class RouterServer {
@@ -52,6 +55,7 @@ class RouterServer {
   RouterServer() = default;
 
   std::unique_ptr<RouterMetrics> metrics_;
+  std::unique_ptr<StatsLogger> stats_logger_;
   std::unique_ptr<EngineLoop> loop_;
   std::unique_ptr<GenerationService> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <regex>
 #include <thread>
 
 #include "common/util/mapped_file.h"
@@ -186,6 +187,35 @@ TEST_F(SpeculaServeTest, MetricsEndpointCountsRequests) {
   EXPECT_EQ(SeriesValue(after.body, "specula_kv_cache_usage_perc", model), 0);
 }
 
+// One access-log line per finished request on stderr, with a timestamp and level.
+TEST_F(SpeculaServeTest, AccessLogLinePerRequest) {
+  auto stub = v1::Generation::NewStub(Channel(server_->port()));
+  v1::GenerateRequest request;
+  request.set_request_id("access-log-1");
+  request.mutable_token_ids()->add_ids(100);
+  request.mutable_token_ids()->add_ids(200);
+  request.mutable_token_ids()->add_ids(300);
+  request.set_max_new_tokens(5);
+  request.set_ignore_eos(true);
+  grpc::ClientContext context;
+  v1::GenerateResponse response;
+  ASSERT_TRUE(stub->Generate(&context, request, &response).ok());
+  // The line is written before the response's last event, so it is there by now.
+  const std::string err = server_->Stderr();
+  const size_t at = err.find("request id=access-log-1 ");
+  ASSERT_NE(at, std::string::npos) << err;
+  const size_t begin = err.rfind('\n', at) + 1;  // npos + 1 = 0 for the first line
+  const std::string line = err.substr(begin, err.find('\n', at) - begin);
+  EXPECT_TRUE(std::regex_search(
+      line, std::regex("^\\d{4}-\\d\\d-\\d\\dT\\d\\d:\\d\\d:\\d\\d\\.\\d{3}Z INFO  request ")))
+      << line;
+  for (const char* field :
+       {" status=OK ", " finish=length ", " prompt_tokens=3 ", " completion_tokens=5 ",
+        " ttft_ms=", " e2e_ms=", " tpot_ms=", " drafter=ngram ", " mean_accepted_len="}) {
+    EXPECT_NE(line.find(field), std::string::npos) << field << " in " << line;
+  }
+}
+
 TEST(SpeculaServeProcessTest, SigtermAndSigintStopTheServerCleanly) {
   const TestModelDirs& dirs = TinyServedModelDirs();
   for (int signal : {SIGTERM, SIGINT}) {
@@ -265,6 +295,42 @@ RunResult RunServe(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadFileToString(err).value()};
 }
 
+// Every flag of `serve --help` is listed under the role that reads it.
+TEST(SpeculaServeFlagsTest, HelpIsGroupedByRole) {
+  TempDir dir;
+  const std::string out = dir.File("out.txt");
+  const std::string cmd = std::string(SPECULA_BINARY_DIR) + "/bin/specula serve --help > " + out;
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string help = ReadFileToString(out).value();
+  EXPECT_EQ(help.find("\nflags:\n"), std::string::npos) << "flags outside any section:\n" << help;
+  const size_t all = help.find("\nflags for every role:\n");
+  const size_t router = help.find("\nrouter flags (--role router, all):\n");
+  const size_t target = help.find("\ntarget flags (--role target, all):\n");
+  const size_t drafter = help.find("\ndrafter flags (--role drafter");
+  ASSERT_NE(all, std::string::npos) << help;
+  ASSERT_NE(router, std::string::npos) << help;
+  ASSERT_NE(target, std::string::npos) << help;
+  ASSERT_NE(drafter, std::string::npos) << help;
+  EXPECT_LT(all, router);
+  EXPECT_LT(router, target);
+  EXPECT_LT(target, drafter);
+  auto section_of = [&](const std::string& flag) {
+    const size_t at = help.find("\n  --" + flag + " ");
+    EXPECT_NE(at, std::string::npos) << flag;
+    return at < router ? "all" : at < target ? "router" : at < drafter ? "target" : "drafter";
+  };
+  EXPECT_STREQ(section_of("port"), "all");
+  EXPECT_STREQ(section_of("log-level"), "all");
+  EXPECT_STREQ(section_of("model"), "all");
+  EXPECT_STREQ(section_of("max-queue"), "router");
+  EXPECT_STREQ(section_of("log-stats-interval-s"), "router");
+  EXPECT_STREQ(section_of("target-address"), "router");
+  EXPECT_STREQ(section_of("drafter-address"), "target");
+  EXPECT_STREQ(section_of("kv-memory-mb"), "target");
+  EXPECT_STREQ(section_of("ngram-max"), "drafter");
+  EXPECT_STREQ(section_of("drafter"), "drafter");
+}
+
 TEST(SpeculaServeFlagsTest, ClearErrors) {
   const TestModelDirs& dirs = TinyServedModelDirs();
   RunResult r = RunServe("--role router --model " + dirs.target);
@@ -316,6 +382,13 @@ TEST(SpeculaServeFlagsTest, ClearErrors) {
       << r.err;
   r = RunServe("--model " + dirs.target + " --max-prompt-bytes 0 --port 0");
   EXPECT_NE(r.err.find("--max-prompt-bytes must be at least 1, got 0"), std::string::npos) << r.err;
+  r = RunServe("--model " + dirs.target + " --log-level loud --port 0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("log level must be debug, info, warning, error or off, got 'loud'"),
+            std::string::npos)
+      << r.err;
+  r = RunServe("--model " + dirs.target + " --log-stats-interval-s -1 --port 0");
+  EXPECT_NE(r.err.find("--log-stats-interval-s must be >= 0, got -1"), std::string::npos) << r.err;
   r = RunServe("--model /nonexistent/model --port 0");
   EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << r.err;
 }

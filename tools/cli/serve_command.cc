@@ -19,10 +19,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/model/model_config.h"
 #include "common/spec/local_target_backend.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/util/log.h"
 #include "services/common/metrics_registry.h"
 #include "services/common/service_server.h"
 #include "services/drafter/drafter_service.h"
@@ -38,6 +41,26 @@ namespace specula::cli {
 namespace {
 
 constexpr char kCommand[] = "serve";
+
+// --help sections: which role reads each flag (a flag of several roles is listed once, under the
+// first that reads it; its help names the others).
+const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSections = {
+    {"flags for every role",
+     {"role", "host", "port", "metrics-port", "shutdown-grace-s", "log-level", "model", "device",
+      "dtype", "threads"}},
+    {"router flags (--role router, all)",
+     {"target-address", "connect-timeout-s", "target-step-deadline-s", "max-prompt-bytes",
+      "max-request-bytes", "max-queue", "max-batch-size", "default-drafter", "draft-budget",
+      "draft-len", "draft-cap", "cost-profile", "verify", "beta", "tau", "typical-epsilon",
+      "typical-delta", "log-stats-interval-s"}},
+    {"target flags (--role target, all)",
+     {"kv-memory-mb", "kv-block-size", "max-step-tokens", "drafter-address",
+      "drafter-deadline-ms"}},
+    {"drafter flags (--role drafter; target and all with local drafters)",
+     {"drafter", "drafter-model", "specformer-model", "specformer-tree", "beagle-model",
+      "beagle-depth", "beagle-top-k", "beagle-total-tokens", "beagle-concat",
+      "beagle-rank-temperature", "tree-width", "ngram-min", "ngram-max"}},
+};
 
 struct ServeFlags {
   std::string role = "all";
@@ -59,6 +82,8 @@ struct ServeFlags {
       router::RemoteTargetBackend::kDefaultStepDeadline.count() / 1000.0;
   int64_t max_prompt_bytes = router::kDefaultMaxPromptBytes;
   int64_t max_request_bytes = router::kDefaultMaxRequestBytes;
+  std::string log_level = "info";
+  double log_stats_interval_s = 10;
 };
 
 Status CheckRole(const ServeFlags& f) {
@@ -90,6 +115,10 @@ Status CheckRole(const ServeFlags& f) {
   if (f.max_request_bytes < 1024 || f.max_request_bytes > (int64_t{1} << 31) - 1) {
     return InvalidArgumentError(
         StrCat("--max-request-bytes must be in [1024, 2147483647], got ", f.max_request_bytes));
+  }
+  if (!(f.log_stats_interval_s >= 0)) {
+    return InvalidArgumentError(
+        StrCat("--log-stats-interval-s must be >= 0, got ", f.log_stats_interval_s));
   }
   if (f.connect_timeout_s < 0) {
     return InvalidArgumentError(
@@ -171,10 +200,9 @@ StatusOr<std::unique_ptr<LocalTargetBackend>> LoadTarget(const ServeFlags& f) {
 // Serves until SIGINT/SIGTERM, then shuts down with `stop`.
 void ServeUntilSignal(const std::function<void()>& stop) {
   const int signal = WaitForShutdownSignal();
-  std::fprintf(stderr, "specula serve: %s, shutting down\n",
-               signal == SIGINT ? "SIGINT" : "SIGTERM");
+  LogInfo(StrCat("specula serve: ", signal == SIGINT ? "SIGINT" : "SIGTERM", ", shutting down"));
   stop();
-  std::fprintf(stderr, "specula serve: stopped\n");
+  LogInfo("specula serve: stopped");
 }
 
 Status RunInternalService(ServeFlags& f) {
@@ -234,6 +262,8 @@ Status RunInternalService(ServeFlags& f) {
 }
 
 Status Run(ServeFlags& f) {
+  ASSIGN_OR_RETURN(const LogLevel log_level, ParseLogLevel(f.log_level));
+  SetLogLevel(log_level);
   RETURN_IF_ERROR(CheckRole(f));
   if (f.port < 0 || f.port > 65535) {
     return InvalidArgumentError(StrCat("--port must be in [0, 65535], got ", f.port));
@@ -289,6 +319,7 @@ Status Run(ServeFlags& f) {
     options.metrics_port = f.metrics_port < 0 ? 0 : static_cast<int>(f.metrics_port);
   options.max_prompt_bytes = f.max_prompt_bytes;
   options.max_request_bytes = f.max_request_bytes;
+  options.log_stats_interval_s = f.log_stats_interval_s;
   options.loop.max_queue = static_cast<int32_t>(f.max_queue);
   options.loop.max_batch_size = static_cast<int32_t>(f.max_batch_size);
   // Default drafter: the flag, else the first drafter listed in --drafter (all) or the first the
@@ -409,6 +440,15 @@ int RunServe(const std::vector<std::string>& args) {
                "requests waiting or running at once; more get RESOURCE_EXHAUSTED");
   flags.AddDouble("shutdown-grace-s", &f.shutdown_grace_s,
                   "on SIGINT/SIGTERM, seconds running calls may take to finish");
+  flags.AddString("log-level", &f.log_level,
+                  "stderr log lines at or above: debug, info (access log + stats), warning, "
+                  "error or off");
+  flags.AddDouble("log-stats-interval-s", &f.log_stats_interval_s,
+                  "router/all: a stats line (throughput, running/waiting, KV cache, acceptance) "
+                  "every this many seconds, at debug level while idle (0 = off)");
+  for (const auto& [title, names] : kHelpSections) {
+    for (const char* name : names) flags.MoveToSection(name, title);
+  }
   return RunCommand(flags, args, [&] { return Run(f); });
 }
 
