@@ -36,7 +36,7 @@ port, out = sys.argv[1], sys.argv[2]
 def scrape():
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
     def val(name):
-        m = re.search(rf"^{name}(?:{{}})? (\S+)$", text, re.M)
+        m = re.search(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)
         return float(m.group(1)) if m else 0.0
     return {"t": time.time(), "tokens": val("specula_generation_tokens_total"),
             "budget_sum": val("specula_draft_budget_nodes_sum"),

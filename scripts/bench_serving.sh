@@ -42,7 +42,7 @@ echo "all-in-one on :$ALL_PORT, three processes: router :$SPLIT_PORT -> target :
 import json, re, sys, urllib.request
 def scrape(port):
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-    val = lambda name: float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+    val = lambda name: float(re.search(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M).group(1))
     steps = val("specula_engine_steps_total")
     return {"steps": steps,
             "mean_step_ms": 1e3 * val("specula_engine_step_seconds_sum") / max(steps, 1),

@@ -1,5 +1,6 @@
 #include "common/util/flags.h"
 
+#include <algorithm>
 #include <charconv>
 #include <sstream>
 
@@ -30,20 +31,34 @@ StatusOr<std::vector<int64_t>> ParseIntList(const std::string& text) {
 }
 
 void FlagSet::AddString(const std::string& name, std::string* target, const std::string& help) {
-  flags_[name] = {Kind::kString, target, help, *target};
+  flags_[name] = {Kind::kString, target, help, *target, current_section_};
 }
 void FlagSet::AddInt(const std::string& name, int64_t* target, const std::string& help) {
-  flags_[name] = {Kind::kInt, target, help, std::to_string(*target)};
+  flags_[name] = {Kind::kInt, target, help, std::to_string(*target), current_section_};
 }
 void FlagSet::AddDouble(const std::string& name, double* target, const std::string& help) {
-  flags_[name] = {Kind::kDouble, target, help, StrCat(*target)};
+  flags_[name] = {Kind::kDouble, target, help, StrCat(*target), current_section_};
 }
 void FlagSet::AddBool(const std::string& name, bool* target, const std::string& help) {
-  flags_[name] = {Kind::kBool, target, help, *target ? "true" : "false"};
+  flags_[name] = {Kind::kBool, target, help, *target ? "true" : "false", current_section_};
 }
 void FlagSet::AddIntList(const std::string& name, std::vector<int64_t>* target,
                          const std::string& help) {
-  flags_[name] = {Kind::kIntList, target, help, JoinInts(*target)};
+  flags_[name] = {Kind::kIntList, target, help, JoinInts(*target), current_section_};
+}
+
+int FlagSet::SectionIndex(const std::string& title) {
+  auto it = std::find(sections_.begin(), sections_.end(), title);
+  if (it != sections_.end()) return static_cast<int>(it - sections_.begin());
+  sections_.push_back(title);
+  return static_cast<int>(sections_.size()) - 1;
+}
+
+void FlagSet::Section(const std::string& title) { current_section_ = SectionIndex(title); }
+
+void FlagSet::MoveToSection(const std::string& name, const std::string& title) {
+  auto it = flags_.find(name);
+  if (it != flags_.end()) it->second.section = SectionIndex(title);
 }
 
 Status FlagSet::Assign(const std::string& name, Flag& flag, const std::string& value) {
@@ -131,13 +146,22 @@ Status FlagSet::Parse(const std::vector<std::string>& args) {
 
 std::string FlagSet::Usage() const {
   std::ostringstream os;
-  os << "usage: specula " << command_ << " [flags]\n\nflags:\n";
-  for (const auto& [name, flag] : flags_) {
-    os << "  --" << name;
-    if (flag.kind != Kind::kBool) os << " VALUE";
-    os << "\n      " << flag.help;
-    if (!flag.default_text.empty()) os << " (default: " << flag.default_text << ")";
-    os << "\n";
+  os << "usage: specula " << command_ << " [flags]\n";
+  // Flags outside any section first, then each section in the order it was named.
+  for (int section = -1; section < static_cast<int>(sections_.size()); ++section) {
+    bool header = false;
+    for (const auto& [name, flag] : flags_) {
+      if (flag.section != section) continue;
+      if (!header) {
+        os << "\n" << (section < 0 ? "flags" : sections_[section]) << ":\n";
+        header = true;
+      }
+      os << "  --" << name;
+      if (flag.kind != Kind::kBool) os << " VALUE";
+      os << "\n      " << flag.help;
+      if (!flag.default_text.empty()) os << " (default: " << flag.default_text << ")";
+      os << "\n";
+    }
   }
   return os.str();
 }

@@ -2,6 +2,11 @@
 //
 // Tools must build against LibTorch alone (no Abseil on GPU machines), hence this small parser.
 // Unknown flags, missing values and unparsable numbers are errors naming the flag.
+//
+// --help lists the flags sorted by name, or grouped in sections when the command declares them:
+//   flags.Section("router (--role router, all)");   // flags added from here on are listed there
+//   flags.AddInt("max-queue", ...);
+//   flags.MoveToSection("model", "all roles");       // a flag a shared helper registered
 #pragma once
 
 #include <cstdint>
@@ -24,6 +29,13 @@ class FlagSet {
   // Comma-separated integers, e.g. --batch-sizes 1,4,16.
   void AddIntList(const std::string& name, std::vector<int64_t>* target, const std::string& help);
 
+  // Flags added after this call are listed under `title` in Usage(). Sections are listed in the
+  // order they were first named, after the flags added before any section ("flags:").
+  void Section(const std::string& title);
+  // Lists an already added flag under `title` (for flags a shared helper registered). No-op for
+  // an unknown name.
+  void MoveToSection(const std::string& name, const std::string& title);
+
   // Parses args (without the program and command names). INVALID_ARGUMENT naming the flag.
   Status Parse(const std::vector<std::string>& args);
   bool help_requested() const { return help_; }
@@ -38,12 +50,16 @@ class FlagSet {
     void* target;
     std::string help;
     std::string default_text;
+    int section = -1;  // index into sections_; -1 = none
   };
+  int SectionIndex(const std::string& title);
   Status Assign(const std::string& name, Flag& flag, const std::string& value);
 
   std::string command_;
   std::map<std::string, Flag> flags_;
   std::map<std::string, bool> set_;
+  std::vector<std::string> sections_;
+  int current_section_ = -1;
   bool help_ = false;
 };
 

@@ -7,8 +7,10 @@ Starts `specula serve` (bundled model, ngram drafter) and `prometheus` on 127.0.
 Prometheus scrapes it every second with deploy/prometheus's rule files, once as is and once
 through the documented `specula_` -> `vllm:` relabel line (taken from prometheus.yml, so the
 documentation is what is tested). While requests run, it asks Prometheus's HTTP API for the
-dashboard's key queries, the recording rules and vLLM's own acceptance-rate query on the renamed
-series, and requires non-empty, finite answers.
+dashboard's key queries, the recording rules and vLLM dashboards' own queries on the renamed
+series (model_name-filtered, as vLLM's Grafana example asks: acceptance rate, TTFT, TPOT, E2E,
+queue/prefill/decode/inference time, token histograms, request_success by finished_reason, ...),
+and requires non-empty, finite answers.
 Exit 77 (skipped) only where the prometheus binary is missing; scripts/setup.sh installs it.
 """
 import json
@@ -36,13 +38,31 @@ KEY_PANELS = ["Tokens / s", "Time to first token", "Inter-token latency", "End-t
 RECORDED = ["specula:generation_tokens:rate5m", "specula:spec_decode_acceptance_rate:rate5m",
             "specula:spec_decode_mean_acceptance_length:rate5m",
             "specula:time_to_first_token_seconds:p99_5m", "specula:request_errors:ratio_rate5m"]
-# What an unmodified vLLM dashboard asks, on the relabelled job.
-VLLM = ['rate(vllm:spec_decode_num_accepted_tokens_total{job="vllm-names"}[30s]) / '
-        'rate(vllm:spec_decode_num_draft_tokens_total{job="vllm-names"}[30s])',
-        'histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket'
-        '{job="vllm-names"}[30s])))',
-        'vllm:num_requests_running{job="vllm-names"}']
-
+# What an unmodified vLLM dashboard asks (vLLM's Grafana example filters every query on
+# model_name), on the relabelled job.
+M = '{job="vllm-names",model_name="pyllama-6m"}'
+VLLM = [f'rate(vllm:spec_decode_num_accepted_tokens_total{M}[30s]) / '
+        f'rate(vllm:spec_decode_num_draft_tokens_total{M}[30s])',
+        f'histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{M}[30s])))',
+        f'vllm:num_requests_running{M}',
+        f'vllm:kv_cache_usage_perc{M}',
+        f'rate(vllm:generation_tokens_total{M}[30s])',
+        f'histogram_quantile(0.9, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{M}[30s])))',
+        f'histogram_quantile(0.5, sum by (le) '
+        f'(rate(vllm:request_time_per_output_token_seconds_bucket{M}[30s])))',
+        f'sum by (finished_reason) (increase(vllm:request_success_total{M}[30s]))',
+        f'vllm:request_success_total{{job="vllm-names",model_name="pyllama-6m",finished_reason="abort"}}',
+        f'rate(vllm:request_queue_time_seconds_sum{M}[30s])',
+        f'rate(vllm:request_prefill_time_seconds_sum{M}[30s])',
+        f'rate(vllm:request_decode_time_seconds_sum{M}[30s])',
+        f'rate(vllm:request_inference_time_seconds_sum{M}[30s])',
+        f'sum by (le) (increase(vllm:request_prompt_tokens_bucket{M}[30s]))',
+        f'sum by (le) (increase(vllm:request_generation_tokens_bucket{M}[30s]))',
+        f'histogram_quantile(0.99, sum by (le) (rate(vllm:request_params_max_tokens_bucket{M}[30s])))',
+        f'histogram_quantile(0.99, sum by (le) '
+        f'(rate(vllm:request_max_num_generation_tokens_bucket{M}[30s])))',
+        f'rate(vllm:iteration_tokens_total_sum{M}[30s])',
+        f'vllm:num_preemptions_total{M}']
 
 def free_port():
     with socket.socket() as s:

@@ -5,6 +5,8 @@
 
 #include "common/engine/plain_decoder.h"
 #include "common/tokenizer/stream_decoder.h"
+#include "common/util/log.h"
+#include "services/router/server_log.h"
 #include "services/router/stop_strings.h"
 
 namespace specula::router {
@@ -30,6 +32,7 @@ struct EngineLoop::Active {
   StreamDecoder decoder;
   StopStringMatcher stops;
   Clock::time_point last_delivery;
+  Clock::time_point admitted_at, first_token_at;  // for the per-request metrics and log
   bool first_token_delivered = false;
   int64_t completion_tokens = 0;
   SpecRequestStats stats;  // the engine's running totals so far
@@ -275,6 +278,7 @@ StepPlan EngineLoop::PlanStep() {
     plan.admit.push_back({.id = waiting_.front(), .request = a.request.spec});
     if (planner_) planner_->Admit(waiting_.front(), a.request.spec);
     a.admitted = true;
+    a.admitted_at = Clock::now();
     ++admitted_;
     reserved_blocks_ += a.reserved_blocks;
     if (metrics_) metrics_->Admitted(prompt, a.stats.lossy);
@@ -325,7 +329,12 @@ void EngineLoop::ProcessStep() {
     return;
   }
   kv_blocks_used_now_ = outcome->kv_blocks_used;
-  if (metrics_) metrics_->StepTimed(SecondsBetween(started, Clock::now()), outcome->step_seconds);
+  if (metrics_) {
+    metrics_->StepTimed(SecondsBetween(started, Clock::now()), outcome->step_seconds);
+    int64_t tokens = outcome->report.prefill_tokens;
+    for (const RequestUpdate& u : outcome->report.updates) tokens += u.new_tokens.size();
+    metrics_->IterationTokens(tokens);
+  }
   PublishLoad();  // before any event, so a client that saw tokens sees their KV blocks in load()
   const Clock::time_point now = Clock::now();
   for (RequestUpdate& u : outcome->report.updates) {
@@ -354,6 +363,7 @@ void EngineLoop::ProcessStep() {
         metrics_->TokensDelivered(static_cast<int64_t>(event.token_ids.size()),
                                   !a.first_token_delivered, SecondsBetween(a.last_delivery, now));
       }
+      if (!a.first_token_delivered) a.first_token_at = now;
       a.first_token_delivered = true;
       a.last_delivery = now;
     }
@@ -441,9 +451,31 @@ void EngineLoop::Deliver(Active& a, LoopEvent event) {
   event.prompt_tokens = static_cast<int64_t>(a.request.spec.generation.prompt.size());
   event.completion_tokens = a.completion_tokens;
   event.stats = a.stats;
-  if (metrics_) {
-    metrics_->Finished(event.finish_reason, SecondsBetween(a.request.arrival, Clock::now()));
+  const Clock::time_point now = Clock::now();
+  const SpeculationSettings& spec = a.request.spec.speculation;
+  FinishedRequest done{
+      .id = a.request.id,
+      .reason = event.finish_reason,
+      .status = event.status,
+      .drafter = spec.enabled() ? spec.drafter : "none",
+      .prompt_tokens = event.prompt_tokens,
+      .completion_tokens = a.completion_tokens,
+      .max_tokens = a.request.spec.generation.max_new_tokens,
+      .admitted = a.admitted,
+      .queue_seconds = SecondsBetween(a.request.arrival, a.admitted ? a.admitted_at : now),
+      .e2e_seconds = SecondsBetween(a.request.arrival, now),
+      .stats = a.stats};
+  if (a.admitted) {
+    const Clock::time_point first = a.first_token_delivered ? a.first_token_at : now;
+    const Clock::time_point last = a.first_token_delivered ? a.last_delivery : now;
+    done.prefill_seconds = SecondsBetween(a.admitted_at, first);
+    done.decode_seconds = SecondsBetween(first, last);
+    done.inference_seconds = SecondsBetween(a.admitted_at, last);
   }
+  if (a.first_token_delivered)
+    done.ttft_seconds = SecondsBetween(a.request.arrival, a.first_token_at);
+  if (metrics_) metrics_->Finished(done);
+  if (LogEnabled(LogLevel::kInfo)) LogInfo(AccessLogLine(done));
   a.delivered = true;
   a.channel->Push(std::move(event));
   in_flight_.fetch_sub(1);

@@ -107,6 +107,7 @@ struct LoadSnapshot {
 
 // A request as the engine will run it: speculation defaults already resolved.
 struct LoopRequest {
+  std::string id;  // the client's request id, for the access log
   SpecRequest spec;
   std::vector<std::string> stop_strings;  // non-empty strings
   Clock::time_point deadline = Clock::time_point::max();

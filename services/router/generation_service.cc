@@ -94,6 +94,7 @@ StatusOr<GenerationService::Started> GenerationService::Start(grpc::ServerContex
   auto resolved = ToLoopRequest(request, loop_->info(), loop_->tokenizer(), max_prompt_bytes_);
   if (resolved.ok()) {
     resolved->deadline = SteadyDeadline(*context);
+    resolved->id = started.request_id;
     started.speculation = resolved->spec.speculation;
     auto channel = loop_->Submit(std::move(*resolved));
     if (channel.ok()) {

@@ -30,6 +30,26 @@ const Histogram::BucketBoundaries kTtftBuckets = {
 const Histogram::BucketBoundaries kItlBuckets = {0.001, 0.005, 0.01, 0.025, 0.05, 0.075,
                                                  0.1,   0.15,  0.2,  0.3,   0.4,  0.5,
                                                  0.75,  1.0,   2.5,  5.0,   7.5,  10.0};
+// vLLM's request_latency_buckets: queue, prefill, decode and inference time.
+const Histogram::BucketBoundaries kRequestLatencyBuckets = {
+    0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+const Histogram::BucketBoundaries kTpotBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                                  0.3,  0.4,   0.5,  0.75,  1.0, 2.5,  5.0,
+                                                  7.5,  10.0,  20.0, 40.0,  80.0};
+
+// vLLM's build_1_2_5_buckets(max_model_len): 1, 2, 5, 10, 20, 50, ... up to max_value.
+Histogram::BucketBoundaries OneTwoFiveBuckets(int64_t max_value) {
+  Histogram::BucketBoundaries out;
+  for (double scale = 1; out.empty() || out.back() < static_cast<double>(max_value); scale *= 10) {
+    for (double m : {1.0, 2.0, 5.0}) {
+      if (m * scale > static_cast<double>(std::max<int64_t>(max_value, 1))) return out;
+      out.push_back(m * scale);
+    }
+  }
+  return out;
+}
+
 const Histogram::BucketBoundaries kE2eBuckets = {0.05, 0.1,  0.3,  0.5,  0.8,   1.0,   1.5,
                                                  2.0,  2.5,  5.0,  10.0, 15.0,  20.0,  30.0,
                                                  40.0, 50.0, 60.0, 120., 240.0, 480.0, 960.0};
@@ -37,44 +57,66 @@ const Histogram::BucketBoundaries kE2eBuckets = {0.05, 0.1,  0.3,  0.5,  0.8,   
 }  // namespace
 
 struct RouterMetrics::Impl {
+  explicit Impl(const RouterMetricsOptions& options)
+      : labels(options.model_name.empty() ? prometheus::Labels{}
+                                          : prometheus::Labels{{"model_name", options.model_name}}),
+        token_buckets(OneTwoFiveBuckets(options.max_model_len)) {
+    // Every finish reason is listed from the start, so dashboards see zeros rather than gaps.
+    for (FinishReason r : {FinishReason::kStop, FinishReason::kLength, FinishReason::kStopString,
+                           FinishReason::kCancelled, FinishReason::kError}) {
+      success.Add(
+          {{"finished_reason", VllmFinishReason(r)}, {"specula_reason", FinishReasonName(r)}});
+    }
+  }
+
+  // Declared first: every family below is built with them.
+  const prometheus::Labels labels;  // model_name, as vLLM's
+  const Histogram::BucketBoundaries token_buckets;
   services::MetricsRegistry metrics;
   prometheus::Registry* registry = &metrics.registry();
 
   Counter& num_drafts = BuildCounter()
                             .Name("specula_spec_decode_num_drafts_total")
                             .Help("Speculative steps that verified a non-empty draft.")
+                            .Labels(labels)
                             .Register(*registry)
                             .Add({});
   Counter& num_draft_tokens = BuildCounter()
                                   .Name("specula_spec_decode_num_draft_tokens_total")
                                   .Help("Draft tokens proposed.")
+                                  .Labels(labels)
                                   .Register(*registry)
                                   .Add({});
   Counter& num_accepted_tokens = BuildCounter()
                                      .Name("specula_spec_decode_num_accepted_tokens_total")
                                      .Help("Draft tokens accepted by verification.")
+                                     .Labels(labels)
                                      .Register(*registry)
                                      .Add({});
   Family<Counter>& accepted_per_pos =
       BuildCounter()
           .Name("specula_spec_decode_num_accepted_tokens_per_pos_total")
           .Help("Draft tokens accepted at each draft position (0 = first draft token).")
+          .Labels(labels)
           .Register(*registry);
   Counter& lossy_requests =
       BuildCounter()
           .Name("specula_spec_decode_lossy_requests_total")
           .Help("Requests verified with a LOSSY rule (specdec, typical) at their own request.")
+          .Labels(labels)
           .Register(*registry)
           .Add({});
   Counter& steps = BuildCounter()
                        .Name("specula_engine_steps_total")
                        .Help("Engine steps the router ran (one target forward each).")
+                       .Labels(labels)
                        .Register(*registry)
                        .Add({});
   Histogram& step_seconds =
       BuildHistogram()
           .Name("specula_engine_step_seconds")
           .Help("One engine step as the router sees it, transport to the target included.")
+          .Labels(labels)
           .Register(*registry)
           .Add({}, Histogram::BucketBoundaries{0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16,
                                                0.32, 0.64, 1.28, 2.56});
@@ -84,11 +126,13 @@ struct RouterMetrics::Impl {
           .Help(
               "Step time outside the target's own step: the router-target path (0 in one "
               "process).")
+          .Labels(labels)
           .Register(*registry)
           .Add({});
   Histogram& ttft = BuildHistogram()
                         .Name("specula_time_to_first_token_seconds")
                         .Help("Time from request arrival to its first token.")
+                        .Labels(labels)
                         .Register(*registry)
                         .Add({}, kTtftBuckets);
   Histogram& itl = BuildHistogram()
@@ -96,45 +140,54 @@ struct RouterMetrics::Impl {
                        .Help(
                            "Time between two deliveries of tokens to a request (one per engine "
                            "step; a step may deliver several tokens).")
+                       .Labels(labels)
                        .Register(*registry)
                        .Add({}, kItlBuckets);
   Histogram& e2e = BuildHistogram()
                        .Name("specula_e2e_request_latency_seconds")
                        .Help("Time from request arrival to its end.")
+                       .Labels(labels)
                        .Register(*registry)
                        .Add({}, kE2eBuckets);
   Gauge& running = BuildGauge()
                        .Name("specula_num_requests_running")
                        .Help("Requests in the engine's batch.")
+                       .Labels(labels)
                        .Register(*registry)
                        .Add({});
   Gauge& waiting = BuildGauge()
                        .Name("specula_num_requests_waiting")
                        .Help("Requests accepted but not yet in the engine's batch.")
+                       .Labels(labels)
                        .Register(*registry)
                        .Add({});
   Gauge& kv_usage = BuildGauge()
                         .Name("specula_kv_cache_usage_perc")
                         .Help("Fraction of the target's KV cache blocks in use (0..1).")
+                        .Labels(labels)
                         .Register(*registry)
                         .Add({});
   Family<Counter>& success = BuildCounter()
                                  .Name("specula_request_success_total")
                                  .Help("Finished requests by finish reason.")
+                                 .Labels(labels)
                                  .Register(*registry);
   Family<Counter>& rejected =
       BuildCounter()
           .Name("specula_request_rejected_total")
           .Help("Requests refused before reaching the engine, by gRPC code.")
+          .Labels(labels)
           .Register(*registry);
   Counter& prompt_tokens = BuildCounter()
                                .Name("specula_prompt_tokens_total")
                                .Help("Prompt tokens of requests that entered the engine.")
+                               .Labels(labels)
                                .Register(*registry)
                                .Add({});
   Counter& generation_tokens = BuildCounter()
                                    .Name("specula_generation_tokens_total")
                                    .Help("Generated tokens delivered to clients.")
+                                   .Labels(labels)
                                    .Register(*registry)
                                    .Add({});
 
@@ -142,62 +195,155 @@ struct RouterMetrics::Impl {
       BuildHistogram()
           .Name("specula_draft_budget_nodes")
           .Help("Draft nodes the adaptive budget gave one sequence for one step (0 = no draft).")
+          .Labels(labels)
           .Register(*registry)
           .Add({}, Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128});
   Counter& budget_predicted = BuildCounter()
                                   .Name("specula_draft_budget_predicted_seconds_total")
                                   .Help("Step seconds the draft budget's cost model predicted.")
+                                  .Labels(labels)
                                   .Register(*registry)
                                   .Add({});
   Counter& budget_measured =
       BuildCounter()
           .Name("specula_draft_budget_measured_seconds_total")
           .Help("Step seconds measured for the steps the cost model predicted.")
+          .Labels(labels)
           .Register(*registry)
           .Add({});
   Gauge& budget_speedup =
       BuildGauge()
           .Name("specula_draft_budget_predicted_speedup")
           .Help("Predicted tokens/s at the chosen budgets over tokens/s without drafts.")
+          .Labels(labels)
           .Register(*registry)
           .Add({});
   Gauge& spare_tokens =
       BuildGauge()
           .Name("specula_draft_budget_spare_tokens")
           .Help("Spare compute: tokens the step's forward could add within 5% of its time.")
+          .Labels(labels)
           .Register(*registry)
           .Add({});
   Gauge& kappa = BuildGauge()
                      .Name("specula_spec_decode_kappa")
                      .Help("kappa = a * depth / k over recent drafting steps (SpecFormer).")
+                     .Labels(labels)
                      .Register(*registry)
                      .Add({});
   Gauge& theta = BuildGauge()
                      .Name("specula_spec_decode_theta")
                      .Help("theta = kappa / predicted speedup (lower is better).")
+                     .Labels(labels)
                      .Register(*registry)
                      .Add({});
   Gauge& draft_share = BuildGauge()
                            .Name("specula_spec_decode_draft_time_share")
                            .Help("Drafters' share of recent step time.")
+                           .Labels(labels)
                            .Register(*registry)
                            .Add({});
   Family<Gauge>& acceptance =
       BuildGauge()
           .Name("specula_spec_decode_acceptance_prob")
           .Help("Per drafter, P(position accepted | previous position accepted), recent steps.")
+          .Labels(labels)
           .Register(*registry);
 
-  Impl() {
-    // Every finish reason is listed from the start, so dashboards see zeros rather than gaps.
-    for (FinishReason r : {FinishReason::kStop, FinishReason::kLength, FinishReason::kStopString,
-                           FinishReason::kCancelled, FinishReason::kError}) {
-      success.Add({{"finished_reason", FinishReasonName(r)}});
-    }
-  }
+  // vLLM V1's per-request histograms (vllm/v1/metrics/loggers.py), same names and buckets.
+  Histogram& queue_time = BuildHistogram()
+                              .Name("specula_request_queue_time_seconds")
+                              .Help("Time from arrival to admission into the engine's batch.")
+                              .Labels(labels)
+                              .Register(*registry)
+                              .Add({}, kRequestLatencyBuckets);
+  Histogram& prefill_time = BuildHistogram()
+                                .Name("specula_request_prefill_time_seconds")
+                                .Help("Time from admission to the first token (prompt prefill).")
+                                .Labels(labels)
+                                .Register(*registry)
+                                .Add({}, kRequestLatencyBuckets);
+  Histogram& decode_time = BuildHistogram()
+                               .Name("specula_request_decode_time_seconds")
+                               .Help("Time from the first token to the last.")
+                               .Labels(labels)
+                               .Register(*registry)
+                               .Add({}, kRequestLatencyBuckets);
+  Histogram& inference_time = BuildHistogram()
+                                  .Name("specula_request_inference_time_seconds")
+                                  .Help("Time from admission to the last token (prefill + decode).")
+                                  .Labels(labels)
+                                  .Register(*registry)
+                                  .Add({}, kRequestLatencyBuckets);
+  Histogram& tpot = BuildHistogram()
+                        .Name("specula_request_time_per_output_token_seconds")
+                        .Help("Per request: decode time / (generated tokens - 1).")
+                        .Labels(labels)
+                        .Register(*registry)
+                        .Add({}, kTpotBuckets);
+  Histogram& request_prompt_tokens = BuildHistogram()
+                                         .Name("specula_request_prompt_tokens")
+                                         .Help("Prompt tokens per finished request.")
+                                         .Labels(labels)
+                                         .Register(*registry)
+                                         .Add({}, token_buckets);
+  Histogram& request_generation_tokens = BuildHistogram()
+                                             .Name("specula_request_generation_tokens")
+                                             .Help("Generated tokens per finished request.")
+                                             .Labels(labels)
+                                             .Register(*registry)
+                                             .Add({}, token_buckets);
+  // One sequence per request (vLLM's n = 1): the request's generated tokens.
+  Histogram& max_generation_tokens =
+      BuildHistogram()
+          .Name("specula_request_max_num_generation_tokens")
+          .Help("Generated tokens of the request's longest sequence (one sequence per request).")
+          .Labels(labels)
+          .Register(*registry)
+          .Add({}, token_buckets);
+  // Admission reserves each request's worst-case KV blocks, so nothing is ever preempted; listed
+  // at 0 for dashboards that chart vLLM's preemptions.
+  Counter& preemptions = BuildCounter()
+                             .Name("specula_num_preemptions_total")
+                             .Help(
+                                 "Requests preempted from the batch (always 0: admission "
+                                 "reserves each request's worst-case KV cache).")
+                             .Labels(labels)
+                             .Register(*registry)
+                             .Add({});
+  Histogram& max_tokens = BuildHistogram()
+                              .Name("specula_request_params_max_tokens")
+                              .Help("The max_new_tokens request parameter.")
+                              .Labels(labels)
+                              .Register(*registry)
+                              .Add({}, token_buckets);
+  Histogram& iteration_tokens =
+      BuildHistogram()
+          .Name("specula_iteration_tokens_total")
+          .Help("Tokens per engine step: prompt tokens prefilled plus tokens generated.")
+          .Labels(labels)
+          .Register(*registry)
+          .Add({}, Histogram::BucketBoundaries{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096,
+                                               8192, 16384});
 };
 
-RouterMetrics::RouterMetrics() : impl_(std::make_unique<Impl>()) {}
+const char* VllmFinishReason(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+    case FinishReason::kStopString:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "abort";
+    case FinishReason::kError:
+      break;
+  }
+  return "error";
+}
+
+RouterMetrics::RouterMetrics(const RouterMetricsOptions& options)
+    : impl_(std::make_unique<Impl>(options)) {}
 RouterMetrics::~RouterMetrics() = default;  // MetricsRegistry stops its endpoint first
 
 StatusOr<int> RouterMetrics::Expose(const std::string& host, int port) {
@@ -263,9 +409,41 @@ void RouterMetrics::SpecProgress(const SpecRequestStats& before, const SpecReque
   }
 }
 
-void RouterMetrics::Finished(FinishReason reason, double e2e_seconds) {
-  impl_->success.Add({{"finished_reason", FinishReasonName(reason)}}).Increment();
-  impl_->e2e.Observe(e2e_seconds);
+void RouterMetrics::Finished(const FinishedRequest& r) {
+  impl_->success
+      .Add({{"finished_reason", VllmFinishReason(r.reason)},
+            {"specula_reason", FinishReasonName(r.reason)}})
+      .Increment();
+  impl_->e2e.Observe(r.e2e_seconds);
+  impl_->queue_time.Observe(r.queue_seconds);
+  if (r.admitted) {
+    impl_->prefill_time.Observe(r.prefill_seconds);
+    impl_->decode_time.Observe(r.decode_seconds);
+    impl_->inference_time.Observe(r.inference_seconds);
+  }
+  if (r.time_per_output_token() >= 0) impl_->tpot.Observe(r.time_per_output_token());
+  impl_->request_prompt_tokens.Observe(static_cast<double>(r.prompt_tokens));
+  impl_->request_generation_tokens.Observe(static_cast<double>(r.completion_tokens));
+  impl_->max_generation_tokens.Observe(static_cast<double>(r.completion_tokens));
+  if (r.max_tokens > 0) impl_->max_tokens.Observe(static_cast<double>(r.max_tokens));
+}
+
+void RouterMetrics::IterationTokens(int64_t tokens) {
+  impl_->iteration_tokens.Observe(static_cast<double>(tokens));
+}
+
+RouterTotals RouterMetrics::Totals() const {
+  RouterTotals t;
+  t.prompt_tokens = impl_->prompt_tokens.Value();
+  t.generation_tokens = impl_->generation_tokens.Value();
+  t.finished = static_cast<double>(impl_->e2e.Collect().histogram.sample_count);
+  t.drafts = impl_->num_drafts.Value();
+  t.draft_tokens = impl_->num_draft_tokens.Value();
+  t.accepted_tokens = impl_->num_accepted_tokens.Value();
+  t.running = impl_->running.Value();
+  t.waiting = impl_->waiting.Value();
+  t.kv_cache_usage = impl_->kv_usage.Value();
+  return t;
 }
 
 void RouterMetrics::SetLoad(int64_t running, int64_t waiting, double kv_cache_usage) {

@@ -12,7 +12,9 @@ namespace specula::router {
 StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(ServedModel model,
                                                             RouterServerOptions options) {
   std::unique_ptr<RouterServer> s(new RouterServer);
-  s->metrics_ = std::make_unique<RouterMetrics>();
+  s->metrics_ = std::make_unique<RouterMetrics>(RouterMetricsOptions{
+      .model_name = model.name,
+      .max_model_len = model.backend ? model.backend->info().context_length : 0});
   if (options.metrics_port) {
     ASSIGN_OR_RETURN(s->metrics_port_, s->metrics_->Expose(options.host, *options.metrics_port));
   }
@@ -36,6 +38,11 @@ StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(ServedModel model,
                                    tls ? " (or the TLS key does not match its certificate)" : ""));
   }
   s->server_->GetHealthCheckService()->SetServingStatus(v1::Generation::service_full_name(), true);
+  if (options.log_stats_interval_s > 0) {
+    s->stats_logger_ = std::make_unique<StatsLogger>(
+        s->metrics_.get(),
+        std::chrono::milliseconds(static_cast<int64_t>(options.log_stats_interval_s * 1000)));
+  }
   return s;
 }
 
@@ -44,6 +51,7 @@ RouterServer::~RouterServer() { Shutdown(); }
 void RouterServer::Shutdown(std::chrono::milliseconds grace) {
   if (shut_down_) return;
   shut_down_ = true;
+  stats_logger_.reset();
   if (server_) server_->GetHealthCheckService()->Shutdown();
   if (loop_) {
     // Drain here rather than through grpc::Server::Shutdown's deadline: gRPC waits for the whole

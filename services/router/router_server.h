@@ -14,6 +14,7 @@
 #include "services/router/engine_loop.h"
 #include "services/router/generation_service.h"
 #include "services/router/metrics.h"
+#include "services/router/server_log.h"
 
 namespace specula::router {
 
@@ -33,6 +34,8 @@ struct RouterServerOptions {
   std::shared_ptr<grpc::ServerCredentials> credentials;
   // Bearer token every Generation call must carry (api_token.h); empty = none.
   std::string api_token;
+  // A stats line (server_log.h) every this many seconds; 0 = none. (`specula serve`: 10.)
+  double log_stats_interval_s = 0;
 };
 
 class RouterServer {
@@ -57,6 +60,7 @@ class RouterServer {
   RouterServer() = default;
 
   std::unique_ptr<RouterMetrics> metrics_;
+  std::unique_ptr<StatsLogger> stats_logger_;
   std::unique_ptr<EngineLoop> loop_;
   std::unique_ptr<GenerationService> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "common/engine/plain_decoder.h"
 #include "common/tokenizer/bpe_trainer.h"
@@ -309,6 +310,21 @@ TEST_F(SpeculaCliTest, PromptLongerThanContext) {
   EXPECT_NE(r.err.find("plus max_new_tokens 62 exceeds the context length of 64"),
             std::string::npos)
       << r.err;
+}
+
+// `specula --version` and `specula version`: the project version, and the commit when the build
+// knew it.
+TEST(SpeculaVersionTest, PrintsTheVersion) {
+  TempDir dir;
+  for (const char* arg : {"--version", "version"}) {
+    const std::string out = dir.File("out.txt");
+    const std::string cmd = std::string(SPECULA_BINARY_DIR) + "/bin/specula " + arg + " > " + out;
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << arg;
+    const std::string text = ReadFileToString(out).value();
+    EXPECT_TRUE(std::regex_match(
+        text, std::regex("specula \\d+\\.\\d+\\.\\d+( \\(commit [0-9a-f]{7,}(-dirty)?\\))?\n")))
+        << arg << ": " << text;
+  }
 }
 
 TEST_F(SpeculaCliTest, BadFlags) {

@@ -135,7 +135,11 @@ double MetricValue(const std::string& text, const std::string& name) {
   std::istringstream in(text);
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+    // "name value" or "name{labels} value".
+    if (line.rfind(name, 0) != 0 || line.size() <= name.size()) continue;
+    const char next = line[name.size()];
+    if (next != ' ' && next != '{') continue;
+    return std::stod(line.substr(line.rfind(' ') + 1));
   }
   return -1;
 }
@@ -240,7 +244,8 @@ TEST_P(EngineLoopTest, CancelledAndExpiredRequestsFreeTheirBlocksWithoutDisturbi
   Collected ok = Collect(**normal);
   EXPECT_EQ(ok.tokens, reference_->Greedy({10, 11, 12}, 40));
   EXPECT_TRUE(WaitIdle(*loop));
-  EXPECT_NE(metrics_.Text().find("specula_request_success_total{finished_reason=\"cancelled\"} 2"),
+  EXPECT_NE(metrics_.Text().find("specula_request_success_total{finished_reason=\"abort\",specula_"
+                                 "reason=\"cancelled\"} 2"),
             std::string::npos);
 }
 

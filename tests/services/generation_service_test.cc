@@ -295,9 +295,9 @@ TEST_F(GenerationServiceTest, BadRequestsNameTheFieldAndTheServerKeepsServing) {
   ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
   EXPECT_EQ(ok.tokens, reference_->Greedy({5, 6, 7}, 12));
   EXPECT_TRUE(WaitIdle());
-  EXPECT_NE(
-      server_->metrics().Text().find("specula_request_rejected_total{code=\"INVALID_ARGUMENT\"}"),
-      std::string::npos);
+  EXPECT_GT(SeriesValue(server_->metrics().Text(), "specula_request_rejected_total",
+                        "code=\"INVALID_ARGUMENT\""),
+            0);
 }
 
 // Issue 19.7: a proto3 string that is not UTF-8 fails protobuf's parse; gRPC answered INTERNAL
@@ -489,8 +489,7 @@ TEST_F(GenerationServiceTest, LossyVerificationOnlyWhenAskedAndLabelled) {
   ASSERT_TRUE(stub->Generate(&context, request, &response).ok());
   EXPECT_TRUE(response.spec().lossy());
   EXPECT_EQ(response.spec().verify(), v1::VERIFY_MODE_SPECDEC);
-  EXPECT_NE(server_->metrics().Text().find("specula_spec_decode_lossy_requests_total 1"),
-            std::string::npos);
+  EXPECT_EQ(SeriesValue(server_->metrics().Text(), "specula_spec_decode_lossy_requests_total"), 1);
 }
 
 TEST_F(GenerationServiceTest, SamplingIsSeeded) {
@@ -530,8 +529,7 @@ TEST_F(GenerationServiceTest, ServerInfoAndMetricsEndpoint) {
   EXPECT_GT(info.load().kv_cache_blocks_total(), 0);
 
   auto counter = [](const std::string& text, const std::string& name) {
-    const size_t at = text.find("\n" + name + " ");
-    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + name.size() + 2));
+    return SeriesValue(text, name);
   };
   ASSERT_GT(server_->metrics_port(), 0);
   HttpResponse before = HttpGet(server_->metrics_port(), "/metrics");

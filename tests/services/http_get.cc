@@ -1,5 +1,7 @@
 #include "tests/services/http_get.h"
 
+#include <sstream>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -33,6 +35,26 @@ HttpResponse HttpGet(int port, const std::string& path) {
   const size_t body = response.find("\r\n\r\n");
   if (body != std::string::npos) r.body = response.substr(body + 4);
   return r;
+}
+
+double SeriesValue(const std::string& text, const std::string& name, const std::string& labels) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name, 0) != 0 || line.size() <= name.size()) continue;
+    const char next = line[name.size()];
+    if (next != ' ' && next != '{') continue;
+    const size_t space = line.rfind(' ');
+    const std::string series = line.substr(0, space);
+    bool match = true;
+    std::istringstream wanted(labels);
+    std::string item;
+    while (std::getline(wanted, item, ',')) {
+      if (!item.empty() && series.find(item) == std::string::npos) match = false;
+    }
+    if (match) return std::stod(line.substr(space + 1));
+  }
+  return -1;
 }
 
 }  // namespace specula

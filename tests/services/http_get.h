@@ -12,4 +12,10 @@ struct HttpResponse {
 
 HttpResponse HttpGet(int port, const std::string& path);
 
+// In Prometheus text `text`: the value of the first series of metric `name` whose labels contain
+// each of `labels` (comma-separated `key="value"` items, e.g. `finished_reason="length"`; others,
+// such as model_name, may be there too). -1 when there is none.
+double SeriesValue(const std::string& text, const std::string& name,
+                   const std::string& labels = "");
+
 }  // namespace specula

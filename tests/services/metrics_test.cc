@@ -11,6 +11,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "tests/services/http_get.h"
@@ -26,8 +27,9 @@ TEST(RouterMetricsTest, NamesMirrorVllmAndCountsMove) {
         "specula_spec_decode_num_accepted_tokens_total", "specula_time_to_first_token_seconds",
         "specula_inter_token_latency_seconds", "specula_e2e_request_latency_seconds",
         "specula_num_requests_running", "specula_num_requests_waiting",
-        "specula_request_success_total{finished_reason=\"stop\"} 0", "specula_prompt_tokens_total",
-        "specula_generation_tokens_total", "specula_kv_cache_usage_perc"}) {
+        "specula_request_success_total{finished_reason=\"stop\",specula_reason=\"stop\"} 0",
+        "specula_prompt_tokens_total", "specula_generation_tokens_total",
+        "specula_kv_cache_usage_perc"}) {
     EXPECT_NE(before.find(name), std::string::npos) << name;
   }
   m.Admitted(7, /*lossy=*/false);
@@ -39,7 +41,7 @@ TEST(RouterMetricsTest, NamesMirrorVllmAndCountsMove) {
   b.accepted_tokens = 2;
   b.accepted_per_position = {1, 1, 0, 0};
   m.SpecProgress(a, b);
-  m.Finished(FinishReason::kLength, 0.5);
+  m.Finished({.reason = FinishReason::kLength, .e2e_seconds = 0.5});
   m.SetLoad(2, 3, 0.25);
   m.Rejected(StatusCode::kInvalidArgument);
   const std::string after = m.Text();
@@ -48,13 +50,74 @@ TEST(RouterMetricsTest, NamesMirrorVllmAndCountsMove) {
         "specula_spec_decode_num_drafts_total 1", "specula_spec_decode_num_draft_tokens_total 4",
         "specula_spec_decode_num_accepted_tokens_total 2",
         "specula_spec_decode_num_accepted_tokens_per_pos_total{position=\"1\"} 1",
-        "specula_request_success_total{finished_reason=\"length\"} 1",
+        "specula_request_success_total{finished_reason=\"length\",specula_reason=\"length\"} 1",
         "specula_time_to_first_token_seconds_count 1",
         "specula_inter_token_latency_seconds_count 1", "specula_num_requests_running 2",
         "specula_num_requests_waiting 3", "specula_kv_cache_usage_perc 0.25",
         "specula_request_rejected_total{code=\"INVALID_ARGUMENT\"} 1"}) {
     EXPECT_NE(after.find(line), std::string::npos) << line << "\n" << after;
   }
+}
+
+// vLLM V1's per-request histograms, iteration tokens and request_success with vLLM's
+// finished_reason values, every series labelled with the model's name.
+TEST(RouterMetricsTest, VllmRequestHistogramsAndModelName) {
+  RouterMetrics m({.model_name = "tiny", .max_model_len = 128});
+  const std::string tiny = "model_name=\"tiny\"";
+  const std::string before = m.Text();
+  for (const char* reason : {"stop", "length", "abort", "error"}) {
+    EXPECT_EQ(SeriesValue(before, "specula_request_success_total",
+                          tiny + ",finished_reason=\"" + reason + "\""),
+              0)
+        << reason << "\n"
+        << before;
+  }
+  // vLLM's build_1_2_5_buckets(max_model_len).
+  EXPECT_EQ(SeriesValue(before, "specula_request_prompt_tokens_bucket", tiny + ",le=\"100\""), 0);
+  EXPECT_EQ(SeriesValue(before, "specula_request_prompt_tokens_bucket", "le=\"200\""), -1);
+  FinishedRequest r{.reason = FinishReason::kStopString,
+                    .prompt_tokens = 7,
+                    .completion_tokens = 3,
+                    .max_tokens = 16,
+                    .admitted = true,
+                    .queue_seconds = 0.01,
+                    .prefill_seconds = 0.02,
+                    .decode_seconds = 0.04,
+                    .inference_seconds = 0.06,
+                    .ttft_seconds = 0.03,
+                    .e2e_seconds = 0.07};
+  m.Finished(r);
+  m.Finished({.reason = FinishReason::kCancelled, .queue_seconds = 0.5, .e2e_seconds = 0.5});
+  m.IterationTokens(9);
+  m.Admitted(7, false);
+  const std::string after = m.Text();
+  const std::vector<std::pair<std::string, double>> expected = {
+      {"specula_request_queue_time_seconds_count", 2},
+      {"specula_request_prefill_time_seconds_count", 1},
+      {"specula_request_decode_time_seconds_count", 1},
+      {"specula_request_inference_time_seconds_count", 1},
+      {"specula_request_time_per_output_token_seconds_sum", 0.02},
+      {"specula_request_time_per_output_token_seconds_count", 1},
+      {"specula_request_prompt_tokens_sum", 7},
+      {"specula_request_generation_tokens_sum", 3},
+      {"specula_request_max_num_generation_tokens_sum", 3},
+      {"specula_request_params_max_tokens_count", 1},
+      {"specula_iteration_tokens_total_sum", 9},
+      {"specula_e2e_request_latency_seconds_count", 2},
+      {"specula_prompt_tokens_total", 7},
+      {"specula_num_preemptions_total", 0}};
+  for (const auto& [name, value] : expected) {
+    EXPECT_DOUBLE_EQ(SeriesValue(after, name, tiny), value) << name << "\n" << after;
+  }
+  EXPECT_EQ(SeriesValue(after, "specula_request_success_total",
+                        tiny + ",finished_reason=\"stop\",specula_reason=\"stop_string\""),
+            1);
+  EXPECT_EQ(SeriesValue(after, "specula_request_success_total",
+                        tiny + ",finished_reason=\"abort\",specula_reason=\"cancelled\""),
+            1);
+  const RouterTotals t = m.Totals();
+  EXPECT_EQ(t.prompt_tokens, 7);
+  EXPECT_EQ(t.finished, 2);
 }
 
 TEST(RouterMetricsTest, ServesMetricsOverHttp) {

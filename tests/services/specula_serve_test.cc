@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <regex>
 #include <thread>
 
 #include "common/util/mapped_file.h"
@@ -152,18 +153,67 @@ TEST_F(SpeculaServeTest, MetricsEndpointCountsRequests) {
   ASSERT_TRUE(stub->Generate(&context, request, &response).ok());
   HttpResponse after = HttpGet(server_->metrics_port(), "/metrics");
   ASSERT_EQ(after.status, 200);
-  auto value = [](const std::string& text, const std::string& name) {
-    const size_t at = text.find("\n" + name + " ");
-    return at == std::string::npos ? -1.0 : std::atof(text.c_str() + at + name.size() + 2);
+  const std::string model = "model_name=\"pyllama-6m\"";
+  auto delta = [&](const std::string& name, const std::string& labels) {
+    return SeriesValue(after.body, name, labels) - SeriesValue(before.body, name, labels);
   };
-  EXPECT_EQ(value(after.body, "specula_generation_tokens_total") -
-                value(before.body, "specula_generation_tokens_total"),
-            8);
-  EXPECT_EQ(value(after.body, "specula_request_success_total{finished_reason=\"length\"}") -
-                value(before.body, "specula_request_success_total{finished_reason=\"length\"}"),
+  EXPECT_EQ(delta("specula_generation_tokens_total", model), 8);
+  // vLLM's finished_reason values, Specula's own reason beside them.
+  EXPECT_EQ(delta("specula_request_success_total",
+                  model + ",finished_reason=\"length\",specula_reason=\"length\""),
             1);
+  for (const char* reason : {"stop", "length", "abort", "error"}) {
+    EXPECT_GE(SeriesValue(after.body, "specula_request_success_total",
+                          model + ",finished_reason=\"" + reason + "\""),
+              0)
+        << reason;
+  }
+  // vLLM V1's per-request histograms, with the model_name label vLLM dashboards filter on.
+  for (const char* name :
+       {"specula_request_queue_time_seconds_count", "specula_request_prefill_time_seconds_count",
+        "specula_request_decode_time_seconds_count", "specula_request_inference_time_seconds_count",
+        "specula_request_time_per_output_token_seconds_count",
+        "specula_request_prompt_tokens_count", "specula_request_generation_tokens_count",
+        "specula_request_params_max_tokens_count", "specula_e2e_request_latency_seconds_count",
+        "specula_time_to_first_token_seconds_count"}) {
+    EXPECT_EQ(delta(name, model), 1) << name;
+  }
+  EXPECT_EQ(delta("specula_request_generation_tokens_sum", model), 8);
+  EXPECT_EQ(delta("specula_request_prompt_tokens_sum", model), 2);
+  EXPECT_EQ(delta("specula_request_params_max_tokens_sum", model), 8);
+  EXPECT_GT(delta("specula_iteration_tokens_total_count", model), 0);
+  EXPECT_GE(delta("specula_iteration_tokens_total_sum", model), 10);  // 2 prompt + 8 generated
   EXPECT_NE(after.body.find("specula_spec_decode_num_drafts_total"), std::string::npos);
-  EXPECT_NE(after.body.find("specula_kv_cache_usage_perc 0"), std::string::npos);
+  EXPECT_EQ(SeriesValue(after.body, "specula_kv_cache_usage_perc", model), 0);
+}
+
+// One access-log line per finished request on stderr, with a timestamp and level.
+TEST_F(SpeculaServeTest, AccessLogLinePerRequest) {
+  auto stub = v1::Generation::NewStub(Channel(server_->port()));
+  v1::GenerateRequest request;
+  request.set_request_id("access-log-1");
+  request.mutable_token_ids()->add_ids(100);
+  request.mutable_token_ids()->add_ids(200);
+  request.mutable_token_ids()->add_ids(300);
+  request.set_max_new_tokens(5);
+  request.set_ignore_eos(true);
+  grpc::ClientContext context;
+  v1::GenerateResponse response;
+  ASSERT_TRUE(stub->Generate(&context, request, &response).ok());
+  // The line is written before the response's last event, so it is there by now.
+  const std::string err = server_->Stderr();
+  const size_t at = err.find("request id=access-log-1 ");
+  ASSERT_NE(at, std::string::npos) << err;
+  const size_t begin = err.rfind('\n', at) + 1;  // npos + 1 = 0 for the first line
+  const std::string line = err.substr(begin, err.find('\n', at) - begin);
+  EXPECT_TRUE(std::regex_search(
+      line, std::regex("^\\d{4}-\\d\\d-\\d\\dT\\d\\d:\\d\\d:\\d\\d\\.\\d{3}Z INFO  request ")))
+      << line;
+  for (const char* field :
+       {" status=OK ", " finish=length ", " prompt_tokens=3 ", " completion_tokens=5 ",
+        " ttft_ms=", " e2e_ms=", " tpot_ms=", " drafter=ngram ", " mean_accepted_len="}) {
+    EXPECT_NE(line.find(field), std::string::npos) << field << " in " << line;
+  }
 }
 
 TEST(SpeculaServeProcessTest, SigtermAndSigintStopTheServerCleanly) {
@@ -245,6 +295,42 @@ RunResult RunServe(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadFileToString(err).value()};
 }
 
+// Every flag of `serve --help` is listed under the role that reads it.
+TEST(SpeculaServeFlagsTest, HelpIsGroupedByRole) {
+  TempDir dir;
+  const std::string out = dir.File("out.txt");
+  const std::string cmd = std::string(SPECULA_BINARY_DIR) + "/bin/specula serve --help > " + out;
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string help = ReadFileToString(out).value();
+  EXPECT_EQ(help.find("\nflags:\n"), std::string::npos) << "flags outside any section:\n" << help;
+  const size_t all = help.find("\nflags for every role:\n");
+  const size_t router = help.find("\nrouter flags (--role router, all):\n");
+  const size_t target = help.find("\ntarget flags (--role target, all):\n");
+  const size_t drafter = help.find("\ndrafter flags (--role drafter");
+  ASSERT_NE(all, std::string::npos) << help;
+  ASSERT_NE(router, std::string::npos) << help;
+  ASSERT_NE(target, std::string::npos) << help;
+  ASSERT_NE(drafter, std::string::npos) << help;
+  EXPECT_LT(all, router);
+  EXPECT_LT(router, target);
+  EXPECT_LT(target, drafter);
+  auto section_of = [&](const std::string& flag) {
+    const size_t at = help.find("\n  --" + flag + " ");
+    EXPECT_NE(at, std::string::npos) << flag;
+    return at < router ? "all" : at < target ? "router" : at < drafter ? "target" : "drafter";
+  };
+  EXPECT_STREQ(section_of("port"), "all");
+  EXPECT_STREQ(section_of("log-level"), "all");
+  EXPECT_STREQ(section_of("model"), "all");
+  EXPECT_STREQ(section_of("max-queue"), "router");
+  EXPECT_STREQ(section_of("log-stats-interval-s"), "router");
+  EXPECT_STREQ(section_of("target-address"), "router");
+  EXPECT_STREQ(section_of("drafter-address"), "target");
+  EXPECT_STREQ(section_of("kv-memory-mb"), "target");
+  EXPECT_STREQ(section_of("ngram-max"), "drafter");
+  EXPECT_STREQ(section_of("drafter"), "drafter");
+}
+
 TEST(SpeculaServeFlagsTest, ClearErrors) {
   const TestModelDirs& dirs = TinyServedModelDirs();
   RunResult r = RunServe("--role router --model " + dirs.target);
@@ -296,6 +382,13 @@ TEST(SpeculaServeFlagsTest, ClearErrors) {
       << r.err;
   r = RunServe("--model " + dirs.target + " --max-prompt-bytes 0 --port 0");
   EXPECT_NE(r.err.find("--max-prompt-bytes must be at least 1, got 0"), std::string::npos) << r.err;
+  r = RunServe("--model " + dirs.target + " --log-level loud --port 0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("log level must be debug, info, warning, error or off, got 'loud'"),
+            std::string::npos)
+      << r.err;
+  r = RunServe("--model " + dirs.target + " --log-stats-interval-s -1 --port 0");
+  EXPECT_NE(r.err.find("--log-stats-interval-s must be >= 0, got -1"), std::string::npos) << r.err;
   r = RunServe("--model /nonexistent/model --port 0");
   EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << r.err;
 }

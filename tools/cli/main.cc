@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "tools/cli/commands.h"
+#include "tools/cli/version.h"  // generated (tools/cli/version.h.in)
 
 namespace {
 
@@ -27,8 +28,18 @@ constexpr char kUsage[] =
     "dataset\n"
     "  serve           gRPC server: the Generation API with speculative decoding, health checks,\n"
     "                  reflection and Prometheus metrics (builds with -DSPECULA_WITH_GRPC=ON)\n"
+    "  version         the version and the git commit it was built from (also --version)\n"
     "\n"
     "Run 'specula <command> --help' for the flags of a command.\n";
+
+// "specula 0.1.0 (commit 0123456789ab)", or without the commit when the build did not know it.
+void PrintVersion() {
+  if (specula::cli::kGitCommit[0] != '\0') {
+    std::printf("specula %s (commit %s)\n", specula::cli::kVersion, specula::cli::kGitCommit);
+  } else {
+    std::printf("specula %s\n", specula::cli::kVersion);
+  }
+}
 
 }  // namespace
 
@@ -38,6 +49,10 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
+  if (command == "--version" || command == "version") {
+    PrintVersion();
+    return 0;
+  }
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "generate") return specula::cli::RunGenerate(args);
   if (command == "bench") return specula::cli::RunBench(args);

@@ -19,10 +19,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/model/model_config.h"
 #include "common/spec/local_target_backend.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/util/log.h"
 #include "services/common/metrics_registry.h"
 #include "services/common/service_server.h"
 #include "services/drafter/drafter_service.h"
@@ -39,6 +42,26 @@ namespace specula::cli {
 namespace {
 
 constexpr char kCommand[] = "serve";
+
+// --help sections: which role reads each flag (a flag of several roles is listed once, under the
+// first that reads it; its help names the others).
+const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSections = {
+    {"flags for every role",
+     {"role", "host", "port", "metrics-port", "shutdown-grace-s", "log-level", "model", "device",
+      "dtype", "threads"}},
+    {"router flags (--role router, all)",
+     {"target-address", "connect-timeout-s", "target-step-deadline-s", "max-prompt-bytes",
+      "max-request-bytes", "max-queue", "max-batch-size", "default-drafter", "draft-budget",
+      "draft-len", "draft-cap", "cost-profile", "verify", "beta", "tau", "typical-epsilon",
+      "typical-delta", "log-stats-interval-s"}},
+    {"target flags (--role target, all)",
+     {"kv-memory-mb", "kv-block-size", "max-step-tokens", "drafter-address",
+      "drafter-deadline-ms"}},
+    {"drafter flags (--role drafter; target and all with local drafters)",
+     {"drafter", "drafter-model", "specformer-model", "specformer-tree", "beagle-model",
+      "beagle-depth", "beagle-top-k", "beagle-total-tokens", "beagle-concat",
+      "beagle-rank-temperature", "tree-width", "ngram-min", "ngram-max"}},
+};
 
 struct ServeFlags {
   std::string role = "all";
@@ -61,6 +84,8 @@ struct ServeFlags {
   int64_t max_prompt_bytes = router::kDefaultMaxPromptBytes;
   int64_t max_request_bytes = router::kDefaultMaxRequestBytes;
   ServeSecurityFlags security;  // TLS, mutual TLS between the services, bearer token
+  std::string log_level = "info";
+  double log_stats_interval_s = 10;
 };
 
 Status CheckRole(const ServeFlags& f) {
@@ -92,6 +117,10 @@ Status CheckRole(const ServeFlags& f) {
   if (f.max_request_bytes < 1024 || f.max_request_bytes > (int64_t{1} << 31) - 1) {
     return InvalidArgumentError(
         StrCat("--max-request-bytes must be in [1024, 2147483647], got ", f.max_request_bytes));
+  }
+  if (!(f.log_stats_interval_s >= 0)) {
+    return InvalidArgumentError(
+        StrCat("--log-stats-interval-s must be >= 0, got ", f.log_stats_interval_s));
   }
   if (f.connect_timeout_s < 0) {
     return InvalidArgumentError(
@@ -174,10 +203,9 @@ StatusOr<std::unique_ptr<LocalTargetBackend>> LoadTarget(const ServeFlags& f) {
 // Serves until SIGINT/SIGTERM, then shuts down with `stop`.
 void ServeUntilSignal(const std::function<void()>& stop) {
   const int signal = WaitForShutdownSignal();
-  std::fprintf(stderr, "specula serve: %s, shutting down\n",
-               signal == SIGINT ? "SIGINT" : "SIGTERM");
+  LogInfo(StrCat("specula serve: ", signal == SIGINT ? "SIGINT" : "SIGTERM", ", shutting down"));
   stop();
-  std::fprintf(stderr, "specula serve: stopped\n");
+  LogInfo("specula serve: stopped");
 }
 
 Status RunInternalService(ServeFlags& f) {
@@ -237,6 +265,8 @@ Status RunInternalService(ServeFlags& f) {
 }
 
 Status Run(ServeFlags& f) {
+  ASSIGN_OR_RETURN(const LogLevel log_level, ParseLogLevel(f.log_level));
+  SetLogLevel(log_level);
   RETURN_IF_ERROR(CheckRole(f));
   RETURN_IF_ERROR(f.security.Load(f.role));
   if (f.port < 0 || f.port > 65535) {
@@ -296,6 +326,7 @@ Status Run(ServeFlags& f) {
   options.max_request_bytes = f.max_request_bytes;
   options.credentials = f.security.public_server;
   options.api_token = f.security.api_token;
+  options.log_stats_interval_s = f.log_stats_interval_s;
   options.loop.max_queue = static_cast<int32_t>(f.max_queue);
   options.loop.max_batch_size = static_cast<int32_t>(f.max_batch_size);
   // Default drafter: the flag, else the first drafter listed in --drafter (all) or the first the
@@ -417,6 +448,15 @@ int RunServe(const std::vector<std::string>& args) {
   flags.AddDouble("shutdown-grace-s", &f.shutdown_grace_s,
                   "on SIGINT/SIGTERM, seconds running calls may take to finish");
   f.security.Register(flags);
+  flags.AddString("log-level", &f.log_level,
+                  "stderr log lines at or above: debug, info (access log + stats), warning, "
+                  "error or off");
+  flags.AddDouble("log-stats-interval-s", &f.log_stats_interval_s,
+                  "router/all: a stats line (throughput, running/waiting, KV cache, acceptance) "
+                  "every this many seconds, at debug level while idle (0 = off)");
+  for (const auto& [title, names] : kHelpSections) {
+    for (const char* name : names) flags.MoveToSection(name, title);
+  }
   return RunCommand(flags, args, [&] { return Run(f); });
 }
 
