@@ -98,14 +98,10 @@ class StepCostModel {
 
  private:
   std::vector<double> Features(const StepShape& shape) const;
-  // The fit's knots made non-decreasing, and its attention coefficient (>= 0), for Predict.
-  void Refresh();
 
   ForgettingLeastSquares fit_;
   bool has_prior_ = false;
   int64_t observed_ = 0;
-  std::vector<double> monotone_;
-  double attention_coefficient_ = 0;
 };
 
 // One drafter call as measured: Propose for its drafting sequences plus the Observe that caught
