@@ -253,6 +253,14 @@ uint64_t SplitMix(uint64_t& state) {
 
 // Attention work of a decoding sequence with `nodes` draft nodes: its pending token and nodes
 // each read the context plus the new rows.
+// What one drafter's call in a step covers, summed over its drafting sequences.
+struct Group {
+  int32_t sequences = 0;
+  int64_t nodes = 0;
+  int32_t depth = 0;
+  int64_t observed = 0;
+};
+
 double AttentionRows(int64_t context, int32_t nodes) {
   const double rows = 1.0 + nodes;
   return rows * (static_cast<double>(context) + rows);
@@ -286,12 +294,6 @@ std::pair<double, double> DraftBudgetPolicy::Evaluate(
     const std::vector<int32_t>& budgets) const {
   StepShape shape = base.shape;
   double tokens = base.decoding;
-  struct Group {
-    int32_t sequences = 0;
-    int64_t nodes = 0;
-    int32_t depth = 0;
-    int64_t observed = 0;
-  };
   std::map<std::string, Group> groups;
   for (size_t i = 0; i < candidates.size(); ++i) {
     const int32_t n = budgets[i];
@@ -327,12 +329,6 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     std::vector<int32_t>& b = decision.budgets;
     StepShape shape = base.shape;
     double tokens = base.decoding;
-    struct Group {
-      int32_t sequences = 0;
-      int64_t nodes = 0;
-      int32_t depth = 0;
-      int64_t observed = 0;
-    };
     std::map<std::string, Group> groups;
     auto drafter_seconds = [&](const std::string& name, const Group& g) {
       return DrafterSeconds(name, g.sequences, g.nodes, g.depth, g.observed);
