@@ -459,8 +459,7 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   const auto [optimum_seconds, optimum_tokens] = Evaluate(base, candidates, optimum);
   planned_seconds_ += optimum_seconds;
   if (explored > 0) {
-    const double extra =
-        std::max(0.0, Evaluate(base, candidates, explore).first - optimum_seconds);
+    const double extra = std::max(0.0, Evaluate(base, candidates, explore).first - optimum_seconds);
     if (explored_seconds_ + extra <= options_.exploration_share * planned_seconds_) {
       explored_seconds_ += extra;
       decision.budgets = explore;

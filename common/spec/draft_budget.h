@@ -248,7 +248,7 @@ class DraftBudgetPolicy {
   std::unordered_map<int64_t, int32_t> idle_plans_;  // plans in a row at budget 0
   uint64_t plans_ = 0;
   uint64_t rng_;
-  double planned_seconds_ = 0;  // predicted seconds of every plan so far
+  double planned_seconds_ = 0;   // predicted seconds of every plan so far
   double explored_seconds_ = 0;  // of which exploration's
 };
 

@@ -236,9 +236,9 @@ TEST_F(DeploymentTest, HiddenStateDraftersAcrossProcessesStayLossless) {
       target.Start({"--role", "target", "--model", model, "--drafter-address", Address(drafter),
                     "--port", "0", "--metrics-port", "0", "--drafter-deadline-ms", "20000"}))
       << target.error();
-  ASSERT_TRUE(router.Start({"--role", "router", "--model", model, "--target-address",
-                            Address(target), "--port", "0", "--metrics-port", "0",
-                            "--draft-budget", "fixed"}))
+  ASSERT_TRUE(
+      router.Start({"--role", "router", "--model", model, "--target-address", Address(target),
+                    "--port", "0", "--metrics-port", "0", "--draft-budget", "fixed"}))
       << router.error();
   EXPECT_NE(router.line().find("specformer"), std::string::npos) << router.line();
   EXPECT_NE(router.line().find("beagle"), std::string::npos) << router.line();
