@@ -90,7 +90,9 @@ std::vector<StepPlan::DraftBudget> BudgetPlanner::Plan() {
   base.shape.tokens = base.decoding + prefill;
   // A chunk's rows attend to the chunk itself (its earlier part is already counted as context
   // of nothing: a conservative, cheap estimate).
-  base.shape.attention += static_cast<double>(prefill) * static_cast<double>(prefill) / 2;
+  base.chunks = {.tokens = prefill,
+                 .attention = static_cast<double>(prefill) * static_cast<double>(prefill) / 2};
+  base.shape.attention += base.chunks.attention;
   last_ = policy_.Plan(base, candidates);
   std::vector<StepPlan::DraftBudget> budgets;
   for (size_t i = 0; i < candidates.size(); ++i) {

@@ -211,10 +211,15 @@ void AcceptanceModel::Observe(const std::string& drafter, int64_t id, int32_t de
   auto [sit, new_seq] = seq_.try_emplace(id, prior);
   std::vector<double>& p = sit->second;
   // Depth d was tried iff the tree reached d and depth d-1 was accepted.
+  std::vector<int64_t>& seen = prior_samples_[drafter];
+  if (seen.empty()) seen.assign(kMaxDepth + 1, 0);
   for (int32_t d = 1; d <= std::min(depth, accepted + 1); ++d) {
     const double hit = d <= accepted ? 1.0 : 0.0;
     p[d] += rate_ * (hit - p[d]);
-    prior[d] += prior_rate_ * (hit - prior[d]);
+    // The drafter's average starts as a running mean (the initial value weighing as one
+    // sample), so a few measured steps overrule the guess, then becomes a moving average.
+    const double rate = std::max(prior_rate_, 1.0 / static_cast<double>(++seen[d] + 1));
+    prior[d] += rate * (hit - prior[d]);
   }
 }
 
@@ -336,6 +341,14 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     double target_seconds = target_cost_.Predict(shape);
     double drafters_seconds = 0;
     auto total = [&] { return target_seconds + drafters_seconds + other_seconds_; };
+    // What a node must beat: the batch's decoding rate, tokens over the step's seconds without
+    // its prompt chunks (work the step does anyway: counting it would make any draft look cheap
+    // next to a long chunk).
+    StepShape decode_only = base.shape;
+    decode_only.tokens -= base.chunks.tokens;
+    decode_only.attention -= base.chunks.attention;
+    const double chunk_seconds = target_seconds - target_cost_.Predict(decode_only);
+    auto rate = [&] { return tokens / std::max(total() - chunk_seconds, 1e-12); };
 
     // Expected tokens and added seconds of giving candidate i `m` more nodes now.
     auto delta = [&](size_t i, int32_t m) {
@@ -392,7 +405,7 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
         continue;
       }
       // Worth it only if it raises the batch's tokens per second.
-      if (dy <= 0 || ratio <= tokens / total()) continue;
+      if (dy <= 0 || ratio <= rate()) continue;
       const BudgetCandidate& c = candidates[i];
       Group& g = groups[c.drafter];
       const double before = drafter_seconds(c.drafter, g);
@@ -422,7 +435,9 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       }
       const auto [s_with, y_with] = Evaluate(base, candidates, b);
       const auto [s_without, y_without] = Evaluate(base, candidates, without);
-      if (y_without / s_without >= y_with / s_with) b = without;
+      if (y_without / (s_without - chunk_seconds) >= y_with / (s_with - chunk_seconds)) {
+        b = without;
+      }
     }
   }
 
@@ -457,11 +472,13 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     }
   }
   const auto [optimum_seconds, optimum_tokens] = Evaluate(base, candidates, optimum);
-  planned_seconds_ += optimum_seconds;
+  pending_exploration_ = {};
   if (explored > 0) {
     const double extra = std::max(0.0, Evaluate(base, candidates, explore).first - optimum_seconds);
-    if (explored_seconds_ + extra <= options_.exploration_share * planned_seconds_) {
+    if (explored_seconds_ + extra <= options_.exploration_share * measured_seconds_) {
       explored_seconds_ += extra;
+      // Observe charges what the step measures beyond the optimum's prediction, if more.
+      pending_exploration_ = {.optimum_seconds = optimum_seconds, .charged_seconds = extra};
       decision.budgets = explore;
       for (int64_t id : probed) idle_plans_[id] = 0;
     } else {
@@ -475,6 +492,21 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
 }
 
 void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
+  double drafters_seconds = 0;
+  for (const DrafterCall& call : step.drafter_calls) drafters_seconds += call.seconds;
+  const double wall = step.target_seconds + drafters_seconds + std::max(0.0, step.other_seconds);
+  if (std::isfinite(wall) && wall > 0) {
+    measured_seconds_ += wall;
+    // Exploration is bounded by what it measurably cost: a probe whose catch-up took longer
+    // than predicted uses up more of the share.
+    if (pending_exploration_.charged_seconds > 0) {
+      const double measured_extra = wall - pending_exploration_.optimum_seconds;
+      if (measured_extra > pending_exploration_.charged_seconds) {
+        explored_seconds_ += measured_extra - pending_exploration_.charged_seconds;
+      }
+    }
+  }
+  pending_exploration_ = {};
   if (step.shape.tokens > 0) target_cost_.Observe(step.shape, step.target_seconds);
   if (step.other_seconds >= 0 && std::isfinite(step.other_seconds)) {
     other_seconds_ = other_seen_ ? other_seconds_ + 0.1 * (step.other_seconds - other_seconds_)

@@ -17,26 +17,29 @@
 //     average). A chain of n nodes is expected to add E(n) = sum_{d<=n} prod_{i<=d} p[i] tokens;
 //     node j of a tree is valued as depth j (a tree drafter's width shows up in a higher p).
 //
-// Decision (Plan): start from no drafts: Y = decoding sequences (one token each) over
-// T = predicted target seconds + fixed overheads. Then greedy marginal allocation: repeatedly add
-// the node (or, for a sequence not drafting yet, the best first bundle of nodes, which pays the
+// Decision (Plan): start from no drafts. Then greedy marginal allocation: repeatedly add the node
+// (or, for a sequence not drafting yet, the best first bundle of nodes, which pays the
 // per-sequence drafter cost) with the most expected tokens per added second, while that beats the
-// batch's current tokens per second Y/T. A drafter's per-call cost is charged once when any of its
-// sequences drafts, and the drafter is left off when the step is faster without it.
+// batch's decoding rate R = Y/T, Y the expected tokens so far and T the predicted seconds without
+// the step's prompt chunks (work the step does anyway: counted in T, a long chunk would make any
+// draft look cheap). A drafter's per-call cost is charged once when any of its sequences drafts,
+// and the drafter is left off when the step's decoding rate is higher without it.
 //
 // Worked example (batch of 1, verification free up to 8 tokens, a chain drafter with p = 0.8 at
 // every depth, drafting 0.2 ms per call and 0.05 ms per node, the step 5 ms): one node adds
 // 0.8 tokens for 0.25 ms (3.2 tokens/ms > 1/5), the 2nd adds 0.64 for 0.05 ms, ... the 7th adds
 // 0.21 for 0.05 ms: all 7 are taken (the 8th token of the forward is the pending one). Tokens
 // get expensive past the knee: at 64 sequences and 2 ms per extra 64 tokens, only sequences whose
-// acceptance makes 0.8^d / (0.03 ms) beat Y/T keep drafting, and a sequence with p = 0.2 gets 0.
+// acceptance makes 0.8^d / (0.03 ms) beat R keep drafting, and a sequence with p = 0.2 gets 0.
 //
 // Exploration (bounded, deterministic): a sequence whose budget was 0 for `probe_after` plans in a
 // row gets a probe of `probe_nodes` nodes (so a drafter whose acceptance was once low is
 // re-measured), and every `explore_every`-th plan one sequence gets one node past the optimum
 // (so the cost curve is measured around the operating point). Both are capped by the requests'
-// own limits, and their predicted cost by `exploration_share` (2%) of the predicted time of all
-// plans: an expensive drafter (whose catch-up Observe costs more than a step) is probed rarely.
+// own limits, and their cost by `exploration_share` (1%) of the measured time of all steps (each
+// exploration is charged its predicted cost, or what its step measured beyond the prediction
+// without it, whichever is more): an expensive drafter (whose catch-up Observe costs more than a
+// step) is probed rarely.
 #pragma once
 
 #include <cstdint>
@@ -154,6 +157,7 @@ class AcceptanceModel {
 
   double rate_, prior_rate_, initial_;
   std::map<std::string, std::vector<double>> prior_;
+  std::map<std::string, std::vector<int64_t>> prior_samples_;  // per drafter and depth
   std::unordered_map<int64_t, std::vector<double>> seq_;
   std::vector<double> default_;
 };
@@ -164,9 +168,9 @@ struct DraftBudgetOptions {
   int32_t probe_nodes = 2;
   // Every explore_every-th plan, one sequence gets one node past the optimum (0 = never).
   int32_t explore_every = 16;
-  // Exploration (probes and extra nodes) may cost at most this share of the planned steps'
-  // predicted time; what does not fit waits.
-  double exploration_share = 0.02;
+  // Exploration (probes and extra nodes) may cost at most this share of the measured steps'
+  // time; what does not fit waits.
+  double exploration_share = 0.01;
   uint64_t seed = 0x5eed;
 };
 
@@ -183,6 +187,7 @@ struct BudgetCandidate {
 struct StepBase {
   int32_t decoding = 0;  // decoding sequences (each yields one token without drafts)
   StepShape shape;
+  StepShape chunks;  // the part of `shape` that is prompt chunks
 };
 
 struct BudgetDecision {
@@ -230,6 +235,8 @@ class DraftBudgetPolicy {
   const DrafterCostModel* drafter_cost(const std::string& drafter) const;
   const AcceptanceModel& acceptance() const { return acceptance_; }
   double other_seconds() const { return other_seconds_; }
+  // Seconds of every step measured so far.
+  double measured_seconds() const { return measured_seconds_; }
 
  private:
   // Seconds and expected tokens of the step at `budgets`.
@@ -248,8 +255,12 @@ class DraftBudgetPolicy {
   std::unordered_map<int64_t, int32_t> idle_plans_;  // plans in a row at budget 0
   uint64_t plans_ = 0;
   uint64_t rng_;
-  double planned_seconds_ = 0;   // predicted seconds of every plan so far
-  double explored_seconds_ = 0;  // of which exploration's
+  double measured_seconds_ = 0;  // every measured step's seconds so far
+  double explored_seconds_ = 0;  // of which exploration's (at least as predicted)
+  struct PendingExploration {
+    double optimum_seconds = 0;  // the plan's predicted seconds without its exploration
+    double charged_seconds = 0;  // what exploration was charged when planned
+  } pending_exploration_;
 };
 
 }  // namespace specula

@@ -8,6 +8,8 @@
 #include <set>
 #include <unordered_map>
 
+#include "common/spec/hidden_backlog.h"
+
 namespace specula {
 namespace {
 
@@ -63,7 +65,7 @@ struct SpecEngine::Sequence {
   // Observed just before the sequence's next draft (all of a prompt at once, exactly as after a
   // one-shot prefill), so a sequence the budget leaves at 0 nodes costs its drafter nothing.
   std::vector<int32_t> unobserved_tokens;
-  std::vector<std::vector<at::Tensor>> unobserved_hidden;
+  HiddenBacklog unobserved_hidden;
   int64_t unobserved_generated = 0;  // of unobserved_tokens, those after the prompt
   std::vector<int32_t> generated;
   Drafter* drafter = nullptr;  // null: no speculation (off, or the drafter failed)
@@ -262,6 +264,22 @@ struct SpecEngine::ForwardGroup {
   std::vector<Sequence*> committing;
 };
 
+namespace {
+
+// The step's packed hidden-state tensors of the layers `drafter` reads, in its order.
+std::vector<at::Tensor> DrafterLayers(const ForwardBatch& batch, const ForwardOutput& out,
+                                      const Drafter& drafter) {
+  const std::vector<int64_t>& have = batch.hidden_layers;
+  std::vector<at::Tensor> layers;
+  for (int64_t l : drafter.hidden_layers()) {
+    const auto pos = std::lower_bound(have.begin(), have.end(), l) - have.begin();
+    layers.push_back(out.hidden[pos]);
+  }
+  return layers;
+}
+
+}  // namespace
+
 StatusOr<StepReport> SpecEngine::Step() {
   StepReport report;
   try {
@@ -364,7 +382,7 @@ void SpecEngine::Detach(Sequence& s) {
   if (s.drafter) s.drafter->ReleaseSequence(s.seq);
   s.drafter = nullptr;
   s.unobserved_tokens.clear();
-  s.unobserved_hidden.clear();
+  s.unobserved_hidden.Clear();
   s.unobserved_generated = 0;
 }
 
@@ -398,15 +416,9 @@ void SpecEngine::DraftWith(Drafter* drafter, const std::vector<Sequence*>& membe
     if (s->unobserved_tokens.empty()) continue;
     DrafterObservation obs{.seq = s->seq, .tokens = std::move(s->unobserved_tokens)};
     call.observed_tokens += static_cast<int64_t>(obs.tokens.size());
-    const size_t layers = s->drafter->hidden_layers().size();
-    for (size_t k = 0; k < layers && !s->unobserved_hidden.empty(); ++k) {
-      std::vector<at::Tensor> chunks;
-      for (const auto& chunk : s->unobserved_hidden) chunks.push_back(chunk[k]);
-      obs.hidden.push_back(chunks.size() == 1 ? chunks[0] : at::cat(chunks, 0));
-    }
+    obs.hidden = s->unobserved_hidden.Take();
     observations.push_back(std::move(obs));
     s->unobserved_tokens.clear();
-    s->unobserved_hidden.clear();
     s->unobserved_generated = 0;
   }
   std::vector<Sequence*> ready = members;
@@ -660,13 +672,8 @@ bool SpecEngine::CommitPrefillChunk(ForwardGroup& group, size_t b, const float* 
   const int64_t row0 = out.token_offset[b], row_end = out.token_offset[b + 1];
   if (s.drafter && !s.drafter->hidden_layers().empty()) {
     // This chunk's rows, kept until the drafter observes the whole prompt.
-    const std::vector<int64_t>& have = group.batch.hidden_layers;
-    std::vector<at::Tensor> chunk_hidden;
-    for (int64_t l : s.drafter->hidden_layers()) {
-      const auto pos = std::lower_bound(have.begin(), have.end(), l) - have.begin();
-      chunk_hidden.push_back(out.hidden[pos].slice(0, row0, row_end).clone());
-    }
-    s.unobserved_hidden.push_back(std::move(chunk_hidden));
+    s.unobserved_hidden.AppendRange(DrafterLayers(group.batch, group.out, *s.drafter), row0,
+                                    row_end);
   }
   s.prompt_done += row_end - row0;
   const GenerationRequest& g = s.request.generation;
@@ -743,15 +750,7 @@ void SpecEngine::QueueObservation(const ForwardGroup& group, size_t b, bool was_
     const std::vector<int32_t>& prompt = s.request.generation.prompt;
     s.unobserved_tokens.insert(s.unobserved_tokens.end(), prompt.begin(), prompt.end());
   } else if (!s.drafter->hidden_layers().empty()) {
-    const ForwardOutput& out = group.out;
-    at::Tensor index = at::tensor(hidden_rows, at::kLong).to(out.hidden[0].device());
-    const std::vector<int64_t>& have = group.batch.hidden_layers;
-    std::vector<at::Tensor> rows;
-    for (int64_t l : s.drafter->hidden_layers()) {
-      const auto pos = std::lower_bound(have.begin(), have.end(), l) - have.begin();
-      rows.push_back(out.hidden[pos].index_select(0, index));
-    }
-    s.unobserved_hidden.push_back(std::move(rows));
+    s.unobserved_hidden.AppendRows(DrafterLayers(group.batch, group.out, *s.drafter), hidden_rows);
   }
   s.unobserved_tokens.insert(s.unobserved_tokens.end(), emitted.begin(), emitted.end());
   s.unobserved_generated += static_cast<int64_t>(emitted.size());

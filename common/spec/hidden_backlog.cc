@@ -1,0 +1,99 @@
+#include "common/spec/hidden_backlog.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace specula {
+
+bool HiddenBacklog::UseBuffers(const std::vector<at::Tensor>& layers) const {
+  // The path is chosen by the first append after a Take, so rows stay in order.
+  if (rows_ > 0) return chunks_.empty();
+  for (const at::Tensor& t : layers) {
+    if (!t.device().is_cpu() || t.dim() != 2 || !t.is_contiguous()) return false;
+  }
+  return true;
+}
+
+void HiddenBacklog::Reserve(const std::vector<at::Tensor>& layers, int64_t rows) {
+  if (buffers_.size() != layers.size()) buffers_.assign(layers.size(), at::Tensor());
+  for (size_t k = 0; k < layers.size(); ++k) {
+    at::Tensor& buf = buffers_[k];
+    if (buf.defined() && buf.size(0) >= rows) continue;
+    const int64_t capacity = std::max<int64_t>({rows, 16, buf.defined() ? 2 * buf.size(0) : 0});
+    at::Tensor grown = at::empty({capacity, layers[k].size(1)}, layers[k].options());
+    if (rows_ > 0) {
+      std::memcpy(grown.data_ptr(), buf.data_ptr(), rows_ * buf.size(1) * buf.element_size());
+    }
+    buf = std::move(grown);
+  }
+}
+
+void HiddenBacklog::AppendRange(const std::vector<at::Tensor>& layers, int64_t row0,
+                                int64_t row_end) {
+  if (layers.empty() || row_end <= row0) return;
+  const int64_t n = row_end - row0;
+  if (!UseBuffers(layers)) {
+    std::vector<at::Tensor> chunk;
+    for (const at::Tensor& t : layers) chunk.push_back(t.slice(0, row0, row_end).clone());
+    chunks_.push_back(std::move(chunk));
+    rows_ += n;
+    return;
+  }
+  Reserve(layers, rows_ + n);
+  for (size_t k = 0; k < layers.size(); ++k) {
+    const size_t row_bytes = layers[k].size(1) * layers[k].element_size();
+    std::memcpy(static_cast<char*>(buffers_[k].data_ptr()) + rows_ * row_bytes,
+                static_cast<const char*>(layers[k].data_ptr()) + row0 * row_bytes, n * row_bytes);
+  }
+  rows_ += n;
+}
+
+void HiddenBacklog::AppendRows(const std::vector<at::Tensor>& layers,
+                               const std::vector<int64_t>& rows) {
+  if (layers.empty() || rows.empty()) return;
+  const int64_t n = static_cast<int64_t>(rows.size());
+  if (!UseBuffers(layers)) {
+    at::Tensor index = at::tensor(rows, at::kLong).to(layers[0].device());
+    std::vector<at::Tensor> chunk;
+    for (const at::Tensor& t : layers) chunk.push_back(t.index_select(0, index));
+    chunks_.push_back(std::move(chunk));
+    rows_ += n;
+    return;
+  }
+  Reserve(layers, rows_ + n);
+  for (size_t k = 0; k < layers.size(); ++k) {
+    const size_t row_bytes = layers[k].size(1) * layers[k].element_size();
+    char* dst = static_cast<char*>(buffers_[k].data_ptr()) + rows_ * row_bytes;
+    const char* src = static_cast<const char*>(layers[k].data_ptr());
+    for (int64_t r : rows) {
+      std::memcpy(dst, src + r * row_bytes, row_bytes);
+      dst += row_bytes;
+    }
+  }
+  rows_ += n;
+}
+
+std::vector<at::Tensor> HiddenBacklog::Take() {
+  std::vector<at::Tensor> out;
+  if (rows_ > 0 && chunks_.empty()) {
+    for (at::Tensor& buf : buffers_) out.push_back(buf.narrow(0, 0, rows_));
+  } else if (!chunks_.empty()) {
+    for (size_t k = 0; k < chunks_[0].size(); ++k) {
+      std::vector<at::Tensor> parts;
+      for (const auto& chunk : chunks_) parts.push_back(chunk[k]);
+      out.push_back(parts.size() == 1 ? parts[0] : at::cat(parts, 0));
+    }
+  }
+  Clear();
+  return out;
+}
+
+void HiddenBacklog::Clear() {
+  rows_ = 0;
+  buffers_.clear();
+  chunks_.clear();
+}
+
+}  // namespace specula
