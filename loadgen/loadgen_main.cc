@@ -100,11 +100,11 @@ struct Flags {
   double timeout_s = 600;
 };
 
-std::vector<std::string> Split(const std::string& s) {
+std::vector<std::string> Split(const std::string& s, char separator = ',') {
   std::vector<std::string> out;
   std::stringstream in(s);
   std::string item;
-  while (std::getline(in, item, ',')) {
+  while (std::getline(in, item, separator)) {
     if (!item.empty()) out.push_back(item);
   }
   return out;
@@ -130,7 +130,8 @@ std::vector<std::string> TakeMultiValue(std::vector<std::string>& args, const st
 
 struct Target {
   std::string label;
-  std::string address;
+  std::string address;                // as given in --targets
+  std::vector<std::string> backends;  // what the readiness wait checks, one by one
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Generation::Stub> stub;
 };
@@ -177,6 +178,48 @@ StatusOr<std::string> Authorization(const Flags& f) {
   return "Bearer " + token;
 }
 
+// The gRPC target URI of one --targets address: HOST:PORT or a URI (dns:///name:port) as is;
+// IP:PORT+IP:PORT+... (the replicas of one deployment) as gRPC's ipv4:/ipv6: address list.
+StatusOr<std::string> ChannelTarget(const std::string& address,
+                                    std::vector<std::string>* backends) {
+  if (address.find('+') == std::string::npos) {
+    backends->push_back(address);
+    return address;
+  }
+  const Status bad = InvalidArgumentError(
+      StrCat("--targets: '", address,
+             "' is not IP:PORT+IP:PORT+... (IP literals of one family; a dns:/// name for host "
+             "names)"));
+  if (address.front() == '+' || address.back() == '+' || address.find("++") != std::string::npos) {
+    return bad;
+  }
+  std::string scheme;
+  std::string list;
+  for (const std::string& backend : Split(address, '+')) {
+    // gRPC's ipv4:/ipv6: lists take literals only: 10.0.0.1:50051 or [fd00::1]:50051.
+    const size_t colon = backend.rfind(':');
+    const bool v6 = backend.rfind('[', 0) == 0;
+    const std::string host = colon == std::string::npos ? "" : backend.substr(0, colon);
+    const std::string port = colon == std::string::npos ? "" : backend.substr(colon + 1);
+    const bool literal =
+        v6 ? host.size() > 2 && host.back() == ']' &&
+                 host.find_first_not_of("0123456789abcdefABCDEF:.", 1) == host.size() - 1
+           : !host.empty() && host.find_first_not_of("0123456789.") == std::string::npos;
+    const std::string kind = v6 ? "ipv6:" : "ipv4:";
+    if (!literal || port.empty() || port.find_first_not_of("0123456789") != std::string::npos ||
+        (!scheme.empty() && kind != scheme)) {
+      return bad;
+    }
+    scheme = kind;
+    list += (list.empty() ? "" : ",") + backend;
+    backends->push_back(backend);
+  }
+  return scheme + list;
+}
+
+// One channel per target balancing calls round_robin over every address its name resolves to (a
+// headless Service's pods, or a '+' list): gRPC keeps one long-lived connection per backend, so
+// pick_first (gRPC's default) would send every call to one replica.
 StatusOr<std::vector<Target>> ParseTargets(const std::string& spec,
                                            const std::shared_ptr<grpc::ChannelCredentials>& creds) {
   std::vector<Target> targets;
@@ -188,7 +231,10 @@ StatusOr<std::vector<Target>> ParseTargets(const std::string& spec,
     if (t.label.empty() || t.address.empty()) {
       return InvalidArgumentError(StrCat("--targets: '", item, "' is not LABEL=HOST:PORT"));
     }
-    t.channel = grpc::CreateChannel(t.address, creds);
+    ASSIGN_OR_RETURN(const std::string uri, ChannelTarget(t.address, &t.backends));
+    grpc::ChannelArguments args;
+    args.SetLoadBalancingPolicyName("round_robin");
+    t.channel = grpc::CreateCustomChannel(uri, creds, args);
     t.stub = v1::Generation::NewStub(t.channel);
     targets.push_back(std::move(t));
   }
@@ -385,7 +431,14 @@ Status Run(const Flags& f, const std::map<std::string, std::string>& metadata) {
 
   // 1-2. Readiness, then the served model.
   for (const Target& t : targets) {
-    RETURN_IF_ERROR(WaitForServing(t.channel, t.address, f.ready_check_timeout_s));
+    if (t.backends.size() == 1) {
+      RETURN_IF_ERROR(WaitForServing(t.channel, t.address, f.ready_check_timeout_s));
+      continue;
+    }
+    for (const std::string& backend : t.backends) {  // each replica, not whichever answers
+      RETURN_IF_ERROR(
+          WaitForServing(grpc::CreateChannel(backend, creds), backend, f.ready_check_timeout_s));
+    }
   }
   v1::ServerInfo info;
   {
@@ -654,7 +707,10 @@ int main(int argc, char** argv) {
   using specula::loadgen::Flags;
   Flags f;
   specula::FlagSet flags("specula-loadgen");
-  flags.AddString("targets", &f.targets, "comma-separated LABEL=HOST:PORT routers to measure");
+  flags.AddString("targets", &f.targets,
+                  "comma-separated LABEL=ADDRESS routers to measure; ADDRESS is HOST:PORT, a "
+                  "gRPC URI (dns:///NAME:PORT) or IP:PORT+IP:PORT+... (one deployment's "
+                  "replicas); calls are balanced round_robin over every address");
   flags.AddString("tls-ca", &f.tls_ca,
                   "connect with TLS, trusting this PEM CA bundle (specula serve --tls-cert)");
   flags.AddString("tls-cert", &f.tls_cert,

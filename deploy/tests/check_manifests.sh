@@ -39,6 +39,24 @@ for dir in "${overlays[@]}"; do
   node tests/validate_manifests.mjs "$name" <"$work/$name.yaml"
 done
 
+# The L7 proxy config against the manifests it fronts (no Envoy binary in Debian).
+node tests/validate_envoy.mjs envoy/envoy.yaml <"$work/cpu.yaml"
+envoy_rejected() {  # description, sed expression applied to envoy.yaml
+  sed -e "$2" envoy/envoy.yaml >"$work/envoy-broken.yaml"
+  if cmp -s envoy/envoy.yaml "$work/envoy-broken.yaml"; then
+    echo "FAILED: broken envoy variant '$1' changed nothing (stale sed expression)" >&2
+    exit 1
+  fi
+  if node tests/validate_envoy.mjs "$work/envoy-broken.yaml" <"$work/cpu.yaml" >/dev/null 2>&1; then
+    echo "FAILED: the envoy check accepted a broken variant: $1" >&2
+    exit 1
+  fi
+  echo "rejected as expected: envoy $1"
+}
+envoy_rejected "a route to a missing cluster" 's/cluster: specula_routers,/cluster: specula_router,/'
+envoy_rejected "the ClusterIP Service as upstream" 's/address: specula-headless\./address: specula./'
+envoy_rejected "a health check of another service" 's/service_name: specula.v1.Generation/service_name: specula.v1.Target/'
+
 # Broken variants: each must make the validator fail.
 expect_rejected() {  # overlay, description, sed expression applied to its rendering
   local overlay="$1"

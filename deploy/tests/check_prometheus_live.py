@@ -34,10 +34,17 @@ from check_dashboard import Server, dashboard_exprs  # noqa: E402
 # Dashboard panels whose first query must answer with a finite number under load.
 KEY_PANELS = ["Tokens / s", "Time to first token", "Inter-token latency", "End-to-end latency",
               "Requests running / waiting", "KV cache usage", "Acceptance rate",
-              "Mean acceptance length", "Acceptance per position", "Scrape up, per role"]
+              "Mean acceptance length", "Acceptance per position", "Scrape up, per role",
+              "Draft budget per sequence", "Draft budget quantiles",
+              "Predicted / measured step time", "Predicted speedup", "Spare compute",
+              "kappa and theta", "Draft time share (router)",
+              "Acceptance probability per drafter and position"]
 RECORDED = ["specula:generation_tokens:rate5m", "specula:spec_decode_acceptance_rate:rate5m",
             "specula:spec_decode_mean_acceptance_length:rate5m",
-            "specula:time_to_first_token_seconds:p99_5m", "specula:request_errors:ratio_rate5m"]
+            "specula:time_to_first_token_seconds:p99_5m", "specula:request_errors:ratio_rate5m",
+            "specula:spec_decode_kappa:avg5m", "specula:spec_decode_theta:avg5m",
+            "specula:draft_budget_predicted_over_measured:ratio_rate5m",
+            "specula:draft_budget_nodes:mean_rate5m"]
 # What an unmodified vLLM dashboard asks (vLLM's Grafana example filters every query on
 # model_name), on the relabelled job.
 M = '{job="vllm-names",model_name="pyllama-6m"}'

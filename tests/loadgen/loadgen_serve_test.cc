@@ -214,6 +214,70 @@ TEST_F(LoadgenServeTest, PlotDrawsChartsNextToTheSummary) {
   }
 }
 
+size_t CountRequests(const std::string& server_stderr) {
+  size_t n = 0;
+  for (size_t at = server_stderr.find(" request id="); at != std::string::npos;
+       at = server_stderr.find(" request id=", at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+// Two replicas behind one target, as a client of a headless Service sees them: the calls are
+// balanced over both (round_robin), not pinned to one connection.
+TEST_F(LoadgenServeTest, SeveralAddressesAreBalancedRoundRobin) {
+  ServerProcess second;
+  ASSERT_TRUE(second.Start(
+      {"--model", kBundled, "--drafter", "ngram", "--port", "0", "--metrics-port", "-1"}))
+      << second.error();
+  const size_t first_before = CountRequests(server_->Stderr());
+  const std::string replicas = "rr=127.0.0.1:" + std::to_string(server_->port()) +
+                               "+127.0.0.1:" + std::to_string(second.port());
+  const Result r =
+      RunLoadgen({"--targets",        replicas,      "--model",           kBundled,
+                  "--drafters",       "ngram",       "--concurrency",     "2",
+                  "--num-prompts",    "12",          "--prompt-tokens",   "8",
+                  "--max-new-tokens", "2",           "--ignore-eos",      "--disable-tqdm",
+                  "--result-dir",     dir_.string(), "--result-filename", "rr.json"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(ReadJson(dir_ / "rr.json")["completed"], 12);
+  const size_t first = CountRequests(server_->Stderr()) - first_before;
+  const size_t other = CountRequests(second.Stderr());
+  EXPECT_EQ(first + other, 12u) << r.output;
+  EXPECT_GT(first, 0u);
+  EXPECT_GT(other, 0u);
+
+  for (const std::string& bad : {"rr=127.0.0.1:1++127.0.0.1:2", "rr=localhost:1+localhost:2",
+                                 "rr=127.0.0.1:1+[::1]:2", "rr=127.0.0.1:1+"}) {
+    const Result e = RunLoadgen({"--targets", bad, "--model", kBundled, "--disable-tqdm"});
+    EXPECT_EQ(e.exit_code, 1) << bad;
+    EXPECT_NE(e.output.find("is not IP:PORT+IP:PORT+..."), std::string::npos) << e.output;
+  }
+}
+
+// No --model and a server whose model path is not readable here (another machine's, say): the
+// tokenizer comes from the bundled model of the checkout the binary was built in, whatever the
+// working directory (the default was once relative to it).
+TEST_F(LoadgenServeTest, NoModelFallsBackToTheCheckoutsBundledModel) {
+  const fs::path link = dir_ / "model-elsewhere";
+  fs::create_directory_symlink(kBundled, link);
+  ServerProcess server;
+  ASSERT_TRUE(server.Start(
+      {"--model", link.string(), "--drafter", "ngram", "--port", "0", "--metrics-port", "-1"}))
+      << server.error();
+  fs::remove(link);  // the path the server reports no longer exists
+  const Result r = RunLoadgen({"--targets", "s=127.0.0.1:" + std::to_string(server.port()),
+                               "--drafters", "none", "--concurrency", "1", "--num-prompts", "1",
+                               "--prompt-tokens", "8", "--max-new-tokens", "2", "--disable-tqdm",
+                               "--result-dir", dir_.string(), "--result-filename", "run.json"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = ReadJson(dir_ / "run.json");
+  EXPECT_EQ(j["ignore_eos"], false);  // only with --ignore-eos (or the random dataset)
+  const std::string tokenizer_id = j["tokenizer_id"];
+  EXPECT_NE(tokenizer_id, link.string());
+  EXPECT_TRUE(fs::equivalent(tokenizer_id, kBundled)) << tokenizer_id;
+}
+
 TEST_F(LoadgenServeTest, UsageBannerNamesTheProgram) {
   const Result r = RunLoadgen({"--help"});
   EXPECT_EQ(r.exit_code, 0);
