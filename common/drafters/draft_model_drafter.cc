@@ -301,8 +301,17 @@ StatusOr<std::vector<CandidateTree>> DraftModelDrafter::Propose(
   }
   if (works.empty()) return trees;
 
-  Status status = options_.tree_width == 1 ? DraftChains(*model_, works)
-                                           : DraftTrees(*model_, works, options_.tree_width);
+  // An exception (a logits copy, an allocation) must not skip the truncation below: the runner
+  // would keep scratch tokens and every later draft of these sequences would be wrong.
+  Status status;
+  try {
+    status = options_.tree_width == 1 ? DraftChains(*model_, works)
+                                      : DraftTrees(*model_, works, options_.tree_width);
+  } catch (const c10::Error& e) {
+    status = InternalError(StrCat("draft model forward failed: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    status = InternalError(StrCat("draft model forward failed: ", e.what()));
+  }
   // Whatever happened, the runner holds exactly the tracked tokens again (tree levels are scratch).
   for (Work& w : works) {
     const int64_t tracked = static_cast<int64_t>(w.st->cached.size());

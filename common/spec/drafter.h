@@ -116,6 +116,25 @@ StatusOr<std::vector<int64_t>> CheckHiddenObservations(
   return rows;
 }
 
+// The most per-sequence state a drafter can hold: `blocks` cache blocks of `block_size`
+// positions shared by all its sequences (a sequence of n observed positions takes
+// ceil(n / block_size)). The engine reserves a sequence's worst case (DrafterBlocksReserved)
+// before attaching it, as it reserves the target's KV blocks, so an attached sequence never
+// overflows the drafter's cache.
+struct DrafterCapacity {
+  int64_t blocks = -1;  // < 0: unbounded (drafters whose state is a token history)
+  int64_t block_size = 1;
+  bool bounded() const { return blocks >= 0; }
+};
+
+// The blocks a sequence of at most `positions` tokens can take in a drafter's cache: every token
+// but the pending one has a cached position.
+inline int64_t DrafterBlocksReserved(int64_t positions, const DrafterCapacity& capacity) {
+  if (!capacity.bounded() || positions <= 1) return 0;
+  const int64_t size = capacity.block_size > 0 ? capacity.block_size : 1;
+  return (positions - 1 + size - 1) / size;
+}
+
 class Drafter {
  public:
   virtual ~Drafter() = default;
@@ -130,11 +149,19 @@ class Drafter {
   // Greedy requests get deterministic drafts.
   virtual Status AddSequence(SeqId seq, const SamplingParams& sampling) = 0;
   virtual void ReleaseSequence(SeqId seq) = 0;
+  // A failed Observe changes no sequence's state (all or nothing), except that a remote drafter
+  // may have applied a call it answered too late (DEADLINE_EXCEEDED) or not at all (UNAVAILABLE).
+  // The engine relies on this to retry each observation of a failed call on its own, so that only
+  // the sequences that fail (one overflowing a cache) lose speculation.
   virtual Status Observe(const std::vector<DrafterObservation>& observations) = 0;
-  // One tree per request, in order; an empty tree means "nothing to propose". Trees must satisfy
-  // CandidateTree::Validate for the request's budget (the engine checks and drops bad ones).
+  // One tree per request, in order; an empty tree means "nothing to propose", a Failed tree "this
+  // sequence could not be drafted" (the others still are). Trees must satisfy
+  // CandidateTree::Validate for the request's budget (the engine checks and drops bad ones). A
+  // failed call is retried per request, as Observe is.
   virtual StatusOr<std::vector<CandidateTree>> Propose(
       const std::vector<DraftRequest>& requests) = 0;
+  // How much per-sequence state the drafter can hold (unbounded by default).
+  virtual DrafterCapacity capacity() const { return {}; }
   // Bytes of per-sequence state the drafter holds right now (its caches), for memory reports.
   virtual int64_t StateBytes() const { return 0; }
 };

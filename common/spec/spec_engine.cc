@@ -49,6 +49,54 @@ auto Guarded(const std::string& what, F&& f) -> decltype(f()) {
   }
 }
 
+// Whether a drafter call that failed for a batch of sequences is worth retrying one sequence at a
+// time: not when the drafter as a whole is unreachable or late (a remote drafter may even have
+// applied a late call, so a retry could observe twice).
+bool RetryPerSequence(const Status& status) {
+  return status.code() != StatusCode::kUnavailable &&
+         status.code() != StatusCode::kDeadlineExceeded && status.code() != StatusCode::kCancelled;
+}
+
+// Observe with failures isolated per sequence: the error of each observation (OK for those
+// observed). A failed call changed nothing (Drafter::Observe), so each observation is retried
+// alone and only those that fail again (one overflowing the drafter's cache) report an error.
+std::vector<Status> ObserveEach(Drafter& drafter, std::vector<DrafterObservation> observations) {
+  const std::string what = StrCat("drafter '", drafter.name(), "' Observe");
+  const Status all = Guarded(what, [&] { return drafter.Observe(observations); });
+  std::vector<Status> result(observations.size(), all);
+  if (all.ok() || observations.size() == 1 || !RetryPerSequence(all)) return result;
+  for (size_t i = 0; i < observations.size(); ++i) {
+    std::vector<DrafterObservation> one;
+    one.push_back(std::move(observations[i]));
+    result[i] = Guarded(what, [&] { return drafter.Observe(one); });
+  }
+  return result;
+}
+
+// Propose with failures isolated per sequence: one tree per request, a Failed tree where that
+// request could not be drafted (the whole call failed and so did its retry alone).
+std::vector<CandidateTree> ProposeEach(Drafter& drafter,
+                                       const std::vector<DraftRequest>& requests) {
+  const std::string what = StrCat("drafter '", drafter.name(), "' Propose");
+  auto call = [&](const std::vector<DraftRequest>& asked) -> StatusOr<std::vector<CandidateTree>> {
+    auto trees = Guarded(what, [&] { return drafter.Propose(asked); });
+    if (trees.ok() && trees->size() != asked.size()) {
+      return InternalError(
+          StrCat(what, " returned ", trees->size(), " trees for ", asked.size(), " requests"));
+    }
+    return trees;
+  };
+  auto all = call(requests);
+  if (all.ok()) return std::move(*all);
+  std::vector<CandidateTree> trees(requests.size(), CandidateTree::Failed(all.status()));
+  if (requests.size() == 1 || !RetryPerSequence(all.status())) return trees;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto one = call({requests[i]});
+    trees[i] = one.ok() ? std::move((*one)[0]) : CandidateTree::Failed(one.status());
+  }
+  return trees;
+}
+
 }  // namespace
 
 struct SpecEngine::Sequence {
@@ -69,6 +117,7 @@ struct SpecEngine::Sequence {
   int64_t unobserved_generated = 0;  // of unobserved_tokens, those after the prompt
   std::vector<int32_t> generated;
   Drafter* drafter = nullptr;  // null: no speculation (off, or the drafter failed)
+  int64_t drafter_blocks = 0;  // reserved in the drafter's cache (Drafter::capacity)
   int64_t reserved_blocks = 0;
   int32_t draft_budget = 0;  // tree nodes per step (the step plan's budget)
   SpecRequestStats stats;
@@ -85,7 +134,7 @@ SpecEngine::SpecEngine(ModelRunner* target, SpecEngineOptions options)
 SpecEngine::~SpecEngine() {
   for (auto& [id, s] : sequences_) {
     if (s->running && target_->HasSequence(s->seq)) (void)target_->ReleaseSequence(s->seq);
-    if (s->drafter) s->drafter->ReleaseSequence(s->seq);
+    ReleaseDrafter(*s);
   }
 }
 
@@ -195,7 +244,7 @@ void SpecEngine::Finish(Sequence& s, const std::string& reason, Status error, St
   // Only an admitted sequence was added to the target: a failed AddSequence (the id in use) must
   // not release someone else's cache.
   if (s.running && target_->HasSequence(s.seq)) (void)target_->ReleaseSequence(s.seq);
-  if (s.drafter) s.drafter->ReleaseSequence(s.seq);
+  ReleaseDrafter(s);
   if (s.running) reserved_blocks_ -= s.reserved_blocks;
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), s.id), waiting_.end());
   // The last update for this request carries the finish; tokens of this step are already in it.
@@ -237,11 +286,8 @@ void SpecEngine::AdmitWaiting(StepReport* report) {
     ++running;
     admitted.push_back(id);
     if (s.request.speculation.enabled()) {
-      Drafter* d = drafters_.at(s.request.speculation.drafter).get();
-      Status st = d->AddSequence(s.seq, s.request.generation.sampling);
-      if (st.ok()) {
-        s.drafter = d;
-      } else {
+      Status st = AttachDrafter(s, drafters_.at(s.request.speculation.drafter).get());
+      if (!st.ok()) {  // the request runs without speculation
         ++s.stats.draft_errors;
         s.stats.last_draft_error = st.ToString();
       }
@@ -378,9 +424,44 @@ int32_t SpecEngine::DraftRoomAt(const Sequence& s, int64_t context) const {
       std::min({room, cache_room, static_cast<int64_t>(s.request.speculation.max_draft_tokens)})));
 }
 
-void SpecEngine::Detach(Sequence& s) {
-  if (s.drafter) s.drafter->ReleaseSequence(s.seq);
+Status SpecEngine::AttachDrafter(Sequence& s, Drafter* d) {
+  // The drafter's cache is reserved like the target's: the sequence's worst case up front, so a
+  // sequence attached here can never overflow it later (issue 19: one overflow used to cost every
+  // sequence of the call its speculation).
+  const DrafterCapacity capacity = d->capacity();
+  const GenerationRequest& g = s.request.generation;
+  const int64_t positions =
+      std::min<int64_t>(static_cast<int64_t>(g.prompt.size()) + g.max_new_tokens,
+                        target_->config().max_position_embeddings);
+  const int64_t need = DrafterBlocksReserved(positions, capacity);
+  int64_t& reserved = drafter_blocks_[d];
+  if (capacity.bounded() && reserved + need > capacity.blocks) {
+    return ResourceExhaustedError(StrCat("drafter '", d->name(), "': the sequence needs ", need,
+                                         " cache blocks, ", capacity.blocks - reserved, " of ",
+                                         capacity.blocks, " are free"));
+  }
+  RETURN_IF_ERROR(Guarded(StrCat("drafter '", d->name(), "' AddSequence"),
+                          [&] { return d->AddSequence(s.seq, g.sampling); }));
+  reserved += need;
+  s.drafter = d;
+  s.drafter_blocks = need;
+  return OkStatus();
+}
+
+void SpecEngine::ReleaseDrafter(Sequence& s) {
+  if (!s.drafter) return;
+  // A drafter's failure to release is its own problem (its state is lost either way).
+  (void)Guarded("release", [&] {
+    s.drafter->ReleaseSequence(s.seq);
+    return OkStatus();
+  });
+  drafter_blocks_[s.drafter] -= s.drafter_blocks;
+  s.drafter_blocks = 0;
   s.drafter = nullptr;
+}
+
+void SpecEngine::Detach(Sequence& s) {
+  ReleaseDrafter(s);
   s.unobserved_tokens.clear();
   s.unobserved_hidden.Clear();
   s.unobserved_generated = 0;
@@ -410,30 +491,45 @@ void SpecEngine::DraftWith(Drafter* drafter, const std::vector<Sequence*>& membe
                            StepReport* report) {
   const auto t0 = Clock::now();
   DrafterCall call{.drafter = drafter->name()};
+  // A sequence that cannot be observed goes on without speculation; the others are unaffected.
+  auto lose = [](Sequence& s, const Status& error) {
+    ++s.stats.draft_errors;
+    s.stats.last_draft_error = error.ToString();
+  };
   // Catch up: everything committed since each member's last draft, in one Observe.
   std::vector<DrafterObservation> observations;
+  std::vector<Sequence*> observing;
   for (Sequence* s : members) {
     if (s->unobserved_tokens.empty()) continue;
     DrafterObservation obs{.seq = s->seq, .tokens = std::move(s->unobserved_tokens)};
     call.observed_tokens += static_cast<int64_t>(obs.tokens.size());
-    obs.hidden = s->unobserved_hidden.Take();
-    observations.push_back(std::move(obs));
+    // The chunk path joins device tensors (LibTorch can throw).
+    Status joined = Guarded("hidden states", [&] {
+      obs.hidden = s->unobserved_hidden.Take();
+      return OkStatus();
+    });
     s->unobserved_tokens.clear();
     s->unobserved_generated = 0;
-  }
-  std::vector<Sequence*> ready = members;
-  if (!observations.empty()) {
-    Status st = Guarded(StrCat("drafter '", drafter->name(), "' Observe"),
-                        [&] { return drafter->Observe(observations); });
-    if (!st.ok()) {
-      // The drafter's state for these sequences is unknown now: they go on without speculation.
-      for (Sequence* s : members) {
-        ++s->stats.draft_errors;
-        s->stats.last_draft_error = st.ToString();
-        Detach(*s);
-      }
-      ready.clear();
+    if (!joined.ok()) {
+      lose(*s, joined);
+      Detach(*s);
+      continue;
     }
+    observations.push_back(std::move(obs));
+    observing.push_back(s);
+  }
+  if (!observations.empty()) {
+    const std::vector<Status> observed = ObserveEach(*drafter, std::move(observations));
+    for (size_t i = 0; i < observing.size(); ++i) {
+      if (observed[i].ok()) continue;
+      // The drafter's state for this sequence is unknown now.
+      lose(*observing[i], observed[i]);
+      Detach(*observing[i]);
+    }
+  }
+  std::vector<Sequence*> ready;
+  for (Sequence* s : members) {
+    if (s->drafter == drafter) ready.push_back(s);
   }
   std::vector<DraftRequest> requests;
   std::vector<Sequence*> asked;
@@ -452,30 +548,22 @@ void SpecEngine::DraftWith(Drafter* drafter, const std::vector<Sequence*>& membe
     asked.push_back(s);
   }
   if (!requests.empty()) {
-    auto trees = Guarded(StrCat("drafter '", drafter->name(), "' Propose"),
-                         [&] { return drafter->Propose(requests); });
-    if (!trees.ok() || trees->size() != requests.size()) {
-      const std::string error =
-          trees.ok() ? StrCat("drafter '", drafter->name(), "' returned ", trees->size(),
-                              " trees for ", requests.size(), " requests")
-                     : trees.status().ToString();
-      for (Sequence* s : asked) {
-        ++s->stats.draft_errors;
-        s->stats.last_draft_error = error;
+    std::vector<CandidateTree> trees = ProposeEach(*drafter, requests);
+    const int32_t vocab = static_cast<int32_t>(target_->config().vocab_size);
+    for (size_t i = 0; i < asked.size(); ++i) {
+      CandidateTree& tree = trees[i];
+      if (!tree.failure().ok()) {  // this sequence alone could not be drafted
+        DropDraft(*asked[i], tree.failure());
+        continue;
       }
-    } else {
-      const int32_t vocab = static_cast<int32_t>(target_->config().vocab_size);
-      for (size_t i = 0; i < asked.size(); ++i) {
-        CandidateTree& tree = (*trees)[i];
-        Status valid = tree.Validate(vocab, requests[i].max_nodes, requests[i].max_depth);
-        if (!valid.ok()) {
-          DropDraft(*asked[i], valid.WithContext(StrCat("drafter '", drafter->name(), "'")));
-          continue;
-        }
-        asked[i]->tree = std::move(tree);
-        call.nodes += asked[i]->tree.size();
-        call.max_depth = std::max(call.max_depth, asked[i]->tree.max_depth());
+      Status valid = tree.Validate(vocab, requests[i].max_nodes, requests[i].max_depth);
+      if (!valid.ok()) {
+        DropDraft(*asked[i], valid.WithContext(StrCat("drafter '", drafter->name(), "'")));
+        continue;
       }
+      asked[i]->tree = std::move(tree);
+      call.nodes += asked[i]->tree.size();
+      call.max_depth = std::max(call.max_depth, asked[i]->tree.max_depth());
     }
   }
   call.sequences = static_cast<int32_t>(asked.size());

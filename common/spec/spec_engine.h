@@ -70,10 +70,13 @@ class SpecEngine {
   Status SetDraftBudget(RequestId id, int32_t max_draft_tokens);
 
   // Runs one step. Per-request failures (a drafter error, an invalid tree) degrade that request to
-  // no speculation for the step and are counted in its stats. A target forward that fails because
-  // of one sequence drops that sequence's draft (or ends that request with reason "error") and runs
-  // again without it; an unattributable failure drops the drafts, then runs each sequence alone.
-  // Exceptions (LibTorch, bad_alloc) become a Status of the requests affected.
+  // no speculation for the step and are counted in its stats; a drafter call that fails for a
+  // batch is retried per sequence, so only the failing ones lose their drafts. A request whose
+  // worst case does not fit its drafter's cache (Drafter::capacity) runs without speculation. A
+  // target forward that fails because of one sequence drops that sequence's draft (or ends that
+  // request with reason "error") and runs again without it; an unattributable failure drops the
+  // drafts, then runs each sequence alone. Exceptions (LibTorch, bad_alloc) become a Status of the
+  // requests affected.
   StatusOr<StepReport> Step();
 
   bool HasWork() const;
@@ -119,6 +122,11 @@ class SpecEngine {
   // The most draft nodes the sequence can use next step (its cap, the context, max_new_tokens).
   int32_t DraftRoom(const Sequence& s) const;
   int32_t DraftRoomAt(const Sequence& s, int64_t context) const;
+  // Reserves the sequence's worst case in the drafter's cache (Drafter::capacity) and adds it;
+  // RESOURCE_EXHAUSTED when the cache cannot hold it, or the drafter's error.
+  Status AttachDrafter(Sequence& s, Drafter* drafter);
+  // Releases the sequence's drafter state and reservation (no-op without a drafter).
+  void ReleaseDrafter(Sequence& s);
   // Speculation off for the rest of the request (its drafter's state is released).
   void Detach(Sequence& s);
   void DropDraft(Sequence& s, const Status& error);
@@ -132,6 +140,7 @@ class SpecEngine {
   std::vector<RequestId> cancelled_;
   RequestId next_id_ = 1;
   int64_t reserved_blocks_ = 0;
+  std::map<const Drafter*, int64_t> drafter_blocks_;  // reserved in each drafter's cache
 };
 
 struct SpecGenerationResult {

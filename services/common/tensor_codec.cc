@@ -6,8 +6,11 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstring>
+#include <new>
 
 namespace specula::services {
 namespace {
@@ -82,12 +85,20 @@ const char* DTypeName(v1::DType dtype) {
 }
 
 Status EncodeTensor(const at::Tensor& tensor, v1::Tensor* out) {
+  if (!tensor.defined()) return InvalidArgumentError("an undefined tensor cannot be sent");
   ASSIGN_OR_RETURN(v1::DType dtype, DTypeOf(tensor.scalar_type()));
-  const at::Tensor host = tensor.to(at::kCPU).contiguous();
-  out->set_dtype(dtype);
-  out->clear_shape();
-  for (int64_t d : host.sizes()) out->add_shape(d);
-  out->set_data(host.data_ptr(), host.numel() * host.element_size());  // x86/ARM: little-endian
+  // The device copy may fail (device memory, a broken device): a Status, never an exception.
+  try {
+    const at::Tensor host = tensor.to(at::kCPU).contiguous();
+    out->set_dtype(dtype);
+    out->clear_shape();
+    for (int64_t d : host.sizes()) out->add_shape(d);
+    out->set_data(host.data_ptr(), host.numel() * host.element_size());  // x86/ARM: little-endian
+  } catch (const c10::Error& e) {
+    return InternalError(StrCat("cannot encode a tensor: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return InternalError(StrCat("cannot encode a tensor: ", e.what()));
+  }
   return OkStatus();
 }
 
@@ -108,11 +119,17 @@ StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& tensor, const std::string& f
     return InvalidArgumentError(StrCat(field, ".shape: expected ", ShapeString(expected_shape),
                                        ", got ", ShapeString(shape)));
   }
-  int64_t numel = 1;
+  // The bound is on the product of the non-zero dimensions, not only on the element count: with
+  // a 0 somewhere the count stays 0 while LibTorch's strides overflow int64 (they wrap silently:
+  // [0, 2^62, 2^62] gets stride 0 for dimension 0), a tensor no later operation should see.
+  constexpr int64_t kMaxElements = int64_t{1} << 40;
+  int64_t numel = 1, extent = 1;
   for (int64_t d : shape) {
-    if (d > 0 && numel > (int64_t{1} << 40) / d) {
+    const int64_t nonzero = std::max<int64_t>(d, 1);
+    if (extent > kMaxElements / nonzero) {
       return InvalidArgumentError(StrCat(field, ".shape ", ShapeString(shape), " is too large"));
     }
+    extent *= nonzero;
     numel *= d;
   }
   const int64_t bytes = numel * static_cast<int64_t>(at::elementSize(type));
@@ -121,9 +138,19 @@ StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& tensor, const std::string& f
                                        DTypeName(tensor.dtype()), " needs ", bytes, " bytes, got ",
                                        tensor.data().size()));
   }
-  at::Tensor out = at::detail::empty_cpu(shape, type);
-  if (bytes > 0) std::memcpy(out.data_ptr(), tensor.data().data(), static_cast<size_t>(bytes));
-  return out;
+  // The bytes are in the message already, so the allocation is bounded by its size; still, an
+  // allocation failure is the caller's Status, not an exception on its thread.
+  try {
+    at::Tensor out = at::detail::empty_cpu(shape, type);
+    if (bytes > 0) std::memcpy(out.data_ptr(), tensor.data().data(), static_cast<size_t>(bytes));
+    return out;
+  } catch (const c10::Error& e) {
+    return InvalidArgumentError(
+        StrCat(field, ": cannot hold ", ShapeString(shape), ": ", e.what_without_backtrace()));
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError(
+        StrCat(field, ": no memory for ", ShapeString(shape), " ", DTypeName(tensor.dtype())));
+  }
 }
 
 }  // namespace specula::services

@@ -50,6 +50,11 @@ grpc::Status DrafterService::GetDrafterInfo(grpc::ServerContext*, const v1::GetD
     v1::DrafterSpec* spec = response->add_drafters();
     spec->set_name(name);
     for (int64_t l : d->hidden_layers()) spec->add_hidden_layers(l);
+    const DrafterCapacity capacity = d->capacity();
+    if (capacity.bounded()) {
+      spec->set_cache_blocks(capacity.blocks);
+      spec->set_cache_block_size(capacity.block_size);
+    }
   }
   response->set_vocab_size(options_.vocab_size);
   response->set_hidden_size(options_.hidden_size);
@@ -65,7 +70,7 @@ grpc::Status DrafterService::Session(
   while (stream->Read(&call)) {
     const auto start = std::chrono::steady_clock::now();
     v1::DrafterReply reply;
-    Status status = Handle(session, call, &reply);
+    Status status = HandleGuarded(session, call, &reply);
     if (!status.ok()) {
       reply.Clear();
       reply.set_code(static_cast<int32_t>(status.code()));
@@ -94,6 +99,19 @@ void DrafterService::EndSession(SessionState& session) {
     --num_sequences_;
   }
   session.seqs.clear();
+}
+
+Status DrafterService::HandleGuarded(SessionState& session, const v1::DrafterCall& call,
+                                     v1::DrafterReply* reply) {
+  // A drafter's LibTorch error or allocation failure costs this call only (the target drops the
+  // sequences' drafts); escaping into gRPC it would end the session and every sequence in it.
+  try {
+    return Handle(session, call, reply);
+  } catch (const c10::Error& e) {
+    return InternalError(StrCat("drafter '", call.drafter(), "': ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return InternalError(StrCat("drafter '", call.drafter(), "': ", e.what()));
+  }
 }
 
 Status DrafterService::Handle(SessionState& session, const v1::DrafterCall& call,

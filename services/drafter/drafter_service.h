@@ -47,6 +47,8 @@ class DrafterService final : public v1::Drafter::Service {
  private:
   struct SessionState;
   Status Handle(SessionState& session, const v1::DrafterCall& call, v1::DrafterReply* reply);
+  // Handle with exceptions turned into INTERNAL naming the drafter.
+  Status HandleGuarded(SessionState& session, const v1::DrafterCall& call, v1::DrafterReply* reply);
   void EndSession(SessionState& session);
 
   DrafterServiceOptions options_;

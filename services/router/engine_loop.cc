@@ -186,8 +186,10 @@ void EngineLoop::Run() {
     std::vector<Pending> incoming;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      // active_ is the loop thread's own; reading it here is safe.
-      wake_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !active_.empty(); });
+      // active_ and to_cancel_ are the loop thread's own; reading them here is safe.
+      wake_.wait(lock, [&] {
+        return stopping_ || !inbox_.empty() || !active_.empty() || !to_cancel_.empty();
+      });
       if (stopping_) {
         incoming.swap(inbox_);
         lock.unlock();
@@ -202,10 +204,38 @@ void EngineLoop::Run() {
       }
       incoming.swap(inbox_);
     }
-    AdmitInbox(std::move(incoming));
-    CheckCancellations();
-    if (!active_.empty()) ProcessStep();
+    // The last resort of failure isolation: whatever escapes a step (an exception from the
+    // backend, a codec, an allocation) ends the requests the step held, never the loop thread.
+    try {
+      AdmitInbox(std::move(incoming));
+      CheckCancellations();
+      if (!active_.empty() || !to_cancel_.empty()) ProcessStep();
+    } catch (const std::exception& e) {
+      RecoverFromException(e.what());
+    } catch (...) {
+      RecoverFromException("unknown exception");
+    }
     PublishLoad();
+  }
+}
+
+void EngineLoop::RecoverFromException(std::string_view what) {
+  // c10::Error's message carries a backtrace after its first line.
+  const std::string cause(what.substr(0, what.find('\n')));
+  const Status error = InternalError(StrCat("engine step failed: ", cause));
+  LogError(StrCat("engine loop: ", error.message(), "; failing the step's requests"));
+  std::vector<RequestId> failed;
+  for (auto& [id, a] : active_) {
+    if (!a->admitted) continue;  // still queued: it never reached the target
+    if (!a->delivered) Deliver(*a, {.finish_reason = FinishReason::kError, .status = error});
+    failed.push_back(id);
+  }
+  for (RequestId id : failed) {
+    Erase(id);
+    // The target may still hold it: the next plan frees its KV blocks (an unknown id is ignored).
+    if (std::find(to_cancel_.begin(), to_cancel_.end(), id) == to_cancel_.end()) {
+      to_cancel_.push_back(id);
+    }
   }
 }
 

@@ -29,6 +29,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -163,6 +164,9 @@ class EngineLoop {
   // Ends every admitted request with `status` (the target lost them, or shutdown); with
   // `include_waiting`, waiting ones too.
   void FailAll(const Status& status, bool include_waiting);
+  // After an exception escaped a step: ends every admitted request with INTERNAL naming `what`
+  // and plans their cancellation on the target; waiting requests stay queued.
+  void RecoverFromException(std::string_view what);
   void PublishLoad();
   // Feeds the step to the adaptive budget and publishes what it decided.
   void LearnFromStep(const StepOutcome& outcome, double wall_seconds);

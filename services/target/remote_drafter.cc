@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "services/common/channel.h"
@@ -165,7 +166,12 @@ RemoteDrafter::RemoteDrafter(std::shared_ptr<DrafterConnection> connection,
                              const v1::DrafterSpec& spec)
     : connection_(std::move(connection)),
       name_(spec.name()),
-      hidden_layers_(spec.hidden_layers().begin(), spec.hidden_layers().end()) {}
+      hidden_layers_(spec.hidden_layers().begin(), spec.hidden_layers().end()) {
+  if (spec.cache_blocks() > 0) {
+    capacity_ = {.blocks = spec.cache_blocks(),
+                 .block_size = std::max<int64_t>(spec.cache_block_size(), 1)};
+  }
+}
 
 bool RemoteDrafter::Live(SeqId seq) const {
   auto it = sessions_.find(seq);

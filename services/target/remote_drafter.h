@@ -110,6 +110,8 @@ class RemoteDrafter : public Drafter {
   void ReleaseSequence(SeqId seq) override;
   Status Observe(const std::vector<DrafterObservation>& observations) override;
   StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override;
+  // As the service advertised it (DrafterSpec.cache_blocks): the target's engine reserves in it.
+  DrafterCapacity capacity() const override { return capacity_; }
 
  private:
   // Sequences added in the connection's current session.
@@ -118,6 +120,7 @@ class RemoteDrafter : public Drafter {
   std::shared_ptr<DrafterConnection> connection_;
   std::string name_;
   std::vector<int64_t> hidden_layers_;
+  DrafterCapacity capacity_;
   std::unordered_map<SeqId, uint64_t> sessions_;  // seq -> the session it was added in
 };
 

@@ -37,13 +37,20 @@ grpc::Status TargetService::Run(grpc::ServerContext* context,
       ended = services::ToGrpcStatus(plan.status().WithContext("plan"));
       break;
     }
-    StatusOr<StepOutcome> outcome = [&] {
+    StatusOr<StepOutcome> outcome = [&]() -> StatusOr<StepOutcome> {
       std::lock_guard<std::mutex> lock(backend_mu_);
-      auto out = backend_->Step(*plan);
-      if (out.ok() && metrics_) {
-        metrics_->Step(*out, backend_->num_requests(), backend_->target().kv_stats().usage());
+      // An exception must still end the session below (CancelAll), or the router's KV blocks
+      // would stay taken; escaping into gRPC it would skip that.
+      try {
+        auto out = backend_->Step(*plan);
+        if (out.ok() && metrics_) {
+          metrics_->Step(*out, backend_->num_requests(), backend_->target().kv_stats().usage());
+        }
+        return out;
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        return InternalError(StrCat("target step failed: ", what.substr(0, what.find('\n'))));
       }
-      return out;
     }();
     if (!outcome.ok()) {
       ended = services::ToGrpcStatus(outcome.status());

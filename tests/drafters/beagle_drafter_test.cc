@@ -305,6 +305,17 @@ TEST(BeagleDrafterTest, BadObservationsChangeNothing) {
   EXPECT_EQ(d->StateBytes(), 0);
 }
 
+TEST(BeagleDrafterTest, TrueStateCacheIsSizedFromTheTargetsKvCache) {
+  // Issue 19: a fixed 64 MB outside admission control. Now the target's blocks (every sequence
+  // the target admits fits), or the size the options name.
+  auto target = Runner(TargetModule());
+  auto d = BeagleDrafter::Create(BeagleModule(), *target);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->capacity().blocks, target->kv_stats().num_blocks);
+  EXPECT_EQ((*d)->capacity().block_size, target->kv_stats().block_size);
+  EXPECT_EQ(Drafter(*target)->capacity().blocks, 256);
+}
+
 TEST(BeagleDrafterTest, OptionsAndTargetsAreChecked) {
   auto target = Runner(TargetModule());
   EXPECT_THAT(BeagleDrafter::Create(BeagleModule(), *target, {.depth = 0}).status().message(),

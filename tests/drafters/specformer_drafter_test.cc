@@ -356,6 +356,53 @@ TEST(SpecFormerDrafterTest, CreateRejectsAnotherTarget) {
   EXPECT_THAT(d.status().message(), HasSubstr("vocab_size"));
 }
 
+TEST(SpecFormerDrafterTest, ContextCacheIsSizedFromTheTargetsKvCache) {
+  auto target = Runner(TargetModule());
+  auto d = SpecFormerDrafter::Create(SpecModule(), *target);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->capacity().blocks, target->kv_stats().num_blocks);
+  EXPECT_EQ((*d)->capacity().block_size, target->kv_stats().block_size);
+}
+
+// Issue 19: with a cache too small for every sequence, one overflow in the batched Observe turned
+// speculation off for all of them. The engine reserves each sequence's worst case in the cache at
+// admission: the sequences that fit draft, the others decode without a draft, all output is
+// unchanged.
+TEST(SpecFormerDrafterTest, ACacheTooSmallForAllCostsOnlyTheSequencesThatDoNotFit) {
+  auto target_module = TargetModule();
+  auto target = Runner(target_module);
+  std::vector<SpecRequest> requests;
+  std::vector<std::vector<int32_t>> plain;
+  for (int i = 0; i < 5; ++i) {
+    GenerationRequest g{.prompt = RandomTokens(3 + 9 * i, 60 + i), .max_new_tokens = 30};
+    auto out = DecodeBatch(*target, {g});
+    ASSERT_TRUE(out.ok());
+    plain.push_back((*out)[0].tokens);
+    requests.push_back(
+        {.generation = g, .speculation = {.drafter = "specformer", .max_draft_tokens = 4}});
+  }
+  // 20 blocks of 4: the first two sequences need 8 and 11 (prompt + max_new_tokens - 1
+  // positions), the third would need 13 more.
+  auto drafter =
+      SpecFormerDrafter::Create(SpecModule(), *target, {.kv = {.block_size = 4, .num_blocks = 20}});
+  ASSERT_TRUE(drafter.ok()) << drafter.status();
+  SpecEngine engine(target.get());
+  ASSERT_TRUE(engine.AddDrafter(std::move(*drafter)).ok());
+  auto out = GenerateAll(engine, requests);
+  ASSERT_TRUE(out.ok()) << out.status();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const SpecRequestStats& st = (*out)[i].stats;
+    EXPECT_EQ((*out)[i].result.tokens, plain[i]) << i;
+    if (i < 2) {
+      EXPECT_EQ(st.draft_errors, 0) << i << ": " << st.last_draft_error;
+      EXPECT_GT(st.draft_tokens, 0) << i;
+    } else {
+      EXPECT_EQ(st.draft_errors, 1) << i;
+      EXPECT_THAT(st.last_draft_error, HasSubstr("RESOURCE_EXHAUSTED: drafter 'specformer'"));
+    }
+  }
+}
+
 // Greedy speculative decoding with SpecFormer equals plain greedy decoding, for chains and
 // budgeted trees, several budgets, batch 1 and a mixed-length batch.
 TEST(SpecFormerDrafterTest, GreedyEqualsPlainDecoding) {

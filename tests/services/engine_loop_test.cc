@@ -3,8 +3,13 @@
 // that can never fit the KV cache, and shutdown.
 #include "services/router/engine_loop.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <new>
 #include <sstream>
 #include <thread>
 
@@ -353,6 +358,63 @@ TEST_P(EngineLoopTest, ShutdownEndsEveryRequestAndRefusesNewOnes) {
   auto after = loop->Submit(Greedy({5}, 4, "none"));
   ASSERT_FALSE(after.ok());
   EXPECT_EQ(after.status().code(), StatusCode::kUnavailable);
+}
+
+// Runs every step on the real backend, then, when told, throws as a LibTorch error or an
+// allocation failure would (after the target ran the step, so it holds the step's requests).
+class ThrowingBackend : public TargetBackend {
+ public:
+  explicit ThrowingBackend(std::unique_ptr<TargetBackend> inner) : inner_(std::move(inner)) {}
+  TargetInfo info() const override { return inner_->info(); }
+  StatusOr<StepOutcome> Step(const StepPlan& plan) override {
+    auto out = inner_->Step(plan);
+    switch (throw_next.exchange(0)) {
+      case 1:
+        (void)at::zeros({2}).view({3});  // throws c10::Error
+        break;
+      case 2:
+        throw std::bad_alloc();
+    }
+    return out;
+  }
+  std::atomic<int> throw_next{0};  // 1: c10::Error, 2: std::bad_alloc
+
+ private:
+  std::unique_ptr<TargetBackend> inner_;
+};
+
+TEST_P(EngineLoopTest, AnExceptionInAStepFailsItsRequestsAndTheLoopKeepsServing) {
+  // Issue 19: an exception escaping a step reached std::terminate on the loop thread.
+  const TestModelDirs& dirs = TinyServedModelDirs();
+  stack_ = std::make_unique<ServedStack>(GetParam(), dirs.target, dirs.draft);
+  ServedModel model = stack_->TakeModel();
+  auto throwing = std::make_unique<ThrowingBackend>(std::move(model.backend));
+  ThrowingBackend* backend = throwing.get();
+  model.backend = std::move(throwing);
+  auto created = EngineLoop::Create(std::move(model), {}, &metrics_);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<EngineLoop> loop = std::move(*created);
+  for (int kind : {1, 2}) {
+    auto victim = loop->Submit(Greedy({5, 6, 7}, 1000, "none"));
+    ASSERT_TRUE(victim.ok()) << victim.status();
+    while ((*victim)->Wait(1s).empty()) {  // running on the target
+    }
+    backend->throw_next = kind;
+    Collected v = Collect(**victim);
+    EXPECT_EQ(v.last.finish_reason, FinishReason::kError);
+    EXPECT_EQ(v.last.status.code(), StatusCode::kInternal) << v.last.status;
+    EXPECT_THAT(v.last.status.message(), ::testing::HasSubstr("engine step failed: "));
+    EXPECT_THAT(v.last.status.message(),
+                ::testing::HasSubstr(kind == 1 ? "is invalid for input of size 2" : "bad_alloc"));
+    // The loop goes on: the next request is served exactly, and the failed one's KV blocks are
+    // freed on the target.
+    auto next = loop->Submit(Greedy({5, 6, 7}, 20, "ngram"));
+    ASSERT_TRUE(next.ok()) << next.status();
+    Collected n = Collect(**next);
+    EXPECT_TRUE(n.last.status.ok()) << n.last.status;
+    EXPECT_EQ(n.tokens, reference_->Greedy({5, 6, 7}, 20));
+    EXPECT_TRUE(WaitIdle(*loop));
+  }
 }
 
 TEST_P(EngineLoopTest, CreateRejectsAnUnknownDefaultDrafter) {

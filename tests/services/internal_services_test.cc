@@ -41,6 +41,7 @@ class RecordingDrafter : public Drafter {
   }
   void ReleaseSequence(SeqId seq) override { last_.erase(seq); }
   Status Observe(const std::vector<DrafterObservation>& observations) override {
+    if (throw_observe.exchange(false)) (void)at::zeros({2}).view({3});  // throws c10::Error
     for (const DrafterObservation& o : observations) {
       log_->tokens.push_back(o.tokens);
       std::vector<at::Tensor> copies;
@@ -51,6 +52,7 @@ class RecordingDrafter : public Drafter {
     return OkStatus();
   }
   StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override {
+    if (throw_propose.exchange(false)) throw std::bad_alloc();
     std::vector<CandidateTree> trees;
     for (const DraftRequest& r : requests) {
       const int32_t t = last_.at(r.seq);
@@ -59,6 +61,12 @@ class RecordingDrafter : public Drafter {
     }
     return trees;
   }
+  DrafterCapacity capacity() const override { return cap; }
+
+  DrafterCapacity cap;  // unbounded unless a test sets it
+
+  std::atomic<bool> throw_observe{false};
+  std::atomic<bool> throw_propose{false};
 
  private:
   std::shared_ptr<Log> log_;
@@ -75,7 +83,9 @@ class InternalServicesTest : public ::testing::Test {
     ASSERT_TRUE(config.ok());
     config_ = *config;
     std::vector<std::unique_ptr<Drafter>> drafters;
-    drafters.push_back(std::make_unique<RecordingDrafter>(remote_log_));
+    auto recording = std::make_unique<RecordingDrafter>(remote_log_);
+    recording_ = recording.get();
+    drafters.push_back(std::move(recording));
     service_ = std::make_unique<drafter::DrafterService>(
         std::move(drafters),
         drafter::DrafterServiceOptions{.vocab_size = static_cast<int32_t>(config_.vocab_size),
@@ -129,6 +139,7 @@ class InternalServicesTest : public ::testing::Test {
   std::shared_ptr<RecordingDrafter::Log> remote_log_ = std::make_shared<RecordingDrafter::Log>();
   std::unique_ptr<drafter::DrafterService> service_;
   std::unique_ptr<services::ServiceServer> server_;
+  RecordingDrafter* recording_ = nullptr;  // owned by service_
 };
 
 TEST_F(InternalServicesTest, HiddenStatesReachARemoteDrafterExactlyAsInProcess) {
@@ -265,6 +276,58 @@ TEST_F(InternalServicesTest, MalformedObservationsNameTheFieldAndTheSessionGoesO
   ASSERT_EQ(trees.trees_size(), 1);
   EXPECT_EQ(trees.trees(0).tokens_size(), 2);
   EXPECT_EQ(trees.trees(0).tokens(0), 3);
+}
+
+// Issue 19: a drafter's exception escaped the service's handler and ended the whole session (every
+// sequence of the target lost its drafter state); now it fails only its call. The drafter's cache
+// capacity reaches the target, whose engine reserves in it.
+TEST_F(InternalServicesTest, ADrafterExceptionFailsOnlyItsCallAndCapacityIsAdvertised) {
+  recording_->cap = {.blocks = 40, .block_size = 8};
+  auto connection = target::DrafterConnection::Connect(
+      Address(server_->port()), 10s, static_cast<int32_t>(config_.vocab_size),
+      static_cast<int32_t>(config_.hidden_size), "float32");
+  ASSERT_TRUE(connection.ok()) << connection.status();
+  ASSERT_EQ((*connection)->info().drafters_size(), 1);
+  const v1::DrafterSpec& spec = (*connection)->info().drafters(0);
+  EXPECT_EQ(spec.cache_blocks(), 40);
+  EXPECT_EQ(spec.cache_block_size(), 8);
+  const target::RemoteDrafter remote(*connection, spec);
+  EXPECT_EQ(remote.capacity().blocks, 40);
+  EXPECT_EQ(remote.capacity().block_size, 8);
+
+  RawSession session(server_->port());
+  v1::DrafterCall add;
+  add.set_drafter("recording");
+  add.mutable_add()->set_seq(7);
+  ASSERT_EQ(session.Call(add).code(), 0);
+  v1::DrafterCall observe;
+  observe.set_drafter("recording");
+  v1::Observation* o = observe.mutable_observe()->add_observations();
+  o->set_seq(7);
+  for (int32_t t : {1, 2, 3}) o->add_tokens(t);
+  for (int l = 0; l < 2; ++l) {
+    ASSERT_TRUE(services::EncodeTensor(at::randn({2, config_.hidden_size}), o->add_hidden()).ok());
+  }
+  v1::DrafterCall propose;
+  propose.set_drafter("recording");
+  v1::DraftRequest* r = propose.mutable_propose()->add_requests();
+  r->set_seq(7);
+  r->set_max_nodes(2);
+  r->set_max_depth(2);
+
+  recording_->throw_observe = true;
+  v1::DrafterReply reply = session.Call(observe);
+  EXPECT_EQ(reply.code(), static_cast<int>(StatusCode::kInternal));
+  EXPECT_NE(reply.message().find("drafter 'recording': shape '[3]' is invalid"), std::string::npos)
+      << reply.message();
+  ASSERT_EQ(session.Call(observe).code(), 0) << "the session goes on";
+  recording_->throw_propose = true;
+  reply = session.Call(propose);
+  EXPECT_EQ(reply.code(), static_cast<int>(StatusCode::kInternal));
+  EXPECT_NE(reply.message().find("bad_alloc"), std::string::npos) << reply.message();
+  reply = session.Call(propose);
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  EXPECT_EQ(reply.trees_size(), 1);
 }
 
 // A drafter service that answers every proposal with a tree whose arrays disagree.

@@ -40,8 +40,10 @@ class ScriptedDrafter : public Drafter {
   Status AddSequence(SeqId seq, const SamplingParams&) override {
     if (history_.count(seq)) return AlreadyExistsError("seq");
     history_[seq] = {};
+    added_.push_back(seq);
     return OkStatus();
   }
+  DrafterCapacity capacity() const override { return cap; }
   void ReleaseSequence(SeqId seq) override {
     history_.erase(seq);
     ++released;
@@ -49,6 +51,11 @@ class ScriptedDrafter : public Drafter {
   Status Observe(const std::vector<DrafterObservation>& observations) override {
     if (fail_observe) return InternalError("scripted observe failure");
     if (throw_observe) throw std::bad_alloc();
+    for (const auto& o : observations) {  // all or nothing, as Drafter::Observe requires
+      if (Nth(o.seq, refuse_observe_nth)) {
+        return ResourceExhaustedError(StrCat("scripted cache full for sequence ", o.seq));
+      }
+    }
     for (const auto& o : observations) {
       auto& h = history_.at(o.seq);
       h.insert(h.end(), o.tokens.begin(), o.tokens.end());
@@ -58,6 +65,9 @@ class ScriptedDrafter : public Drafter {
   StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override {
     if (fail_propose) return InternalError("scripted propose failure");
     if (throw_propose) (void)at::zeros({2}).view({3});  // throws c10::Error
+    for (const auto& r : requests) {
+      if (Nth(r.seq, refuse_propose_nth)) return InternalError("scripted propose refusal");
+    }
     std::vector<CandidateTree> trees;
     for (const auto& r : requests) {
       const auto& h = history_.at(r.seq);
@@ -119,9 +129,20 @@ class ScriptedDrafter : public Drafter {
   bool fail_observe = false;
   bool throw_propose = false;
   bool throw_observe = false;
+  // Calls naming the n-th sequence added (0-based) fail as a whole.
+  std::set<size_t> refuse_observe_nth;
+  std::set<size_t> refuse_propose_nth;
+  DrafterCapacity cap;
   int released = 0;
 
  private:
+  bool Nth(SeqId seq, const std::set<size_t>& which) const {
+    for (size_t n : which) {
+      if (n < added_.size() && added_[n] == seq) return true;
+    }
+    return false;
+  }
+  std::vector<SeqId> added_;
   std::string name_;
   Kind kind_;
   std::vector<std::vector<int32_t>> references_;
@@ -458,6 +479,83 @@ TEST_F(SpecEngineTest, DrafterExceptionsFallBackToPlainDecoding) {
     }
     EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
   }
+}
+
+TEST_F(SpecEngineTest, AFailingObserveOrProposeOfOneSequenceCostsOnlyItsDraft) {
+  // Issue 19: one sequence's failure (a full drafter cache) made the whole batched call fail, and
+  // every sequence in it lost speculation. Each sequence of a failed call is retried alone.
+  const auto requests = Prompts(4, 12, 59);
+  const auto plain = Plain(requests);
+  for (bool in_observe : {true, false}) {
+    SpecEngine engine(target_.get());
+    auto drafter = std::make_unique<ScriptedDrafter>("oracle", ScriptedDrafter::Kind::kOracle,
+                                                     References(requests, plain), 64);
+    (in_observe ? drafter->refuse_observe_nth : drafter->refuse_propose_nth).insert(1);
+    ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+    auto results = GenerateAll(engine, WithDrafter(requests, "oracle", 4));
+    ASSERT_TRUE(results.ok()) << results.status();
+    EXPECT_EQ(Tokens(*results), plain);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const SpecRequestStats& st = (*results)[i].stats;
+      if (i == 1) {
+        EXPECT_GT(st.draft_errors, 0);
+        EXPECT_THAT(st.last_draft_error, HasSubstr(in_observe ? "RESOURCE_EXHAUSTED" : "refusal"));
+      } else {
+        EXPECT_EQ(st.draft_errors, 0) << i << ": " << st.last_draft_error;
+        EXPECT_GT(st.accepted_tokens, 0) << i;
+      }
+    }
+    EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
+  }
+}
+
+TEST_F(SpecEngineTest, DrafterCacheIsReservedAtAdmission) {
+  // A drafter with a bounded cache (Drafter::capacity) is attached only to sequences whose worst
+  // case fits next to the others'; the rest run without speculation and lose nothing else.
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 4; ++i) {
+    GenerationRequest r;
+    for (int j = 0; j < 11; ++j) r.prompt.push_back((i * 13 + j * 7) % 64);
+    r.max_new_tokens = 9;  // 20 positions, 19 cached by the drafter: 5 blocks of 4
+    requests.push_back(r);
+  }
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get());
+  auto drafter = std::make_unique<ScriptedDrafter>("oracle", ScriptedDrafter::Kind::kOracle,
+                                                   References(requests, plain), 64);
+  drafter->cap = {.blocks = 10, .block_size = 4};  // two such sequences at a time
+  ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+  auto results = GenerateAll(engine, WithDrafter(requests, "oracle", 4));
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ(Tokens(*results), plain);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const SpecRequestStats& st = (*results)[i].stats;
+    if (i < 2) {
+      EXPECT_EQ(st.draft_errors, 0) << i << ": " << st.last_draft_error;
+      EXPECT_GT(st.accepted_tokens, 0) << i;
+    } else {
+      EXPECT_EQ(st.draft_errors, 1) << i;
+      EXPECT_THAT(st.last_draft_error,
+                  HasSubstr("RESOURCE_EXHAUSTED: drafter 'oracle': the sequence needs 5 cache "
+                            "blocks, 0 of 10 are free"));
+      EXPECT_EQ(st.draft_tokens, 0) << i;
+    }
+  }
+  // Finished sequences gave their blocks back: the next two draft again.
+  auto again = GenerateAll(engine, WithDrafter({requests[2], requests[3]}, "oracle", 4));
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (const auto& r : *again) {
+    EXPECT_EQ(r.stats.draft_errors, 0) << r.stats.last_draft_error;
+    EXPECT_GT(r.stats.accepted_tokens, 0);
+  }
+}
+
+TEST(DrafterBlocksReservedTest, EveryPositionButThePendingOne) {
+  const DrafterCapacity cap{.blocks = 100, .block_size = 4};
+  EXPECT_EQ(DrafterBlocksReserved(1, cap), 0);
+  EXPECT_EQ(DrafterBlocksReserved(5, cap), 1);
+  EXPECT_EQ(DrafterBlocksReserved(6, cap), 2);
+  EXPECT_EQ(DrafterBlocksReserved(1000, DrafterCapacity{}), 0) << "unbounded";
 }
 
 TEST_F(SpecEngineTest, TreesAtTheContextEdgeNeverFailTheStep) {

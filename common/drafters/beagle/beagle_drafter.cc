@@ -7,6 +7,7 @@
 
 #include "common/drafters/beagle/beagle_model.h"
 #include "common/drafters/beagle/dynamic_tree.h"
+#include "common/drafters/drafter_cache_size.h"
 #include "common/model/transformer.h"
 
 namespace specula {
@@ -63,8 +64,9 @@ StatusOr<std::unique_ptr<BeagleDrafter>> BeagleDrafter::Create(std::shared_ptr<B
     module->eval();
     module->to(head.device(), head.scalar_type());
     module->SetTargetWeights(target_module->model->embed_tokens->weight, head);
-    ASSIGN_OR_RETURN(kv, PagedKvCache::Create(1, config.num_key_value_heads, config.head_dim,
-                                              head.scalar_type(), head.device(), options.kv));
+    ASSIGN_OR_RETURN(
+        kv, PagedKvCache::Create(1, config.num_key_value_heads, config.head_dim, head.scalar_type(),
+                                 head.device(), SizedFromTarget(options.kv, target.kv_stats())));
   } catch (const c10::Error& e) {
     return InternalError(
         StrCat("cannot place Beagle on ", head.device().str(), ": ", e.what_without_backtrace()));
@@ -90,6 +92,10 @@ const BeagleConfig& BeagleDrafter::config() const { return module_->config(); }
 std::vector<int64_t> BeagleDrafter::hidden_layers() const { return {target_layers_}; }
 
 int64_t BeagleDrafter::StateBytes() const { return kv_->stats().bytes_in_use(); }
+
+DrafterCapacity BeagleDrafter::capacity() const {
+  return {.blocks = kv_->allocator().num_blocks(), .block_size = kv_->allocator().block_size()};
+}
 
 Status BeagleDrafter::AddSequence(SeqId seq, const SamplingParams& sampling) {
   return states_.Add(seq, sampling);

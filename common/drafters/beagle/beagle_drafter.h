@@ -53,7 +53,9 @@ struct BeagleDrafterOptions {
   // at 4 nodes, 3.36 vs 2.82 at 16).
   float rank_temperature = 0.5f;
   // The true-state cache (one layer, the drafter's kv heads x head_dim per position).
-  KvCacheOptions kv{.block_size = 16, .num_blocks = 0, .memory_mb = 64.0};
+  // num_blocks and memory_mb both 0 (the default): as many blocks of the target's block size as
+  // the target's KV cache has, so every sequence the target admits fits (capacity() reports it).
+  KvCacheOptions kv{.block_size = 16, .num_blocks = 0, .memory_mb = 0};
   std::string name = "beagle";  // the engine's drafter name
 
   // INVALID_ARGUMENT naming the option when a size is not positive or the name is reserved.
@@ -86,6 +88,8 @@ class BeagleDrafter : public Drafter {
   StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override;
   // Bytes of the true-state cache's blocks in use.
   int64_t StateBytes() const override;
+  // The cache's blocks and block size.
+  DrafterCapacity capacity() const override;
 
   const BeagleConfig& config() const;
   const BeagleDrafterOptions& options() const { return options_; }

@@ -8,6 +8,7 @@
 #include <span>
 
 #include "common/drafters/draft_sampling.h"
+#include "common/drafters/drafter_cache_size.h"
 #include "common/drafters/specformer/specformer_model.h"
 #include "common/model/paged_attention.h"
 #include "common/model/transformer.h"
@@ -129,8 +130,9 @@ StatusOr<std::unique_ptr<SpecFormerDrafter>> SpecFormerDrafter::Create(
     module->eval();
     module->to(head.device(), head.scalar_type());
     module->SetTargetHead(target_module->model->norm->weight, head, target.config().rms_norm_eps);
-    ASSIGN_OR_RETURN(kv, PagedKvCache::Create(1, config.num_key_value_heads, config.head_dim,
-                                              head.scalar_type(), head.device(), options.kv));
+    ASSIGN_OR_RETURN(
+        kv, PagedKvCache::Create(1, config.num_key_value_heads, config.head_dim, head.scalar_type(),
+                                 head.device(), SizedFromTarget(options.kv, target.kv_stats())));
   } catch (const c10::Error& e) {
     return InternalError(StrCat("cannot place SpecFormer on ", head.device().str(), ": ",
                                 e.what_without_backtrace()));
@@ -254,6 +256,10 @@ StatusOr<std::vector<CandidateTree>> SpecFormerDrafter::Propose(
 }
 
 int64_t SpecFormerDrafter::StateBytes() const { return kv_->stats().bytes_in_use(); }
+
+DrafterCapacity SpecFormerDrafter::capacity() const {
+  return {.blocks = kv_->allocator().num_blocks(), .block_size = kv_->allocator().block_size()};
+}
 
 std::vector<SeqId> SpecFormerDrafter::sequences() const { return states_.ids(); }
 

@@ -44,7 +44,9 @@ class SpecFormerImpl;
 struct SpecFormerDrafterOptions {
   bool tree = true;  // budgeted tree of k nodes; false: a chain (argmax / sampled per slot)
   // The context attention's cache (one layer, the drafter's kv heads x head_dim per position).
-  KvCacheOptions kv{.block_size = 16, .num_blocks = 0, .memory_mb = 64.0};
+  // num_blocks and memory_mb both 0 (the default): as many blocks of the target's block size as
+  // the target's KV cache has, so every sequence the target admits fits (capacity() reports it).
+  KvCacheOptions kv{.block_size = 16, .num_blocks = 0, .memory_mb = 0};
   std::string name = "specformer";  // the engine's drafter name
 };
 
@@ -74,6 +76,8 @@ class SpecFormerDrafter : public Drafter {
   StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override;
   // Bytes of the context cache's blocks in use.
   int64_t StateBytes() const override;
+  // The cache's blocks and block size.
+  DrafterCapacity capacity() const override;
 
   const SpecFormerConfig& config() const;
   std::shared_ptr<SpecFormerImpl> module() const { return module_; }
