@@ -149,7 +149,8 @@ def plan(out):
                 f.write(json.dumps(line(r)) + "\n")
         files.append({"file": name, "first": part[0]["i"], "count": len(part)})
     with open(os.path.join(out, "plan.json"), "w") as f:
-        json.dump({"requests": requests, "refs": list(refs), "chunks": files}, f)
+        json.dump({"mode": env("MODE", "all-in-one"), "requests": requests, "refs": list(refs),
+                   "chunks": files}, f)
     print(f"soak.py: {n} requests in {len(files)} chunks, {len(refs)} greedy references, "
           f"{len(texts)} prompts")
 
@@ -243,6 +244,7 @@ def analyze(out):
     codes, by_kind, lost, unexpected, mismatches = {}, {}, [], [], []
     greedy_checked = sampled_ok = draft_errors = 0
     results = 0
+    per_chunk = []  # speculation per chunk: does it come back after a drafter restart?
     for chunk in p["chunks"]:
         path = os.path.join(out, "results", chunk["file"].replace(".jsonl", ".json"))
         if not os.path.exists(path):
@@ -251,6 +253,9 @@ def analyze(out):
             continue
         run = read_json(path)
         draft_errors += run.get("draft_errors", 0)
+        per_chunk.append({key: run.get(key, 0) for key in (
+            "duration", "completed", "failed", "output_throughput", "draft_tokens",
+            "accepted_tokens", "draft_errors")})
         errors, texts = run["errors"], run["generated_texts"]
         for k in range(chunk["count"]):
             r = requests[chunk["first"] + k]
@@ -307,12 +312,12 @@ def analyze(out):
             crashed = [row.strip() for row in f if row.strip()]
     restarts = [what for _, what in events if what.startswith("drafter-restart")]
     summary = {
-        "mode": env("MODE", "all-in-one"), "requests": len(requests), "results": results,
+        "mode": p.get("mode", env("MODE", "all-in-one")), "requests": len(requests), "results": results,
         "chunks": len(p["chunks"]), "warmup_chunks": warmup_chunks,
         "lost": len(lost), "greedy_checked": greedy_checked, "greedy_mismatches": len(mismatches),
         "sampled_completed": sampled_ok, "unexpected_errors": len(unexpected),
         "codes": codes, "codes_by_kind": by_kind, "draft_errors": draft_errors,
-        "drafter_restarts": len(restarts), "rss": rss, "rss_limit_pct": limit,
+        "drafter_restarts": len(restarts), "per_chunk": per_chunk, "rss": rss, "rss_limit_pct": limit,
         "rss_max_drift_pct": max([x["max_drift_pct"] for x in rss if "max_drift_pct" in x],
                                  default=None),
         "state_left_after_idle": leftovers, "servers_died": crashed,
@@ -361,6 +366,9 @@ def print_table(s):
     print("  status codes: " + ", ".join(f"{k} {v}" for k, v in sorted(s["codes"].items())))
     for kind, codes in sorted(s["codes_by_kind"].items()):
         print(f"    {kind:<16}" + ", ".join(f"{k} {v}" for k, v in sorted(codes.items())))
+    print("  per chunk: s / tok/s / drafted / accepted / draft_errors: " + "  ".join(
+        f"{c['duration']:.0f}/{c['output_throughput']:.0f}/{c['draft_tokens']}/"
+        f"{c['accepted_tokens']}/{c['draft_errors']}" for c in s["per_chunk"]))
     print(f"  RSS (MB; drift after the warm-up of {s['warmup_chunks']} chunks, limit "
           f"{s['rss_limit_pct']}%):")
     print(f"    {'process':<10} {'pid':>8} {'start':>8} {'warm-up':>8} {'max':>8} {'end':>8} "
