@@ -245,7 +245,13 @@ def analyze(out):
     greedy_checked = sampled_ok = draft_errors = 0
     results = 0
     per_chunk = []  # speculation per chunk: does it come back after a drafter restart?
-    for chunk in p["chunks"]:
+    with open(os.path.join(out, "events.tsv")) as f:
+        events = [(float(t), what.strip()) for t, what in (row.split(None, 1) for row in f)]
+    # A soak stopped early is judged on the chunks it started.
+    started = {int(what.split()[1]) for _, what in events if what.startswith("chunk-start")}
+    chunks = [c for k, c in enumerate(p["chunks"]) if k in started]
+    sent = sum(c["count"] for c in chunks)
+    for chunk in chunks:
         path = os.path.join(out, "results", chunk["file"].replace(".jsonl", ".json"))
         if not os.path.exists(path):
             for r in requests[chunk["first"]:chunk["first"] + chunk["count"]]:
@@ -288,10 +294,7 @@ def analyze(out):
                 if texts[k] != want:
                     mismatches.append({"i": r["i"], "drafter": r["drafter"], "got": texts[k],
                                        "want": want})
-    warmup_chunks = min(env("WARMUP_CHUNKS", 2), max(len(p["chunks"]) - 1, 0))
-    events = []
-    with open(os.path.join(out, "events.tsv")) as f:
-        events = [(float(t), what.strip()) for t, what in (row.split(None, 1) for row in f)]
+    warmup_chunks = min(env("WARMUP_CHUNKS", 2), max(len(chunks) - 1, 0))
     ends = [t for t, what in events if what.startswith("chunk-end")]
     warmup_end = ends[warmup_chunks - 1] if warmup_chunks > 0 and ends else \
         min(t for t, _ in events)
@@ -312,8 +315,8 @@ def analyze(out):
             crashed = [row.strip() for row in f if row.strip()]
     restarts = [what for _, what in events if what.startswith("drafter-restart")]
     summary = {
-        "mode": p.get("mode", env("MODE", "all-in-one")), "requests": len(requests), "results": results,
-        "chunks": len(p["chunks"]), "warmup_chunks": warmup_chunks,
+        "mode": p.get("mode", env("MODE", "all-in-one")), "requests": sent, "requests_planned": len(requests),
+        "results": results, "chunks": len(chunks), "chunks_planned": len(p["chunks"]), "warmup_chunks": warmup_chunks,
         "lost": len(lost), "greedy_checked": greedy_checked, "greedy_mismatches": len(mismatches),
         "sampled_completed": sampled_ok, "unexpected_errors": len(unexpected),
         "codes": codes, "codes_by_kind": by_kind, "draft_errors": draft_errors,
@@ -338,7 +341,7 @@ def analyze(out):
         failed.append(f"state left after idle: {leftovers}")
     if any(x.get("flat") is False for x in rss):
         failed.append(f"RSS drift past {limit}%")
-    if not any("max_drift_pct" in x for x in rss) and len(p["chunks"]) > warmup_chunks + 1:
+    if not any("max_drift_pct" in x for x in rss) and len(chunks) > warmup_chunks + 1:
         failed.append("no RSS samples after the warm-up")
     summary["verdict"] = "FAIL: " + ", ".join(failed) if failed else "PASS"
     with open(os.path.join(out, "summary.json"), "w") as f:
@@ -357,6 +360,9 @@ def expected(r, code):
 
 
 def print_table(s):
+    if s["chunks"] < s["chunks_planned"]:
+        print(f"soak stopped early: {s['chunks']} of {s['chunks_planned']} chunks run "
+              f"({s['requests']} of {s['requests_planned']} requests)")
     print(f"soak ({s['mode']}): {s['results']}/{s['requests']} requests answered in "
           f"{s['duration_s']:.0f} s, {s['drafter_restarts']} drafter restarts")
     print(f"  lost {s['lost']}   greedy mismatches {s['greedy_mismatches']} "

@@ -15,7 +15,7 @@ import tempfile
 SCRIPT = os.path.join(sys.argv[1], "scripts", "soak.py")
 
 
-def soak_dir(root, errors, texts, rss_mb, crashed=""):
+def soak_dir(root, errors, texts, rss_mb, crashed="", chunks_run=2):
     """Four requests in two chunks: greedy plain, sampled, cancel, invalid drafter."""
     os.makedirs(os.path.join(root, "results"))
     requests = [
@@ -35,12 +35,14 @@ def soak_dir(root, errors, texts, rss_mb, crashed=""):
         json.dump(plan, f)
     with open(os.path.join(root, "results", "refs.json"), "w") as f:
         json.dump({"errors": [""], "generated_texts": ["x = 1"]}, f)
-    for c in range(2):
+    for c in range(chunks_run):
         with open(os.path.join(root, "results", f"chunk-00{c}.json"), "w") as f:
             json.dump({"errors": errors[2 * c:2 * c + 2], "generated_texts": texts[2 * c:2 * c + 2],
                        "draft_errors": 0}, f)
     with open(os.path.join(root, "events.tsv"), "w") as f:
-        f.write("100.0 chunk-start 0\n110.0 chunk-end 0\n110.1 chunk-start 1\n120.0 chunk-end 1\n")
+        f.write("100.0 chunk-start 0\n110.0 chunk-end 0\n")
+        if chunks_run == 2:
+            f.write("110.1 chunk-start 1\n120.0 chunk-end 1\n")
     with open(os.path.join(root, "rss.tsv"), "w") as f:
         for t, mb in zip((101, 105, 109, 112, 116, 119), rss_mb):
             f.write(f"{t}.0 all 42 {mb * 1024}\n")
@@ -49,9 +51,9 @@ def soak_dir(root, errors, texts, rss_mb, crashed=""):
             f.write(crashed + "\n")
 
 
-def analyze(errors, texts, rss_mb=(100, 150, 200, 201, 202, 203), crashed=""):
+def analyze(errors, texts, rss_mb=(100, 150, 200, 201, 202, 203), crashed="", chunks_run=2):
     with tempfile.TemporaryDirectory() as root:
-        soak_dir(root, errors, texts, rss_mb, crashed)
+        soak_dir(root, errors, texts, rss_mb, crashed, chunks_run)
         out = subprocess.run([sys.executable, SCRIPT, "analyze", root], capture_output=True,
                              text=True, env=dict(os.environ, WARMUP_CHUNKS="1"))
         with open(os.path.join(root, "summary.json")) as f:
@@ -95,4 +97,8 @@ assert abs(s["rss_max_drift_pct"] - 7.5) < 1e-9, s
 # A server that died.
 code, s, _ = analyze(GOOD_ERRORS, GOOD_TEXTS, crashed="all (pid 42) exited: SIGABRT")
 assert code == 1 and "server died" in s["verdict"], s
+# Stopped after the first chunk: judged on it alone (the second chunk was never started).
+code, s, table = analyze(GOOD_ERRORS, GOOD_TEXTS, chunks_run=1)
+assert code == 0 and s["requests"] == 2 and s["requests_planned"] == 4 and s["lost"] == 0, s
+assert "stopped early: 1 of 2 chunks" in table, table
 print("ok")
