@@ -242,6 +242,7 @@ def analyze(out):
             sys.exit(f"soak.py: the reference run failed for {key}: {err}")
         ref_text[key] = text
     codes, by_kind, lost, unexpected, mismatches = {}, {}, [], [], []
+    server_deadlines = []
     greedy_checked = sampled_ok = draft_errors = 0
     results = 0
     per_chunk = []  # speculation per chunk: does it come back after a drafter restart?
@@ -278,8 +279,15 @@ def analyze(out):
             by_kind[kind][name] = by_kind[kind].get(name, 0) + 1
             message = errors[k].lower()
             if code == 4 and "timeout_ms" not in r:
-                lost.append({"i": r["i"], "why": "no answer within the client's timeout",
-                             "error": errors[k]})
+                if message.split(":", 1)[1].strip() == "deadline exceeded":
+                    # The client library's own words: no answer within REQUEST_TIMEOUT_S.
+                    lost.append({"i": r["i"], "why": "no answer within the client's timeout",
+                                 "error": errors[k]})
+                else:
+                    # The server's answer, e.g. the router's --target-step-deadline-s after the
+                    # target (or the whole machine) was paused: answered, so not lost.
+                    server_deadlines.append({"i": r["i"], "drafter": r["drafter"],
+                                             "error": errors[k]})
             elif code in (2, 14) and any(w in message for w in TRANSPORT_WORDS):
                 lost.append({"i": r["i"], "why": "connection dropped", "error": errors[k]})
             elif code != 0 and not expected(r, code):
@@ -319,6 +327,7 @@ def analyze(out):
         "results": results, "chunks": len(chunks), "chunks_planned": len(p["chunks"]), "warmup_chunks": warmup_chunks,
         "lost": len(lost), "greedy_checked": greedy_checked, "greedy_mismatches": len(mismatches),
         "sampled_completed": sampled_ok, "unexpected_errors": len(unexpected),
+        "server_deadlines": len(server_deadlines),
         "codes": codes, "codes_by_kind": by_kind, "draft_errors": draft_errors,
         "drafter_restarts": len(restarts), "per_chunk": per_chunk, "rss": rss, "rss_limit_pct": limit,
         "rss_max_drift_pct": max([x["max_drift_pct"] for x in rss if "max_drift_pct" in x],
@@ -326,7 +335,7 @@ def analyze(out):
         "state_left_after_idle": leftovers, "servers_died": crashed,
         "duration_s": max(t for t, _ in events) - min(t for t, _ in events),
         "lost_examples": lost[:10], "mismatch_examples": mismatches[:10],
-        "unexpected_examples": unexpected[:10],
+        "unexpected_examples": unexpected[:10], "server_deadline_examples": server_deadlines[:10],
     }
     failed = []
     if lost:
@@ -369,6 +378,10 @@ def print_table(s):
           f"(of {s['greedy_checked']} greedy completions checked)   unexpected errors "
           f"{s['unexpected_errors']}   sampled completed {s['sampled_completed']}   draft_errors "
           f"{s['draft_errors']}")
+    if s["server_deadlines"]:
+        print(f"  DEADLINE_EXCEEDED answered by the server to {s['server_deadlines']} requests "
+              f"without a deadline of their own (not lost; e.g. a paused machine: "
+              f"{s['server_deadline_examples'][0]['error'][:120]})")
     print("  status codes: " + ", ".join(f"{k} {v}" for k, v in sorted(s["codes"].items())))
     for kind, codes in sorted(s["codes_by_kind"].items()):
         print(f"    {kind:<16}" + ", ".join(f"{k} {v}" for k, v in sorted(codes.items())))

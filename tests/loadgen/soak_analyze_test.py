@@ -80,6 +80,11 @@ code, s, _ = analyze(["4: Deadline Exceeded", "", "14: Socket closed", GOOD_ERRO
 assert code == 1 and s["lost"] == 2, s
 assert "2 lost" in s["verdict"], s
 
+# The server's own DEADLINE_EXCEEDED (a step deadline after a pause) is answered, not lost.
+code, s, _ = analyze(["4: engine step: no answer to a step within 30000 ms", "",
+                      GOOD_ERRORS[2], GOOD_ERRORS[3]], GOOD_TEXTS)
+assert code == 0 and s["lost"] == 0 and s["server_deadlines"] == 1, s
+
 # A greedy completion that is not the reference.
 code, s, _ = analyze(GOOD_ERRORS, ["x = 2"] + GOOD_TEXTS[1:])
 assert code == 1 and s["greedy_mismatches"] == 1, s
