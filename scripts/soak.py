@@ -323,13 +323,15 @@ def analyze(out):
             crashed = [row.strip() for row in f if row.strip()]
     restarts = [what for _, what in events if what.startswith("drafter-restart")]
     summary = {
-        "mode": p.get("mode", env("MODE", "all-in-one")), "requests": sent, "requests_planned": len(requests),
-        "results": results, "chunks": len(chunks), "chunks_planned": len(p["chunks"]), "warmup_chunks": warmup_chunks,
+        "mode": p.get("mode", env("MODE", "all-in-one")), "requests": sent,
+        "requests_planned": len(requests), "results": results, "chunks": len(chunks),
+        "chunks_planned": len(p["chunks"]), "warmup_chunks": warmup_chunks,
         "lost": len(lost), "greedy_checked": greedy_checked, "greedy_mismatches": len(mismatches),
         "sampled_completed": sampled_ok, "unexpected_errors": len(unexpected),
         "server_deadlines": len(server_deadlines),
         "codes": codes, "codes_by_kind": by_kind, "draft_errors": draft_errors,
-        "drafter_restarts": len(restarts), "per_chunk": per_chunk, "rss": rss, "rss_limit_pct": limit,
+        "drafter_restarts": len(restarts), "per_chunk": per_chunk, "rss": rss,
+        "rss_limit_pct": limit,
         "rss_max_drift_pct": max([x["max_drift_pct"] for x in rss if "max_drift_pct" in x],
                                  default=None),
         "state_left_after_idle": leftovers, "servers_died": crashed,

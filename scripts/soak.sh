@@ -17,7 +17,8 @@
 # MAX_BATCH_SIZE (8: fewer than CONCURRENCY, so requests wait in the queue), SEED (1), PROMPTS (12),
 # DRAFTERS (none,ngram,draft-model,specformer,beagle,beagle-chain), WARMUP_CHUNKS (2),
 # RSS_INTERVAL_S (2), RSS_LIMIT_PCT (5), RESTART_DRAFTER (1 in split mode), RESTART_AFTER_S (5),
-# RESTART_DOWN_S (3), IDLE_S (3: the wait before the idle check), REF_CONCURRENCY (4: the references' batch), REQUEST_TIMEOUT_S (900: a request unanswered this long is lost), BIN
+# RESTART_DOWN_S (3), IDLE_S (3: the wait before the idle check), REF_CONCURRENCY (4: the
+# references' batch), REQUEST_TIMEOUT_S (900: a request unanswered this long is lost), BIN
 # (build/bin). Results: OUT_DIR/summary.json (and the table on stdout).
 set -euo pipefail
 cd "$(dirname "$0")/.."

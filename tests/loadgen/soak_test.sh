@@ -11,8 +11,8 @@ OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 for mode in all-in-one split; do
   if ! BIN="$BIN" MODE="$mode" REQUESTS=16 CHUNKS=2 WARMUP_CHUNKS=1 PROMPTS=1 IDLE_S=1 \
-    RSS_LIMIT_PCT=100 RESTART_AFTER_S=1 RESTART_DOWN_S=1 RSS_INTERVAL_S=1 "$SOURCE_DIR/scripts/soak.sh" \
-    "$OUT/$mode" >"$OUT/$mode.log" 2>&1; then
+    RSS_LIMIT_PCT=100 RESTART_AFTER_S=1 RESTART_DOWN_S=1 RSS_INTERVAL_S=1 \
+    "$SOURCE_DIR/scripts/soak.sh" "$OUT/$mode" >"$OUT/$mode.log" 2>&1; then
     echo "FAIL: soak.sh MODE=$mode"
     cat "$OUT/$mode.log"
     exit 1
