@@ -241,15 +241,17 @@ TEST_F(LoadgenServeTest, JsonlRequestSettingsReachTheServer) {
   EXPECT_EQ(j["errors"][3], "");
   EXPECT_EQ(j["finish_reasons"][3], "length");
   EXPECT_EQ(j["output_lens"][3], 12);
-  // Speculation is lossless in distribution, not token for token across drafters; the same
-  // drafter, seed and prompt repeat exactly.
+  // Speculation is lossless in distribution, not token for token across drafters.
   EXPECT_EQ(j["errors"][4], "");
 
+  // Seeded sampling repeats itself without speculation. (With a drafter under the adaptive draft
+  // budget it does not: the budget's measured step costs change the draft, and with it which
+  // random draws each token gets; docs/BENCHMARKS.md, the soak section.)
   std::ofstream(prompts) << "{\"prompt\": \"import os\\n\", \"output_len\": 4, \"seed\": 7}\n"
                             "{\"prompt\": \"import os\\n\", \"output_len\": 4, \"temperature\": "
-                            "0.7, \"seed\": 7}\n"
+                            "0.7, \"seed\": 7, \"drafter\": \"none\"}\n"
                             "{\"prompt\": \"import os\\n\", \"output_len\": 4, \"temperature\": "
-                            "0.7, \"seed\": 7}\n"
+                            "0.7, \"seed\": 7, \"drafter\": \"none\"}\n"
                             "{\"prompt\": \"import\", \"drafter\": \"nope\"}\n";
   const Result bad = RunLoadgen({"--targets", Target(), "--model", kBundled, "--drafters", "ngram",
                                  "--concurrency", "1", "--num-prompts", "4", "--dataset-name",
