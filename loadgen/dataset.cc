@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -16,6 +17,74 @@ StatusOr<std::string> ReadFile(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// The per-request settings of one JSONL object; "" when they are well-formed, else what is wrong.
+std::string ParseOverrides(const nlohmann::json& j, RequestOverrides* o) {
+  auto number = [&](const char* key, double low, bool low_open, double high, double* out) {
+    if (!j.contains(key)) return std::string();
+    const auto& v = j[key];
+    const double x = v.is_number() ? v.get<double>() : std::nan("");
+    if (!std::isfinite(x) || (low_open ? x <= low : x < low) || x > high) {
+      if (high == std::numeric_limits<double>::max()) {
+        return StrCat(key, " must be a number ", low_open ? "> " : ">= ", low);
+      }
+      return StrCat(key, " must be a number in ", low_open ? "(" : "[", low, ", ", high, "]");
+    }
+    *out = x;
+    return std::string();
+  };
+  auto integer = [&](const char* key, int64_t low, int64_t high, int64_t* out) {
+    if (!j.contains(key)) return std::string();
+    const auto& v = j[key];
+    if (!v.is_number_integer() ||
+        (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(high)
+                                : v.get<int64_t>() < low || v.get<int64_t>() > high)) {
+      return StrCat(key, " must be an integer in [", low, ", ", high, "]");
+    }
+    *out = v.get<int64_t>();
+    return std::string();
+  };
+  constexpr double kInf = std::numeric_limits<double>::max();
+  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  double x = 0;
+  int64_t n = 0;
+  std::string e;
+  if (j.contains("drafter")) {
+    if (!j["drafter"].is_string()) return "drafter must be a string";
+    o->drafter = j["drafter"].get<std::string>();
+  }
+  if (!(e = integer("max_draft_tokens", 0, kInt32Max, &n)).empty()) return e;
+  if (j.contains("max_draft_tokens")) o->max_draft_tokens = static_cast<int32_t>(n);
+  if (!(e = number("temperature", 0, false, kInf, &x)).empty()) return e;
+  if (j.contains("temperature")) o->temperature = static_cast<float>(x);
+  if (!(e = number("top_p", 0, true, 1, &x)).empty()) return e;
+  if (j.contains("top_p")) o->top_p = static_cast<float>(x);
+  if (!(e = integer("top_k", 0, kInt32Max, &n)).empty()) return e;
+  if (j.contains("top_k")) o->top_k = static_cast<int32_t>(n);
+  if (j.contains("seed")) {
+    const auto& v = j["seed"];
+    if (!v.is_number_unsigned()) return "seed must be a non-negative integer";
+    o->seed = v.get<uint64_t>();
+  }
+  if (j.contains("ignore_eos")) {
+    if (!j["ignore_eos"].is_boolean()) return "ignore_eos must be true or false";
+    o->ignore_eos = j["ignore_eos"].get<bool>();
+  }
+  if (j.contains("stop")) {
+    if (!j["stop"].is_array()) return "stop must be an array of non-empty strings";
+    for (const auto& v : j["stop"]) {
+      if (!v.is_string() || v.get<std::string>().empty()) {
+        return "stop must be an array of non-empty strings";
+      }
+      o->stop.push_back(v.get<std::string>());
+    }
+  }
+  if (!(e = number("cancel_after_ms", 0, true, kInf, &x)).empty()) return e;
+  if (j.contains("cancel_after_ms")) o->cancel_after_s = x / 1e3;
+  if (!(e = number("timeout_ms", 0, true, kInf, &x)).empty()) return e;
+  if (j.contains("timeout_ms")) o->timeout_s = x / 1e3;
+  return std::string();
 }
 
 }  // namespace
@@ -54,6 +123,7 @@ StatusOr<std::vector<SampleRequest>> LoadJsonlDataset(const Tokenizer& tokenizer
       }
       r.output_len = j["output_len"].get<int64_t>();
     }
+    if (const std::string why = ParseOverrides(j, &r.overrides); !why.empty()) return bad(why);
     out.push_back(std::move(r));
   }
   if (out.empty()) return InvalidArgumentError(StrCat(path, ": no prompts"));

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,14 +14,34 @@
 
 namespace specula::loadgen {
 
+// Settings one JSONL line may give its own request; unset ones follow the run's flags. They let
+// one run mix greedy and sampled requests, drafters, stop strings, client cancels and short
+// deadlines (scripts/soak.sh).
+struct RequestOverrides {
+  std::optional<std::string> drafter;  // "none", "" (the server's default) or a drafter
+  std::optional<int32_t> max_draft_tokens;
+  std::optional<float> temperature;
+  std::optional<float> top_p;
+  std::optional<int32_t> top_k;
+  std::optional<uint64_t> seed;
+  std::optional<bool> ignore_eos;
+  std::vector<std::string> stop;
+  double cancel_after_s = 0;  // > 0: the client cancels the call this long after sending it
+  double timeout_s = 0;       // > 0: this request's deadline instead of --request-timeout-sec
+};
+
 struct SampleRequest {
   std::vector<int32_t> prompt_ids;
   int64_t output_len = 0;  // tokens to generate; 0 = the run's --max-new-tokens
+  RequestOverrides overrides;
 };
 
 // Every non-blank line of a JSONL file: {"prompt": "text"} (encoded with `tokenizer`, special
-// tokens added) or {"prompt_ids": [ids]}, optionally with "output_len" (a positive integer).
-// INVALID_ARGUMENT names the file and line of the first malformed one.
+// tokens added) or {"prompt_ids": [ids]}, optionally with "output_len" (a positive integer) and
+// the per-request settings "drafter" (string), "max_draft_tokens" (>= 0), "temperature" (>= 0),
+// "top_p" (in (0, 1]), "top_k" (>= 0), "seed" (>= 0), "ignore_eos" (bool), "stop" (array of
+// non-empty strings), "cancel_after_ms" and "timeout_ms" (> 0). INVALID_ARGUMENT names the file
+// and line of the first malformed one.
 StatusOr<std::vector<SampleRequest>> LoadJsonlDataset(const Tokenizer& tokenizer,
                                                       const std::string& path);
 

@@ -123,7 +123,8 @@ nlohmann::json Summarize(const std::vector<RequestRecord>& records, double durat
   std::vector<int64_t> per_position;
   nlohmann::json input_lens = nlohmann::json::array(), output_lens = nlohmann::json::array(),
                  ttfts = nlohmann::json::array(), itls = nlohmann::json::array(),
-                 texts = nlohmann::json::array(), errors = nlohmann::json::array();
+                 texts = nlohmann::json::array(), errors = nlohmann::json::array(),
+                 finish_reasons = nlohmann::json::array();
   for (const RequestRecord& r : records) {
     input_lens.push_back(r.prompt_tokens);
     output_lens.push_back(r.ok ? r.output_tokens : 0);
@@ -131,6 +132,7 @@ nlohmann::json Summarize(const std::vector<RequestRecord>& records, double durat
     itls.push_back(r.ok ? r.itl_s : std::vector<double>{});
     texts.push_back(r.text);
     errors.push_back(r.ok ? std::string() : r.error);
+    finish_reasons.push_back(r.ok ? r.finish_reason : std::string());
     if (!r.ok) {
       ++failed;
       continue;
@@ -187,6 +189,7 @@ nlohmann::json Summarize(const std::vector<RequestRecord>& records, double durat
   out["itls"] = std::move(itls);
   out["generated_texts"] = std::move(texts);
   out["errors"] = std::move(errors);
+  out["finish_reasons"] = std::move(finish_reasons);
   AddStats(out, "ttft", ttft, options);
   AddStats(out, "tpot", tpot, options);
   AddStats(out, "itl", itl, options);

@@ -3,7 +3,8 @@
 // request_goodput (null without SLOs), output_throughput, total_token_throughput,
 // {mean,median,std}_{ttft,tpot,itl,e2el}_ms, p{P}_{metric}_ms for the chosen percentiles and
 // metrics, and the per-request lists input_lens, output_lens, ttfts (s), itls (s), generated_texts,
-// errors ("" when the request succeeded); plus Specula's speculation totals. The run's settings
+// errors ("" when the request succeeded, else "CODE: message"); plus finish_reasons ("" for failed
+// requests) and Specula's speculation totals. The run's settings
 // (date, backend, model_id, ...) are added by the caller. Torch-free and gRPC-free.
 #pragma once
 
@@ -21,13 +22,16 @@ namespace specula::loadgen {
 // One request as the client saw it.
 struct RequestRecord {
   bool ok = false;
-  std::string error;  // gRPC status when !ok
+  std::string error;        // gRPC status when !ok: "CODE: message"
+  int32_t status_code = 0;  // the gRPC status code (0 = OK)
   int64_t prompt_tokens = 0;
   int64_t output_tokens = 0;
   double ttft_s = 0;          // send -> first token
   double e2e_s = 0;           // send -> last message
   std::vector<double> itl_s;  // gaps between consecutive token deliveries
   std::string text;           // the generated text (concatenated deltas)
+  // "stop", "length", "stop_string", ... from the stream's GenerationFinished; "" without one.
+  std::string finish_reason;
   // The server's speculation stats (SpecStats of the last stream message).
   int64_t spec_steps = 0;
   int64_t draft_steps = 0;

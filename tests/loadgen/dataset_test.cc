@@ -80,6 +80,66 @@ TEST_F(DatasetTest, MalformedJsonlNamesTheLine) {
             StatusCode::kNotFound);
 }
 
+TEST_F(DatasetTest, JsonlLinesCarryTheirOwnRequestSettings) {
+  const std::string path = Write(
+      "mix.jsonl",
+      "{\"prompt_ids\": [5], \"drafter\": \"beagle\", \"max_draft_tokens\": 6, \"temperature\": "
+      "0.8, \"top_p\": 0.9, \"top_k\": 40, \"seed\": 18446744073709551615, \"ignore_eos\": false, "
+      "\"stop\": [\"\\n\", \"):\"], \"cancel_after_ms\": 12.5, \"timeout_ms\": 3}\n"
+      "{\"prompt_ids\": [6]}\n");
+  auto d = LoadJsonlDataset(tok(), path);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->size(), 2u);
+  const RequestOverrides& o = (*d)[0].overrides;
+  EXPECT_EQ(o.drafter, "beagle");
+  EXPECT_EQ(o.max_draft_tokens, 6);
+  EXPECT_FLOAT_EQ(*o.temperature, 0.8f);
+  EXPECT_FLOAT_EQ(*o.top_p, 0.9f);
+  EXPECT_EQ(o.top_k, 40);
+  EXPECT_EQ(o.seed, 18446744073709551615ull);
+  EXPECT_EQ(o.ignore_eos, false);
+  EXPECT_EQ(o.stop, (std::vector<std::string>{"\n", "):"}));
+  EXPECT_DOUBLE_EQ(o.cancel_after_s, 0.0125);
+  EXPECT_DOUBLE_EQ(o.timeout_s, 0.003);
+  // A line without settings follows the run's flags.
+  const RequestOverrides& plain = (*d)[1].overrides;
+  EXPECT_FALSE(plain.drafter || plain.max_draft_tokens || plain.temperature || plain.top_p ||
+               plain.top_k || plain.seed || plain.ignore_eos);
+  EXPECT_TRUE(plain.stop.empty());
+  EXPECT_EQ(plain.cancel_after_s, 0);
+  EXPECT_EQ(plain.timeout_s, 0);
+}
+
+TEST_F(DatasetTest, MalformedRequestSettingsNameTheLineAndField) {
+  for (const auto& [setting, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"\"drafter\": 3", "drafter must be a string"},
+           {"\"max_draft_tokens\": -1", "max_draft_tokens must be an integer in [0, "},
+           {"\"max_draft_tokens\": 1.5", "max_draft_tokens must be an integer"},
+           {"\"temperature\": -0.1", "temperature must be a number >= 0"},
+           {"\"temperature\": \"hot\"", "temperature must be a number"},
+           {"\"top_p\": 0", "top_p must be a number in (0, 1]"},
+           {"\"top_p\": 1.5", "top_p must be a number in (0, 1]"},
+           {"\"top_k\": -3", "top_k must be an integer"},
+           {"\"seed\": -1", "seed must be a non-negative integer"},
+           {"\"seed\": 1.5", "seed must be a non-negative integer"},
+           {"\"ignore_eos\": 1", "ignore_eos must be true or false"},
+           {"\"stop\": \"x\"", "stop must be an array of non-empty strings"},
+           {"\"stop\": [\"\"]", "stop must be an array of non-empty strings"},
+           {"\"stop\": [1]", "stop must be an array of non-empty strings"},
+           {"\"cancel_after_ms\": 0", "cancel_after_ms must be a number > 0"},
+           {"\"timeout_ms\": -5", "timeout_ms must be a number > 0"},
+           {"\"timeout_ms\": null", "timeout_ms must be a number > 0"},
+       }) {
+    const std::string path =
+        Write("bad.jsonl", "{\"prompt_ids\": [1]}\n{\"prompt_ids\": [1], " + setting + "}\n");
+    auto d = LoadJsonlDataset(tok(), path);
+    ASSERT_FALSE(d.ok()) << setting;
+    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(d.status().message().find("line 2: " + expected), std::string::npos)
+        << setting << " -> " << d.status();
+  }
+}
+
 TEST_F(DatasetTest, ShareGptTakesTheFirstHumanTurnAndTheGptReplyLength) {
   const std::string path = Write("sharegpt.json", R"json([
     {"id": "a", "conversations": [

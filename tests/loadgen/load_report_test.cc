@@ -42,8 +42,11 @@ TEST(LoadReportTest, ResultHasVllmKeysAndPerRequestLists) {
   RequestRecord failed;
   failed.prompt_tokens = 4;
   failed.error = "14: unavailable";
-  const std::vector<RequestRecord> records = {Ok(0.1, 0.5, 5, {0.1, 0.1, 0.1, 0.1}), failed,
-                                              Ok(0.2, 0.2, 1, {})};
+  failed.finish_reason = "length";  // ignored: failed requests have no finish reason
+  std::vector<RequestRecord> records = {Ok(0.1, 0.5, 5, {0.1, 0.1, 0.1, 0.1}), failed,
+                                        Ok(0.2, 0.2, 1, {})};
+  records[0].finish_reason = "stop_string";
+  records[2].finish_reason = "length";
   const nlohmann::json r = Summarize(records, 2.0, ReportOptions());
   for (const char* key : {"duration",
                           "completed",
@@ -100,6 +103,7 @@ TEST(LoadReportTest, ResultHasVllmKeysAndPerRequestLists) {
   EXPECT_EQ(r["itls"][0].size(), 4u);
   EXPECT_EQ(r["itls"][1].size(), 0u);
   EXPECT_EQ(r["errors"], nlohmann::json({"", "14: unavailable", ""}));
+  EXPECT_EQ(r["finish_reasons"], nlohmann::json({"stop_string", "", "length"}));
   EXPECT_EQ(r["generated_texts"][0], "out");
   EXPECT_NEAR(r["mean_ttft_ms"].get<double>(), 150, 1e-9);
   // TPOT: (0.5 - 0.1) / 4 s for the first request; the one-token request has none.

@@ -200,6 +200,70 @@ TEST_F(LoadgenServeTest, JsonlOutputLengthsAreHonouredAndNoNoneMeansNoVsNone) {
   EXPECT_EQ(j["tokenizer_id"], kBundled);
 }
 
+// JSONL per-request settings reach the server through the public API: a 1 ms deadline ends in
+// DEADLINE_EXCEEDED, a client cancel in CANCELLED (or, if this process was paused past the whole
+// generation, in a completed request), a stop string ends the text before it, a seeded sampled
+// request repeats itself, and a line's drafter wins over --drafters. The asked-for failures do not
+// fail the run; an unknown drafter does.
+TEST_F(LoadgenServeTest, JsonlRequestSettingsReachTheServer) {
+  const fs::path prompts = dir_ / "mix.jsonl";
+  std::ofstream(prompts)
+      << "{\"prompt\": \"def main():\\n\", \"output_len\": 400, \"ignore_eos\": true, "
+         "\"timeout_ms\": 1}\n"
+         "{\"prompt\": \"def main():\\n\", \"output_len\": 400, \"ignore_eos\": true, "
+         "\"cancel_after_ms\": 30}\n"
+         "{\"prompt\": \"import os\\n\", \"output_len\": 40, \"stop\": [\"\\n\"]}\n"
+         "{\"prompt\": \"import os\\n\", \"output_len\": 12, \"temperature\": 1.0, \"top_p\": 0.9, "
+         "\"seed\": 7, \"drafter\": \"none\"}\n"
+         "{\"prompt\": \"import os\\n\", \"output_len\": 12, \"temperature\": 1.0, \"top_p\": 0.9, "
+         "\"seed\": 7, \"drafter\": \"ngram\"}\n";
+  const Result r = RunLoadgen({"--targets",         Target(),
+                               "--model",           kBundled,
+                               "--drafters",        "none",
+                               "--concurrency",     "1",
+                               "--num-prompts",     "5",
+                               "--dataset-name",    "jsonl",
+                               "--dataset-path",    prompts.string(),
+                               "--ignore-eos",      "--disable-tqdm",
+                               "--result-dir",      dir_.string(),
+                               "--result-filename", "mix.json"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = ReadJson(dir_ / "mix.json");
+  ASSERT_EQ(j["errors"].size(), 5u);
+  EXPECT_EQ(j["errors"][0].get<std::string>().rfind("4: ", 0), 0u) << j["errors"];
+  const std::string cancelled = j["errors"][1];
+  EXPECT_TRUE(cancelled.rfind("1: ", 0) == 0 || (cancelled.empty() && j["output_lens"][1] == 400))
+      << cancelled;
+  EXPECT_EQ(j["errors"][2], "");
+  EXPECT_EQ(j["generated_texts"][2].get<std::string>().find('\n'), std::string::npos);
+  EXPECT_TRUE(j["finish_reasons"][2] == "stop_string" || j["finish_reasons"][2] == "length")
+      << j["finish_reasons"];
+  EXPECT_EQ(j["errors"][3], "");
+  EXPECT_EQ(j["finish_reasons"][3], "length");
+  EXPECT_EQ(j["output_lens"][3], 12);
+  // Speculation is lossless in distribution, not token for token across drafters.
+  EXPECT_EQ(j["errors"][4], "");
+
+  // Seeded sampling repeats itself without speculation. (With a drafter under the adaptive draft
+  // budget it does not: the budget's measured step costs change the draft, and with it which
+  // random draws each token gets; docs/BENCHMARKS.md, the soak section.)
+  std::ofstream(prompts) << "{\"prompt\": \"import os\\n\", \"output_len\": 4, \"seed\": 7}\n"
+                            "{\"prompt\": \"import os\\n\", \"output_len\": 4, \"temperature\": "
+                            "0.7, \"seed\": 7, \"drafter\": \"none\"}\n"
+                            "{\"prompt\": \"import os\\n\", \"output_len\": 4, \"temperature\": "
+                            "0.7, \"seed\": 7, \"drafter\": \"none\"}\n"
+                            "{\"prompt\": \"import\", \"drafter\": \"nope\"}\n";
+  const Result bad = RunLoadgen({"--targets", Target(), "--model", kBundled, "--drafters", "ngram",
+                                 "--concurrency", "1", "--num-prompts", "4", "--dataset-name",
+                                 "jsonl", "--dataset-path", prompts.string(), "--disable-tqdm",
+                                 "--result-dir", dir_.string(), "--result-filename", "bad.json"});
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  const nlohmann::json b = ReadJson(dir_ / "bad.json");
+  EXPECT_EQ(b["generated_texts"][1], b["generated_texts"][2]);
+  EXPECT_EQ(b["errors"][3].get<std::string>().rfind("3: ", 0), 0u) << b["errors"];
+  EXPECT_NE(b["errors"][3].get<std::string>().find("nope"), std::string::npos) << b["errors"];
+}
+
 TEST_F(LoadgenServeTest, PlotDrawsChartsNextToTheSummary) {
   if (std::system("/usr/bin/python3 -c 'import matplotlib' 2>/dev/null") != 0) {
     GTEST_SKIP() << "python3-matplotlib is not installed (scripts/setup.sh installs it)";
