@@ -109,6 +109,11 @@ StatusOr<GenerationService::Started> GenerationService::Start(grpc::ServerContex
 
 grpc::Status GenerationService::Drain(grpc::ServerContext* context, RequestChannel& channel,
                                       const std::function<bool(const LoopEvent&)>& on_event) {
+  ++calls_in_progress_;
+  struct Done {
+    std::atomic<int64_t>& count;
+    ~Done() { --count; }
+  } done{calls_in_progress_};
   while (true) {
     for (const LoopEvent& event : channel.Wait(kPollInterval)) {
       if (!on_event(event)) {

@@ -40,6 +40,11 @@ class GenerationService final : public v1::Generation::Service {
   grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
                              v1::ServerInfo* response) override;
 
+  // Calls whose request was accepted and whose handler has not returned yet. A request can
+  // finish in the engine well before its handler has written its last messages (a fast model
+  // streams hundreds of tokens per write burst), so a graceful shutdown waits for this too.
+  int64_t calls_in_progress() const { return calls_in_progress_.load(); }
+
  private:
   struct Started {
     std::string request_id;
@@ -68,6 +73,7 @@ class GenerationService final : public v1::Generation::Service {
   int64_t max_prompt_bytes_;
   ApiTokenAuth auth_;
   std::atomic<int64_t> next_request_id_{1};
+  std::atomic<int64_t> calls_in_progress_{0};
 };
 
 }  // namespace specula::router

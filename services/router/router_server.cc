@@ -58,7 +58,11 @@ void RouterServer::Shutdown(std::chrono::milliseconds grace) {
     // deadline while any client keeps an idle connection open.
     loop_->StopAccepting();
     const auto end = std::chrono::steady_clock::now() + grace;
-    while (loop_->load().in_flight > 0 && std::chrono::steady_clock::now() < end) {
+    // Until every accepted request has finished in the engine and its handler has written it.
+    auto busy = [&] {
+      return loop_->load().in_flight > 0 || (service_ && service_->calls_in_progress() > 0);
+    };
+    while (busy() && std::chrono::steady_clock::now() < end) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
