@@ -1,7 +1,6 @@
 #include "common/model/cpu_kernels.h"
 
 #include <ATen/ATen.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <bit>
@@ -11,6 +10,7 @@
 
 #include "common/model/cpu_runtime.h"
 #include "common/model/paged_attention_layout.h"
+#include "common/util/work_sharing_pool.h"
 
 // The inner loops are written so that GCC vectorises them (independent lanes, no reductions across
 // lanes); target_clones compiles them for AVX-512 and AVX2 too and picks one at load time, so the
@@ -25,26 +25,27 @@
 namespace specula {
 namespace {
 
-// Splits [begin, end) into one contiguous range per thread (at most `max_threads`, at least
-// `grain` items each) and runs f(range_begin, range_end) on each. OpenMP directly rather than
-// at::parallel_for: LibTorch's own pool is kept at one thread (cpu_runtime). f must not throw.
+// Splits [begin, end) into contiguous ranges of at least `grain` items (a few per thread, so that
+// a thread that starts late or is preempted leaves its share to the others) and runs
+// f(range_begin, range_end) on each, on the kernel pool (cpu_runtime) with at most `max_threads`
+// threads in use. f must not throw.
 template <typename F>
 void ParallelRanges(int64_t begin, int64_t end, int64_t grain, int max_threads, const F& f) {
   const int64_t n = end - begin;
   if (n <= 0) return;
-  const int threads = static_cast<int>(
-      std::min<int64_t>(max_threads, (n + grain - 1) / std::max<int64_t>(1, grain)));
-  if (threads <= 1) {
+  constexpr int64_t kRangesPerThread = 4;
+  const int64_t ranges = std::min<int64_t>(int64_t{max_threads} * kRangesPerThread,
+                                           (n + grain - 1) / std::max<int64_t>(1, grain));
+  std::shared_ptr<WorkSharingPool> pool = max_threads > 1 ? KernelPool() : nullptr;
+  if (ranges <= 1 || !pool || pool->threads() <= 1) {
     f(begin, end);
     return;
   }
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t chunk = (n + nt - 1) / nt;
-    const int64_t b = begin + t * chunk, e = std::min(end, b + chunk);
-    if (b < e) f(b, e);
-  }
+  const int64_t size = (n + ranges - 1) / ranges;
+  pool->Run((n + size - 1) / size, [&](int64_t r) {
+    const int64_t b = begin + r * size;
+    f(b, std::min(end, b + size));
+  });
 }
 
 constexpr int kLanes = 16;

@@ -5,12 +5,22 @@
 #include <malloc.h>
 
 #include <atomic>
+#include <mutex>
 #include <thread>
+
+#include "common/util/work_sharing_pool.h"
 
 namespace specula {
 namespace {
 std::atomic<int> g_kernel_threads{1};
+std::mutex g_pool_mutex;
+std::shared_ptr<WorkSharingPool> g_pool;  // null: the caller alone
 }  // namespace
+
+std::shared_ptr<WorkSharingPool> KernelPool() {
+  std::lock_guard<std::mutex> lock(g_pool_mutex);
+  return g_pool;
+}
 
 int KernelThreads() { return g_kernel_threads.load(std::memory_order_relaxed); }
 
@@ -28,6 +38,10 @@ int ConfigureCpuThreads(int64_t threads) {
     fn(n);
   }
   g_kernel_threads.store(n, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(g_pool_mutex);
+  if (!g_pool || g_pool->threads() != n) {
+    g_pool = n > 1 ? std::make_shared<WorkSharingPool>(n) : nullptr;
+  }
   return n;
 }
 

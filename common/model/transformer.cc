@@ -1,6 +1,7 @@
 #include "common/model/transformer.h"
 
 #include <cmath>
+#include <optional>
 
 #include "common/model/cpu_kernels.h"
 #include "common/model/paged_attention.h"
@@ -83,6 +84,15 @@ bool SharesStorage(const torch::Tensor& part, const torch::Tensor& fused, int64_
 
 torch::Tensor ServingLinear(const torch::Tensor& x, const torch::Tensor& weight,
                             const torch::Tensor& bias, const torch::Tensor* residual) {
+  if (x.dim() > 2 && !torch::GradMode::is_enabled()) {  // [..., in]: the kernel takes rows
+    auto shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    std::optional<torch::Tensor> flat_residual;
+    if (residual) flat_residual = residual->reshape({-1, weight.size(0)});
+    return ServingLinear(x.reshape({-1, x.size(-1)}), weight, bias,
+                         flat_residual ? &*flat_residual : nullptr)
+        .view(shape);
+  }
   if (!torch::GradMode::is_enabled() && SmallMatmulApplies(x, weight)) {
     return SmallMatmulCpu(x, weight, bias, residual);
   }
@@ -124,8 +134,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> SelfAttentionImpl::Proje
             qkv.narrow(1, nq, nk).view({N, num_kv_heads_, head_dim_}),
             qkv.narrow(1, nq + nk, nk).view({N, num_kv_heads_, head_dim_})};
   }
-  return {q_proj(x).view({N, num_heads_, head_dim_}), k_proj(x).view({N, num_kv_heads_, head_dim_}),
-          v_proj(x).view({N, num_kv_heads_, head_dim_})};
+  return {ServingLinear(x, q_proj->weight, q_proj->bias).view({N, num_heads_, head_dim_}),
+          ServingLinear(x, k_proj->weight, k_proj->bias).view({N, num_kv_heads_, head_dim_}),
+          ServingLinear(x, v_proj->weight, v_proj->bias).view({N, num_kv_heads_, head_dim_})};
 }
 
 torch::Tensor SelfAttentionImpl::Attend(const torch::Tensor& x, const AttentionInputs& in,
@@ -147,7 +158,7 @@ torch::Tensor SelfAttentionImpl::Attend(const torch::Tensor& x, const AttentionI
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& in,
                                          LayerKvCache* kv) {
-  return o_proj(Attend(x, in, kv));
+  return ServingLinear(Attend(x, in, kv), o_proj->weight, o_proj->bias);
 }
 
 MlpImpl::MlpImpl(const ModelConfig& c) {
@@ -181,10 +192,12 @@ torch::Tensor MlpImpl::Activation(const torch::Tensor& x) {
     }
     return F::silu(gate_up.narrow(-1, 0, f)) * gate_up.narrow(-1, f, f);
   }
-  return F::silu(gate_proj(x)) * up_proj(x);
+  return F::silu(ServingLinear(x, gate_proj->weight, {})) * ServingLinear(x, up_proj->weight, {});
 }
 
-torch::Tensor MlpImpl::forward(const torch::Tensor& x) { return down_proj(Activation(x)); }
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  return ServingLinear(Activation(x), down_proj->weight, {});
+}
 
 DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c) {
   input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));

@@ -42,8 +42,8 @@ BeagleImpl::QueryStates BeagleImpl::Query(const torch::Tensor& tokens,
   const int64_t N = tokens.size(0);
   QueryStates out;
   out.residual = embedding_.index_select(0, tokens.to(embedding_.device()));
-  auto q =
-      q_proj(query_norm(out.residual)).view({N, config_.num_attention_heads, config_.head_dim});
+  auto q = ServingLinear(query_norm(out.residual), q_proj->weight, {})
+               .view({N, config_.num_attention_heads, config_.head_dim});
   auto [cos, sin] = RopeFor(positions);
   out.q = ApplyRope(q, cos, sin);
   return out;
@@ -53,20 +53,23 @@ std::pair<torch::Tensor, torch::Tensor> BeagleImpl::KeysValues(const torch::Tens
                                                                const torch::Tensor& positions) {
   const int64_t N = states.size(0);
   auto s = state_norm(states);
-  auto k = k_proj(s).view({N, config_.num_key_value_heads, config_.head_dim});
-  auto v = v_proj(s).view({N, config_.num_key_value_heads, config_.head_dim});
+  auto k =
+      ServingLinear(s, k_proj->weight, {}).view({N, config_.num_key_value_heads, config_.head_dim});
+  auto v =
+      ServingLinear(s, v_proj->weight, {}).view({N, config_.num_key_value_heads, config_.head_dim});
   auto [cos, sin] = RopeFor(positions);
   return {ApplyRope(k, cos, sin), v};
 }
 
 torch::Tensor BeagleImpl::Output(const torch::Tensor& residual, const torch::Tensor& attn) {
-  auto y = residual + o_proj(attn);
-  return y + mlp(mlp_norm(y));
+  auto y = ServingLinear(attn, o_proj->weight, {}, &residual);
+  auto down_in = mlp->Activation(mlp_norm(y));
+  return ServingLinear(down_in, mlp->down_proj->weight, {}, &y);
 }
 
 torch::Tensor BeagleImpl::Logits(const torch::Tensor& h) {
   TORCH_CHECK(lm_head_.defined(), "Beagle: SetTargetWeights was not called");
-  return torch::nn::functional::linear(h, lm_head_);
+  return ServingLinear(h, lm_head_, {});
 }
 
 void BeagleImpl::InitWeights(uint64_t seed) {

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "common/drafters/drafter_checkpoint.h"
+#include "common/model/cpu_kernels.h"
 #include "common/model/model_runner.h"
 #include "common/model/rope.h"
 #include "common/util/mapped_file.h"
@@ -51,7 +52,7 @@ torch::Tensor SpecFormerImpl::Hook(const std::vector<torch::Tensor>& hidden) {
   for (size_t k = 0; k < hidden.size(); ++k) {
     normed.push_back(hook_norms[k]->as<RMSNorm>()->forward(hidden[k]));
   }
-  return downsampler(torch::cat(normed, -1));  // [N, K*d] -> [N, d]
+  return ServingLinear(torch::cat(normed, -1), downsampler->weight, {});  // [N, K*d] -> [N, d]
 }
 
 torch::Tensor SpecFormerImpl::Context(const torch::Tensor& x, const AttentionInputs& in,
@@ -61,7 +62,8 @@ torch::Tensor SpecFormerImpl::Context(const torch::Tensor& x, const AttentionInp
 
 torch::Tensor SpecFormerImpl::Slots(const torch::Tensor& c) {
   const int64_t M = c.size(0), l = config_.draft_len, d = c.size(1);
-  auto x = positional_ffn(positional_norm(c)).reshape({M * l, d});  // [M * l_d, d]
+  auto x = ServingLinear(positional_norm(c), positional_ffn->weight, positional_ffn->bias)
+               .reshape({M * l, d});  // [M * l_d, d]
   const auto device = x.device();
   AttentionInputs in;
   in.batch = M;
@@ -81,11 +83,16 @@ torch::Tensor SpecFormerImpl::Slots(const torch::Tensor& c) {
 torch::Tensor SpecFormerImpl::Logits(const torch::Tensor& states) {
   TORCH_CHECK(lm_head_weight_.defined(), "SpecFormer: SetTargetHead was not called");
   // The target's final RMSNorm, exactly as RMSNormImpl computes it, then its lm_head.
-  auto xf = states.to(torch::kFloat);
-  auto var = xf.pow(2).mean(-1, /*keepdim=*/true);
-  auto normed =
-      head_norm_weight_ * (xf * torch::rsqrt(var + head_norm_eps_)).to(states.scalar_type());
-  return torch::nn::functional::linear(normed, lm_head_weight_);
+  torch::Tensor normed;
+  if (!torch::GradMode::is_enabled() && CpuKernelsApply(states) &&
+      CpuKernelsApply(head_norm_weight_)) {
+    normed = RmsNormCpu(states, head_norm_weight_, head_norm_eps_);
+  } else {
+    auto xf = states.to(torch::kFloat);
+    auto var = xf.pow(2).mean(-1, /*keepdim=*/true);
+    normed = head_norm_weight_ * (xf * torch::rsqrt(var + head_norm_eps_)).to(states.scalar_type());
+  }
+  return ServingLinear(normed, lm_head_weight_, {});
 }
 
 AttentionInputs SpecFormerImpl::DenseContextInputs(int64_t batch, int64_t seq_len) {
