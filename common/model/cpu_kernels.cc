@@ -160,6 +160,12 @@ struct AttendArgs {
   float* m;                  // running max per vector
   float* l;                  // running sum per vector
   const int64_t* kv_offset;  // per vector: its kv head's offset inside a slot row (floats)
+  // Optional keys/values of each row's own, [rows, row_keys, nkv, hd] (row r's j-th at slot
+  // r * row_keys + j), of which row r sees the first row_key_count[r].
+  const float* rk = nullptr;
+  const float* rv = nullptr;
+  int64_t row_keys = 0;
+  const int32_t* row_key_count = nullptr;
 };
 
 // 16 floats as one GCC vector: a zmm register in the AVX-512 clone, two ymm in the AVX2 one, four
@@ -305,6 +311,20 @@ __attribute__((always_inline)) inline void AttendRowsT(AttendArgs a,
       }
     }
     if (n > 0) AttendChunk<HD>(row, slots, n, nh);
+    if (a.rk != nullptr) {
+      AttendArgs own = row;
+      own.kc = a.rk;
+      own.vc = a.rv;
+      n = 0;
+      for (int64_t j = 0; j < a.row_key_count[r]; ++j) {
+        slots[n++] = r * a.row_keys + j;
+        if (n == kChunk) {
+          AttendChunk<HD>(own, slots, n, nh);
+          n = 0;
+        }
+      }
+      if (n > 0) AttendChunk<HD>(own, slots, n, nh);
+    }
   }
   for (int64_t i = 0; i < rows * nh; ++i) {
     const float inv = a.l[i] > 0 ? 1.0f / a.l[i] : 0.0f;
@@ -497,13 +517,29 @@ at::Tensor RopeAndCacheCpu(const at::Tensor& q, const at::Tensor& k, const at::T
 }
 
 at::Tensor PagedAttentionCpu(const at::Tensor& q_in, const at::Tensor& key_cache,
-                             const at::Tensor& value_cache, const PagedAttentionLayout& layout) {
+                             const at::Tensor& value_cache, const PagedAttentionLayout& layout,
+                             const RowKeys* row_keys) {
   const at::Tensor q = q_in.contiguous();
   CheckRows(q, "q");
   CheckRows(key_cache, "key cache");
   CheckRows(value_cache, "value cache");
   const int64_t N = q.size(0), nh = q.size(1), hd = q.size(2), nkv = key_cache.size(1);
   TORCH_CHECK(N == layout.num_rows(), "q has ", N, " rows, the layout ", layout.num_rows());
+  at::Tensor rk, rv;
+  if (row_keys != nullptr) {
+    rk = row_keys->keys.contiguous();
+    rv = row_keys->values.contiguous();
+    CheckRows(rk, "row keys");
+    CheckRows(rv, "row values");
+    TORCH_CHECK(rk.dim() == 4 && rk.size(0) == N && rk.size(2) == nkv && rk.size(3) == hd &&
+                    rv.sizes() == rk.sizes(),
+                "row keys/values must be [", N, ", D, ", nkv, ", ", hd, "]");
+    TORCH_CHECK(static_cast<int64_t>(row_keys->counts.size()) == N,
+                "row key counts: ", row_keys->counts.size(), " for ", N, " rows");
+    for (int32_t c : row_keys->counts) {
+      TORCH_CHECK(c >= 0 && c <= rk.size(1), "row key count ", c, " outside [0, ", rk.size(1), "]");
+    }
+  }
   TORCH_CHECK(nh % nkv == 0 && nh <= kMaxHeads, "unsupported heads ", nh, "/", nkv);
   at::Tensor out = at::empty({N, nh * hd}, q.options());
   if (N == 0) return out;
@@ -551,6 +587,12 @@ at::Tensor PagedAttentionCpu(const at::Tensor& q_in, const at::Tensor& key_cache
                    .m = m,
                    .l = l,
                    .kv_offset = kv_offset.data()};
+      if (row_keys != nullptr) {
+        a.rk = rk.data_ptr<float>();
+        a.rv = rv.data_ptr<float>();
+        a.row_keys = rk.size(1);
+        a.row_key_count = row_keys->counts.data();
+      }
       AttendRows(a, layout, r0, r1);
     }
   });

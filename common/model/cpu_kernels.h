@@ -43,11 +43,20 @@ at::Tensor RopeAndCacheCpu(const at::Tensor& q, const at::Tensor& k, const at::T
                            const std::vector<int64_t>& write_slots, at::Tensor& key_cache,
                            at::Tensor& value_cache);
 
+// Keys and values that belong to single rows rather than to a sequence's cache: [N, D, nkv, hd],
+// of which row r sees the first counts[r] (e.g. the drafted states on a Beagle query's own path).
+struct RowKeys {
+  at::Tensor keys, values;
+  std::vector<int32_t> counts;  // [N], each in [0, D]
+};
+
 // Attention of every row of `layout` over its sequence's cache where the blocks lie: q [N, nh, hd]
-// (contiguous), caches [slots, nkv, hd] already holding this forward's keys/values. Grouped-query
-// heads share each key read; online softmax per chunk of keys; rows x kv heads run in parallel.
-// Returns [N, nh * hd].
+// (contiguous), caches [slots, nkv, hd] already holding this forward's keys/values; with
+// `row_keys`, each row also attends to its own keys (one softmax over both). Grouped-query heads
+// share each key read; online softmax per chunk of keys; rows x kv heads run in parallel. A row
+// that sees no key at all gets zeros. Returns [N, nh * hd].
 at::Tensor PagedAttentionCpu(const at::Tensor& q, const at::Tensor& key_cache,
-                             const at::Tensor& value_cache, const PagedAttentionLayout& layout);
+                             const at::Tensor& value_cache, const PagedAttentionLayout& layout,
+                             const RowKeys* row_keys = nullptr);
 
 }  // namespace specula

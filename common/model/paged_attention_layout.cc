@@ -54,6 +54,42 @@ void PagedAttentionLayout::AddSequence(const std::vector<int32_t>& block_table, 
   }
 }
 
+void PagedAttentionLayout::AddReaders(const std::vector<int32_t>& block_table, int64_t visible,
+                                      int64_t num_rows, const std::vector<int32_t>& positions) {
+  const int32_t b = static_cast<int32_t>(tables_.size());
+  tables_.push_back(&block_table);
+  seq_cached_.push_back(visible);
+  seq_new_.push_back(0);
+  seq_first_row_.push_back(this->num_rows());
+  for (int64_t i = 0; i < num_rows; ++i) {
+    row_seq_.push_back(b);
+    row_pos_.push_back(positions.empty() ? visible : positions[i]);
+    write_slots_.push_back(-1);
+    span_begin_.push_back(0);
+    span_end_.push_back(static_cast<int32_t>(visible));
+    extra_offset_.push_back(static_cast<int32_t>(extra_.size()));
+    total_visible_ += visible;
+  }
+}
+
+void PagedAttentionLayout::AddBlock(const std::vector<int32_t>& block_table, int64_t num_new) {
+  const int32_t b = static_cast<int32_t>(tables_.size());
+  tables_.push_back(&block_table);
+  seq_cached_.push_back(0);
+  seq_new_.push_back(num_new);
+  seq_first_row_.push_back(num_rows());
+  for (int64_t i = 0; i < num_new; ++i) {
+    row_seq_.push_back(b);
+    row_pos_.push_back(i);
+    write_slots_.push_back(static_cast<int64_t>(block_table[i / block_size_]) * block_size_ +
+                           i % block_size_);
+    span_begin_.push_back(0);
+    span_end_.push_back(static_cast<int32_t>(num_new));
+    extra_offset_.push_back(static_cast<int32_t>(extra_.size()));
+    total_visible_ += num_new;
+  }
+}
+
 PagedAttentionLayout::Padded PagedAttentionLayout::ToPadded() const {
   Padded p;
   const int64_t B = num_sequences(), N = num_rows();

@@ -30,6 +30,17 @@ class PagedAttentionLayout {
                    const std::vector<int32_t>& positions = {},
                    const std::vector<int32_t>& parents = {});
 
+  // Appends `num_rows` rows of one sequence that only read: each sees positions [0, visible) of
+  // its cache and writes nothing (write slot -1). For queries that are not keys themselves, e.g.
+  // a drafter's queries over the target's states (Beagle). Such a layout is for PagedAttentionCpu
+  // (`positions` gives the rows' RoPE positions; empty: visible), not for ToPadded.
+  void AddReaders(const std::vector<int32_t>& block_table, int64_t visible, int64_t num_rows,
+                  const std::vector<int32_t>& positions = {});
+
+  // Appends `num_new` rows written to positions 0..num_new-1 of an empty cache that all see one
+  // another (bidirectional attention inside a block, e.g. SpecFormer's draft slots).
+  void AddBlock(const std::vector<int32_t>& block_table, int64_t num_new);
+
   int64_t block_size() const { return block_size_; }
   int64_t num_rows() const { return static_cast<int64_t>(row_seq_.size()); }
   int64_t num_sequences() const { return static_cast<int64_t>(tables_.size()); }

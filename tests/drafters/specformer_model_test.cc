@@ -112,6 +112,29 @@ TEST(SpecFormerModelTest, Shapes) {
   EXPECT_EQ(m->Logits(s).sizes(), (std::vector<int64_t>{B * T, 4, target.vocab_size}));
 }
 
+// Serving (no autograd, CPU float32: each sequence's slots as one block attended in place by the
+// paged kernel, the small-row matmul) computes what training (MaskedAttention, F::linear) does.
+TEST(SpecFormerModelTest, ServingSlotsEqualTheTrainingPath) {
+  const ModelConfig target = TinyModelConfig();
+  auto lm = MakeTinyModel(target, 2);
+  auto m = Module(Config());
+  m->SetTargetHead(lm->model->norm->weight, lm->lm_head_weight(), target.rms_norm_eps);
+  for (int64_t M : {1, 3, 17}) {
+    auto c = torch::randn({M, target.hidden_size});
+    torch::Tensor served, served_logits;
+    {
+      torch::NoGradGuard no_grad;
+      served = m->Slots(c);
+      served_logits = m->Logits(served);
+    }
+    auto trained = m->Slots(c);
+    ASSERT_TRUE(trained.requires_grad());  // the training path really ran
+    EXPECT_TRUE(torch::allclose(served, trained.detach(), 1e-5, 1e-5)) << "M " << M;
+    EXPECT_TRUE(torch::allclose(served_logits, m->Logits(trained).detach(), 1e-4, 1e-4))
+        << "M " << M;
+  }
+}
+
 // Changing only the last slot's input (its positional FFN bias) must reach slot 0 through
 // bidirectional slot attention, and must not under the causal option.
 void CheckLastSlotVisibility(bool causal) {

@@ -238,6 +238,90 @@ TEST_F(PagedAttentionTest, RandomBatchesMatchTheReference) {
   }
 }
 
+// Read-only rows (AddReaders) with keys of their own (RowKeys): queries that are not keys, each
+// over its sequence's first `visible` cache positions plus its own first counts[r] keys, in one
+// softmax. Reference: softmax over the explicitly gathered keys. Ragged contexts (0 included, so
+// a row can see nothing and must get zeros), ragged own-key counts, GQA, both head-dim paths,
+// one and two threads.
+TEST(PagedAttentionReadersTest, ReadersWithTheirOwnKeysMatchTheReference) {
+  for (int64_t hd : {32, 48}) {
+    for (int threads : {1, 2}) {
+      ConfigureCpuThreads(threads);
+      torch::manual_seed(hd + threads);
+      const int64_t nh = 8, nkv = 2, block_size = 16, D = 3;
+      const std::vector<int64_t> visible = {0, 1, 17, 130, 40};
+      const std::vector<int64_t> rows_per_seq = {2, 3, 1, 4, 2};
+      int64_t total = 0;
+      for (int64_t v : visible) total += v;
+      const int64_t num_blocks = total / block_size + visible.size() + 2;
+      BlockAllocator alloc(num_blocks, block_size);
+      auto key_cache = torch::randn({num_blocks * block_size, nkv, hd});
+      auto value_cache = torch::randn({num_blocks * block_size, nkv, hd});
+      // Grown in turns so that the sequences' blocks interleave.
+      for (size_t b = 0; b < visible.size(); ++b) ASSERT_TRUE(alloc.AddSequence(b + 1).ok());
+      for (int64_t step = 0; step < 20; ++step) {
+        for (size_t b = 0; b < visible.size(); ++b) {
+          const int64_t want = std::min<int64_t>(visible[b], (step + 1) * 9);
+          if (want > alloc.Length(b + 1)) {
+            ASSERT_TRUE(alloc.Append(b + 1, want - alloc.Length(b + 1)).ok());
+          }
+        }
+      }
+      PagedAttentionLayout layout(block_size, 0);
+      int64_t N = 0;
+      for (size_t b = 0; b < visible.size(); ++b) {
+        layout.AddReaders(alloc.BlockTable(b + 1), visible[b], rows_per_seq[b]);
+        N += rows_per_seq[b];
+      }
+      ASSERT_EQ(layout.num_rows(), N);
+      for (int64_t r = 0; r < N; ++r) EXPECT_EQ(layout.write_slots()[r], -1);
+      auto q = torch::randn({N, nh, hd});
+      RowKeys own{.keys = torch::randn({N, D, nkv, hd}), .values = torch::randn({N, D, nkv, hd})};
+      for (int64_t r = 0; r < N; ++r) own.counts.push_back(static_cast<int32_t>(r % (D + 1)));
+      auto out = PagedAttentionCpu(q, key_cache, value_cache, layout, &own);
+      auto plain = PagedAttentionCpu(q, key_cache, value_cache, layout);
+
+      int64_t row = 0;
+      for (size_t b = 0; b < visible.size(); ++b) {
+        std::vector<int64_t> slots;
+        for (int64_t p = 0; p < visible[b]; ++p) slots.push_back(alloc.SlotOf(b + 1, p));
+        auto index = torch::tensor(slots, torch::kLong);
+        for (int64_t i = 0; i < rows_per_seq[b]; ++i, ++row) {
+          const int64_t c = own.counts[row];
+          for (bool with_own : {true, false}) {
+            auto keys = key_cache.index_select(0, index);  // [T, nkv, hd]
+            auto values = value_cache.index_select(0, index);
+            if (with_own) {
+              keys = torch::cat({keys, own.keys[row].narrow(0, 0, c)}, 0);
+              values = torch::cat({values, own.values[row].narrow(0, 0, c)}, 0);
+            }
+            const auto& got = with_own ? out : plain;
+            const int64_t T = keys.size(0);
+            if (T == 0) {
+              EXPECT_EQ(got[row].abs().max().item<float>(), 0.0f) << "row " << row;
+              continue;
+            }
+            auto ref = MaskedAttention(q[row].view({1, 1, nh, hd}), keys.view({1, T, nkv, hd}),
+                                       values.view({1, T, nkv, hd}),
+                                       torch::ones({1, 1, 1, 1, T}, torch::kBool))
+                           .view({-1});
+            EXPECT_LT((got[row] - ref).abs().max().item<double>(), kTolerance)
+                << "hd " << hd << " threads " << threads << " row " << row << " own " << with_own;
+          }
+        }
+      }
+      // Malformed own keys are refused, not read out of bounds.
+      RowKeys bad = own;
+      bad.counts[0] = D + 1;
+      EXPECT_THROW(PagedAttentionCpu(q, key_cache, value_cache, layout, &bad), c10::Error);
+      bad = own;
+      bad.counts.pop_back();
+      EXPECT_THROW(PagedAttentionCpu(q, key_cache, value_cache, layout, &bad), c10::Error);
+    }
+  }
+  ConfigureCpuThreads(1);
+}
+
 TEST(CpuKernelsTest, RmsNormAndSiluMulMatchLibTorch) {
   torch::manual_seed(0);
   auto x = torch::randn({5, 256}) * 3;

@@ -8,6 +8,9 @@
 #include "common/drafters/beagle/beagle_model.h"
 #include "common/drafters/beagle/dynamic_tree.h"
 #include "common/drafters/drafter_cache_size.h"
+#include "common/model/cpu_kernels.h"
+#include "common/model/paged_attention.h"
+#include "common/model/paged_attention_layout.h"
 #include "common/model/transformer.h"
 
 namespace specula {
@@ -168,23 +171,30 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
     const int64_t M = static_cast<int64_t>(work.size()), H = c.num_attention_heads,
                   Hkv = c.num_key_value_heads, dh = c.head_dim;
 
-    // The true-state keys/values, padded to [M, T, Hkv, dh] (slot 0 fills the padding, masked).
     std::vector<int64_t> length(M);
     int64_t T = 0;
     for (int64_t s = 0; s < M; ++s) {
       length[s] = alloc.Length(states[s]->kv_seq);
       T = std::max(T, length[s]);
     }
-    std::vector<int64_t> reads(M * T, 0);
-    for (int64_t s = 0; s < M; ++s) {
-      std::vector<int64_t> slots = alloc.Slots(states[s]->kv_seq);
-      std::copy(slots.begin(), slots.end(), reads.begin() + s * T);
+    // On CPU the queries read the true-state cache where it lies (PagedAttentionCpu, the drafted
+    // states of each path as the row's own keys). Elsewhere the true keys/values are gathered
+    // once, padded to [M, T, Hkv, dh] (slot 0 fills the padding, masked), for
+    // BeagleCrossAttention.
+    const bool in_place = PagedKernelSupports(device, w.scalar_type());
+    torch::Tensor true_k, true_v, true_len, key_pos;
+    if (!in_place) {
+      std::vector<int64_t> reads(M * T, 0);
+      for (int64_t s = 0; s < M; ++s) {
+        std::vector<int64_t> slots = alloc.Slots(states[s]->kv_seq);
+        std::copy(slots.begin(), slots.end(), reads.begin() + s * T);
+      }
+      auto read_index = LongTensor(reads, device);
+      true_k = kv_->keys(0).index_select(0, read_index).view({M, T, Hkv, dh});
+      true_v = kv_->values(0).index_select(0, read_index).view({M, T, Hkv, dh});
+      true_len = LongTensor(length, device).view({M, 1, 1});
+      key_pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(device));
     }
-    auto read_index = LongTensor(reads, device);
-    auto true_k = kv_->keys(0).index_select(0, read_index).view({M, T, Hkv, dh});
-    auto true_v = kv_->values(0).index_select(0, read_index).view({M, T, Hkv, dh});
-    auto true_len = LongTensor(length, device).view({M, 1, 1});
-    auto key_pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(device));
     // Per sampled sequence, its temperature (1 for greedy: plain log-softmax).
     std::vector<float> inv_temp(M);
     for (int64_t s = 0; s < M; ++s) {
@@ -239,20 +249,46 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
       }
       auto pos_t = LongTensor(positions, device);
       auto query = module_->Query(LongTensor(tokens, device), pos_t);
-      auto q = query.q.view({M, F, H, dh});
-      // Query at position P + depth - 1 sees every true key (all are < P).
-      auto mask = key_pos.view({1, 1, T}).lt(true_len).expand({M, F, T});
-      torch::Tensor row_k, row_v, row_mask;
+      torch::Tensor row_k, row_v;
       if (D > 0) {
         auto all_k = torch::cat(drafted_k, 0), all_v = torch::cat(drafted_v, 0);
         auto idx = LongTensor(row_state, device);
         row_k = all_k.index_select(0, idx).view({M, F, D, Hkv, dh});
         row_v = all_v.index_select(0, idx).view({M, F, D, Hkv, dh});
-        row_mask = torch::from_blob(row_valid.data(), {M, F, D},
-                                    torch::TensorOptions().dtype(torch::kBool))
-                       .to(device);
       }
-      auto attn = BeagleCrossAttention(q, true_k, true_v, mask, row_k, row_v, row_mask);
+      torch::Tensor attn;  // [M, F, H * dh]
+      if (in_place) {
+        // Query at position P + depth - 1 sees every true key (all are < P).
+        PagedAttentionLayout layout(alloc.block_size(), /*sliding_window=*/0);
+        for (int64_t s = 0; s < M; ++s) {
+          layout.AddReaders(alloc.BlockTable(states[s]->kv_seq), length[s], F);
+        }
+        std::optional<RowKeys> own;
+        if (D > 0) {
+          own.emplace();
+          own->keys = row_k.view({M * F, D, Hkv, dh});
+          own->values = row_v.view({M * F, D, Hkv, dh});
+          own->counts.resize(M * F);
+          for (int64_t row = 0; row < M * F; ++row) {
+            int32_t n = 0;
+            while (n < D && row_valid[row * D + n]) ++n;  // a path's states come first
+            own->counts[row] = n;
+          }
+        }
+        attn =
+            PagedAttentionCpu(query.q, kv_->keys(0), kv_->values(0), layout, own ? &*own : nullptr)
+                .view({M, F, H * dh});
+      } else {
+        auto mask = key_pos.view({1, 1, T}).lt(true_len).expand({M, F, T});
+        torch::Tensor row_mask;
+        if (D > 0) {
+          row_mask = torch::from_blob(row_valid.data(), {M, F, D},
+                                      torch::TensorOptions().dtype(torch::kBool))
+                         .to(device);
+        }
+        attn = BeagleCrossAttention(query.q.view({M, F, H, dh}), true_k, true_v, mask, row_k, row_v,
+                                    row_mask);
+      }
       auto h = module_->Output(query.residual.view({M, F, -1}), attn);  // [M, F, d]
       auto logits = module_->Logits(h).to(torch::kFloat) * inv_temp_t;
       auto logprobs = torch::log_softmax(logits, -1);

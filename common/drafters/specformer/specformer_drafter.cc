@@ -215,13 +215,16 @@ Status SpecFormerDrafter::Observe(const std::vector<DrafterObservation>& observa
   return OkStatus();
 }
 
-StatusOr<at::Tensor> SpecFormerDrafter::DraftLogits(const std::vector<State*>& states) {
+StatusOr<at::Tensor> SpecFormerDrafter::DraftLogits(const std::vector<State*>& states,
+                                                     int64_t slots) {
   try {
     c10::InferenceMode inference;
     std::vector<torch::Tensor> rows;
     for (State* st : states) rows.push_back(st->last);
     torch::Tensor c = torch::stack(rows, 0);  // [M, d]
-    return module_->Logits(module_->Slots(c)).to(torch::kFloat).to(torch::kCPU).contiguous();
+    torch::Tensor s = module_->Slots(c);       // [M, l_d, d]
+    if (slots < s.size(1)) s = s.narrow(1, 0, slots).contiguous();
+    return module_->Logits(s).to(torch::kFloat).to(torch::kCPU).contiguous();
   } catch (const c10::Error& e) {
     return InternalError(StrCat("SpecFormer draft forward failed: ", e.what_without_backtrace()));
   }
@@ -241,7 +244,10 @@ StatusOr<std::vector<CandidateTree>> SpecFormerDrafter::Propose(
     states.push_back(st);
   }
   if (work.empty()) return trees;
-  ASSIGN_OR_RETURN(at::Tensor logits, DraftLogits(states));  // [M, l_d, V]
+  int64_t deepest = 0;
+  for (size_t i : work) deepest = std::max<int64_t>(deepest, requests[i].max_depth);
+  ASSIGN_OR_RETURN(at::Tensor logits,
+                   DraftLogits(states, std::min<int64_t>(deepest, module_->config().draft_len)));
   const int64_t l = logits.size(1), vocab = logits.size(2);
   for (size_t w = 0; w < work.size(); ++w) {
     const DraftRequest& r = requests[work[w]];
@@ -278,7 +284,7 @@ StatusOr<at::Tensor> SpecFormerDrafter::SlotLogits(SeqId seq) {
   if (!st->last.defined()) {
     return FailedPreconditionError(StrCat("sequence ", seq, " has no observed hidden state yet"));
   }
-  ASSIGN_OR_RETURN(at::Tensor logits, DraftLogits({st}));
+  ASSIGN_OR_RETURN(at::Tensor logits, DraftLogits({st}, module_->config().draft_len));
   return logits[0];
 }
 

@@ -97,8 +97,10 @@ class SpecFormerDrafter : public Drafter {
   struct State;
   SpecFormerDrafter(std::shared_ptr<SpecFormerImpl> module, std::unique_ptr<PagedKvCache> kv,
                     SpecFormerDrafterOptions options);
-  // [M, l_d, V] float32 CPU logits from the last context rows of `states`.
-  StatusOr<at::Tensor> DraftLogits(const std::vector<State*>& states);
+  // Logits of the first `slots` slots of each state, [M, slots, V] float32 on the CPU. The
+  // draft block runs over every slot (they attend to each other), but the head, the costliest
+  // part (slots x V x d), only over the depths a step drafts.
+  StatusOr<at::Tensor> DraftLogits(const std::vector<State*>& states, int64_t slots);
 
   std::shared_ptr<SpecFormerImpl> module_;
   std::shared_ptr<CausalLMImpl> target_module_;  // keeps the shared head alive

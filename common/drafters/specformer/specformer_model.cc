@@ -6,6 +6,8 @@
 #include "common/drafters/drafter_checkpoint.h"
 #include "common/model/cpu_kernels.h"
 #include "common/model/model_runner.h"
+#include "common/model/paged_attention.h"
+#include "common/model/paged_attention_layout.h"
 #include "common/model/rope.h"
 #include "common/util/mapped_file.h"
 
@@ -65,6 +67,27 @@ torch::Tensor SpecFormerImpl::Slots(const torch::Tensor& c) {
   auto x = ServingLinear(positional_norm(c), positional_ffn->weight, positional_ffn->bias)
                .reshape({M * l, d});  // [M * l_d, d]
   const auto device = x.device();
+  if (!torch::GradMode::is_enabled() && !config_.causal_draft &&
+      PagedKernelSupports(device, x.scalar_type())) {
+    // Serving on CPU: each sequence's slots as one block of a scratch cache (block m holds
+    // sequence m's l_d keys), attended by the in-place kernel. MaskedAttention's batched matmul
+    // would dispatch ~10 LibTorch ops per (sequence, head) matrix.
+    const int64_t nkv = layer_config_.num_key_value_heads, hd = layer_config_.head_dim;
+    std::vector<std::vector<int32_t>> tables(M);
+    PagedAttentionLayout layout(l, /*sliding_window=*/0);
+    for (int64_t m = 0; m < M; ++m) {
+      tables[m] = {static_cast<int32_t>(m)};
+      layout.AddBlock(tables[m], l);
+    }
+    std::vector<int64_t> positions = layout.positions();
+    auto cs = RopeFor(torch::tensor(positions, torch::kLong));
+    AttentionInputs in = MakePagedInputs(layout, cs.first, cs.second);
+    LayerKvCache scratch{torch::empty({M * l, nkv, hd}, x.options()),
+                         torch::empty({M * l, nkv, hd}, x.options())};
+    x = x + draft_attn(draft_attn_norm(x), in, &scratch);
+    x = x + draft_mlp(draft_mlp_norm(x));
+    return x.view({M, l, d});
+  }
   AttentionInputs in;
   in.batch = M;
   in.max_q = l;
