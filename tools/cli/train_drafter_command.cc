@@ -68,6 +68,16 @@ Status WriteTrainingJson(const Flags& f, const DrafterTrainOptions& o,
   return WriteStringToFile((fs::path(o.out_dir) / "training.json").string(), info.dump(2) + "\n");
 }
 
+// JSON has no NaN: a value that was not measured (a stage that did not run) is null.
+nlohmann::json FiniteOrNull(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json();
+}
+nlohmann::json FiniteOrNull(const std::vector<double>& values) {
+  nlohmann::json out = nlohmann::json::array();
+  for (double v : values) out.push_back(FiniteOrNull(v));
+  return out;
+}
+
 Status ReportStopped(int64_t steps_done, int64_t total) {
   std::fprintf(stderr, "stopped at step %ld of %ld; run the same command again to resume\n",
                steps_done, total);
@@ -118,10 +128,6 @@ Status RunBeagle(const Flags& f, const ModelConfig& target, const std::vector<st
                o.window, o.sim_steps, 100 * o.early_fraction, o.lr.total_steps, o.batch_size);
   ASSIGN_OR_RETURN(BeagleTrainResult result, TrainBeagle(o));
   if (!result.finished) return ReportStopped(result.steps_done, o.lr.total_steps);
-  // JSON has no NaN: a stage that did not run is null.
-  auto number = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); };
-  nlohmann::json top1 = nlohmann::json::array();
-  for (double a : result.val_top1) top1.push_back(number(a));
   RETURN_IF_ERROR(WriteTrainingJson(
       f, o, args, result.steps_done, result.tokens_seen, result.seconds,
       {{"parameters", {{"drafter", params}, {"target", M}}},
@@ -132,13 +138,13 @@ Status RunBeagle(const Flags& f, const ModelConfig& target, const std::vector<st
        {"vloss_weight", o.vloss_weight},
        {"lr", {{"peak", o.lr.peak_lr}, {"min", o.lr.min_lr}, {"warmup_steps", o.lr.warmup_steps}}},
        {"batch_size", o.batch_size},
-       {"early_first_loss", number(result.early_first_loss)},
-       {"early_last_loss", number(result.early_last_loss)},
-       {"late_first_loss", number(result.late_first_loss)},
-       {"late_last_loss", number(result.late_last_loss)},
-       {"val_early_loss", number(result.val_early_loss)},
-       {"val_late_loss", number(result.val_late_loss)},
-       {"val_top1_by_depth", top1}}));
+       {"early_first_loss", FiniteOrNull(result.early_first_loss)},
+       {"early_last_loss", FiniteOrNull(result.early_last_loss)},
+       {"late_first_loss", FiniteOrNull(result.late_first_loss)},
+       {"late_last_loss", FiniteOrNull(result.late_last_loss)},
+       {"val_early_loss", FiniteOrNull(result.val_early_loss)},
+       {"val_late_loss", FiniteOrNull(result.val_late_loss)},
+       {"val_top1_by_depth", FiniteOrNull(result.val_top1)}}));
   std::fprintf(stderr, "done: %s (val late loss %.4f)\n", o.out_dir.c_str(), result.val_late_loss);
   return OkStatus();
 }
@@ -162,9 +168,6 @@ Status RunParallelSpec(const Flags& f, const ModelConfig& target,
                o.lr.total_steps, o.batch_size);
   ASSIGN_OR_RETURN(ParallelSpecTrainResult result, TrainParallelSpec(o));
   if (!result.finished) return ReportStopped(result.steps_done, o.lr.total_steps);
-  auto number = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); };
-  nlohmann::json top1 = nlohmann::json::array();
-  for (double a : result.val_top1) top1.push_back(number(a));
   RETURN_IF_ERROR(WriteTrainingJson(
       f, o, args, result.steps_done, result.tokens_seen, result.seconds,
       {{"parameters", {{"drafter", params}, {"target", M}}},
@@ -176,10 +179,10 @@ Status RunParallelSpec(const Flags& f, const ModelConfig& target,
        {"lr", {{"peak", o.lr.peak_lr}, {"min", o.lr.min_lr}, {"warmup_steps", o.lr.warmup_steps}}},
        {"adamw", {{"beta1", o.beta1}, {"beta2", o.beta2}, {"weight_decay", o.weight_decay}}},
        {"batch_size", o.batch_size},
-       {"first_train_loss", number(result.first_loss)},
-       {"final_train_loss", number(result.last_loss)},
-       {"final_val_loss", number(result.val_loss)},
-       {"val_top1_by_depth", top1}}));
+       {"first_train_loss", FiniteOrNull(result.first_loss)},
+       {"final_train_loss", FiniteOrNull(result.last_loss)},
+       {"final_val_loss", FiniteOrNull(result.val_loss)},
+       {"val_top1_by_depth", FiniteOrNull(result.val_top1)}}));
   std::fprintf(stderr, "done: %s (val loss %.4f)\n", o.out_dir.c_str(), result.val_loss);
   return OkStatus();
 }
