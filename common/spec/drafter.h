@@ -17,6 +17,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -65,7 +66,9 @@ Status CheckDraftRequests(const std::vector<DraftRequest>& requests, const Holds
 // [m, hidden_size] (one m for all); and the invariant "one hidden row per token but the pending
 // one" (rows seen + m == tokens seen + new tokens - 1). `seen(seq)` returns
 // std::optional<std::pair<rows seen, tokens seen>> (nullopt = unknown sequence). Returns each
-// observation's m. NOT_FOUND / INVALID_ARGUMENT naming the sequence and the field.
+// observation's m. With `num_layers` 0 (a drafter whose rows come from tokens alone, e.g.
+// ParallelSpec without target features) no hidden state may be given and m is what keeps the
+// invariant. NOT_FOUND / INVALID_ARGUMENT naming the sequence and the field.
 template <typename Seen>
 StatusOr<std::vector<int64_t>> CheckHiddenObservations(
     const std::vector<DrafterObservation>& observations, int64_t vocab, size_t num_layers,
@@ -86,8 +89,16 @@ StatusOr<std::vector<int64_t>> CheckHiddenObservations(
                                            " is outside the vocabulary [0, ", vocab, ")"));
       }
     }
+    const auto [rows_seen, tokens_seen] = *state;
+    const int64_t tokens = tokens_seen + static_cast<int64_t>(o.tokens.size());
     int64_t m = 0;
-    if (!o.hidden.empty()) {
+    if (num_layers == 0) {
+      if (!o.hidden.empty()) {
+        return InvalidArgumentError(StrCat("sequence ", o.seq, ": ", o.hidden.size(),
+                                           " hidden-state tensors, the drafter reads none"));
+      }
+      m = std::max<int64_t>(0, tokens - 1 - rows_seen);
+    } else if (!o.hidden.empty()) {
       if (o.hidden.size() != num_layers) {
         return InvalidArgumentError(StrCat("sequence ", o.seq, ": ", o.hidden.size(),
                                            " hidden-state tensors, the drafter reads ", num_layers,
@@ -103,8 +114,6 @@ StatusOr<std::vector<int64_t>> CheckHiddenObservations(
         }
       }
     }
-    const auto [rows_seen, tokens_seen] = *state;
-    const int64_t tokens = tokens_seen + static_cast<int64_t>(o.tokens.size());
     // Every token but the pending one has had its hidden state observed.
     if (rows_seen + m != tokens - 1) {
       return InvalidArgumentError(StrCat("sequence ", o.seq, ": ", rows_seen + m,

@@ -186,6 +186,17 @@ TEST_F(SpeculaCliTest, SpeculationFlagErrors) {
   r = Run(base + " --drafter beagle-chain --beagle-model " + dir_->File("nope"));
   EXPECT_NE(r.err.find("--beagle-model"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << r.err;
+  r = Run(base + " --drafter parallelspec");
+  EXPECT_NE(r.err.find("--drafter parallelspec needs --parallelspec-model DIR"), std::string::npos)
+      << r.err;
+  r = Run(base + " --drafter parallelspec-chain --parallelspec-model " + dir_->File("nope"));
+  EXPECT_NE(r.err.find("--parallelspec-model"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << r.err;
+  r = Run(base + " --drafter parallelspec-static --parallelspec-model " + dir_->File("nope"));
+  EXPECT_NE(r.err.find("needs --parallelspec-static-tree FILE"), std::string::npos) << r.err;
+  r = Run(base + " --drafter parallelspec-static --parallelspec-model " + dir_->File("nope") +
+          " --parallelspec-static-tree " + dir_->File("nope.json"));
+  EXPECT_NE(r.err.find("--parallelspec-static-tree"), std::string::npos) << r.err;
   r = Run(base + " --drafter ngram --verify greedy --temperature 0.5");
   EXPECT_NE(r.err.find("--verify greedy needs --temperature 0"), std::string::npos) << r.err;
   r = Run(base + " --drafter ngram --verify magic");

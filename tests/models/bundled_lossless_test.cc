@@ -11,6 +11,7 @@
 #include "common/drafters/beagle/beagle_drafter.h"
 #include "common/drafters/draft_model_drafter.h"
 #include "common/drafters/ngram_drafter.h"
+#include "common/drafters/parallelspec/parallelspec_drafter.h"
 #include "common/drafters/specformer/specformer_drafter.h"
 #include "common/engine/plain_decoder.h"
 #include "common/sampling/sampler.h"
@@ -27,6 +28,8 @@ const std::string kTarget = std::string(SPECULA_SOURCE_DIR) + "/models/pyllama-6
 const std::string kDraft = std::string(SPECULA_SOURCE_DIR) + "/models/pyllama-draft-1m";
 const std::string kSpecFormer = std::string(SPECULA_SOURCE_DIR) + "/models/specformer-pyllama-6m";
 const std::string kBeagle = std::string(SPECULA_SOURCE_DIR) + "/models/beagle-pyllama-6m";
+const std::string kParallelSpec =
+    std::string(SPECULA_SOURCE_DIR) + "/models/parallelspec-pyllama-6m";
 const std::string kHeldOut = "/usr/lib/python3.11/test";
 constexpr int kPrompts = 16;
 constexpr int64_t kMaxNewTokens = 40;
@@ -86,6 +89,12 @@ class BundledLosslessTest : public ::testing::Test {
           BeagleDrafter::Load(kBeagle, *target_, {.tree = drafter == "beagle", .name = drafter});
       EXPECT_TRUE(beagle.ok()) << beagle.status();
       if (beagle.ok()) EXPECT_TRUE(engine->AddDrafter(std::move(*beagle)).ok());
+    } else if (drafter.rfind("parallelspec", 0) == 0) {
+      ParallelSpecDrafterOptions options{.name = drafter};
+      if (drafter == "parallelspec-chain") options.shape = ParallelSpecShape::kChain;
+      auto parallelspec = ParallelSpecDrafter::Load(kParallelSpec, *target_, std::move(options));
+      EXPECT_TRUE(parallelspec.ok()) << parallelspec.status();
+      if (parallelspec.ok()) EXPECT_TRUE(engine->AddDrafter(std::move(*parallelspec)).ok());
     } else {
       auto draft = ModelRunner::Load(kDraft, {});
       EXPECT_TRUE(draft.ok()) << draft.status();
@@ -128,10 +137,11 @@ class BundledLosslessTest : public ::testing::Test {
   void CheckDrafter(const std::string& drafter,
                     const std::vector<int32_t>& budgets = {1, 2, 3, 4, 5, 6, 7, 8}) {
     auto engine = Engine(drafter);
-    const std::string name = drafter == "ngram"                    ? "ngram"
-                             : drafter.rfind("specformer", 0) == 0 ? "specformer"
-                             : drafter.rfind("beagle", 0) == 0     ? drafter
-                                                                   : "draft-model";
+    const std::string name = drafter == "ngram"                      ? "ngram"
+                             : drafter.rfind("specformer", 0) == 0   ? "specformer"
+                             : drafter.rfind("beagle", 0) == 0       ? drafter
+                             : drafter.rfind("parallelspec", 0) == 0 ? drafter
+                                                                     : "draft-model";
     int64_t accepted = 0;
     for (int32_t k : budgets) {
       // Batch 1: a few prompts one at a time.
@@ -188,6 +198,15 @@ TEST_F(BundledLosslessTest, BeagleChainEqualsPlainGreedy) {
 // Dynamic trees from one node up to the paper's 60.
 TEST_F(BundledLosslessTest, BeagleDynamicTreeEqualsPlainGreedy) {
   CheckDrafter("beagle", {1, 4, 16, 60});
+}
+
+// ParallelSpec (target features, k = 4): argmax chains up to its k + 1 depths and budgeted
+// best-first trees.
+TEST_F(BundledLosslessTest, ParallelSpecChainEqualsPlainGreedy) {
+  CheckDrafter("parallelspec-chain", {1, 3, 5});
+}
+TEST_F(BundledLosslessTest, ParallelSpecTreeEqualsPlainGreedy) {
+  CheckDrafter("parallelspec", {1, 4, 8, 16});
 }
 
 }  // namespace

@@ -221,16 +221,18 @@ TEST_P(DeploymentTest, ExpiredRequestFreesItsKvBlocksWithoutDisturbingOthers) {
 INSTANTIATE_TEST_SUITE_P(Modes, DeploymentTest, ::testing::Values("all", "split"),
                          [](const auto& info) { return info.param; });
 
-// SpecFormer and Beagle need the target's hidden states: across processes they travel target ->
-// drafter as tensors. On the bundled model both must match plain decoding and accept drafts.
+// SpecFormer, Beagle and ParallelSpec need the target's hidden states: across processes they
+// travel target -> drafter as tensors. On the bundled model all must match plain decoding and
+// accept drafts.
 TEST_F(DeploymentTest, HiddenStateDraftersAcrossProcessesStayLossless) {
   const std::string root = SPECULA_SOURCE_DIR;
   const std::string model = root + "/models/pyllama-6m";
   ServerProcess drafter, target, router;
-  ASSERT_TRUE(
-      drafter.Start({"--role", "drafter", "--model", model, "--drafter", "specformer,beagle",
-                     "--specformer-model", root + "/models/specformer-pyllama-6m", "--beagle-model",
-                     root + "/models/beagle-pyllama-6m", "--port", "0", "--metrics-port", "0"}))
+  ASSERT_TRUE(drafter.Start(
+      {"--role", "drafter", "--model", model, "--drafter", "specformer,beagle,parallelspec",
+       "--specformer-model", root + "/models/specformer-pyllama-6m", "--beagle-model",
+       root + "/models/beagle-pyllama-6m", "--parallelspec-model",
+       root + "/models/parallelspec-pyllama-6m", "--port", "0", "--metrics-port", "0"}))
       << drafter.error();
   ASSERT_TRUE(
       target.Start({"--role", "target", "--model", model, "--drafter-address", Address(drafter),
@@ -242,11 +244,12 @@ TEST_F(DeploymentTest, HiddenStateDraftersAcrossProcessesStayLossless) {
       << router.error();
   EXPECT_NE(router.line().find("specformer"), std::string::npos) << router.line();
   EXPECT_NE(router.line().find("beagle"), std::string::npos) << router.line();
+  EXPECT_NE(router.line().find("parallelspec"), std::string::npos) << router.line();
   ReferenceDecoder reference(model);
   auto stub = v1::Generation::NewStub(Channel(router.port()));
   const std::vector<std::string> texts = {"import os\n\ndef main(", "class Parser:\n    def ",
                                           "for i in range(10):\n    "};
-  for (const std::string name : {"specformer", "beagle"}) {
+  for (const std::string name : {"specformer", "beagle", "parallelspec"}) {
     std::vector<Streamed> got(texts.size());
     std::vector<std::thread> clients;
     for (size_t i = 0; i < texts.size(); ++i) {

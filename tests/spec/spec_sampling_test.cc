@@ -12,6 +12,8 @@
 #include "common/drafters/beagle/beagle_drafter.h"
 #include "common/drafters/beagle/beagle_model.h"
 #include "common/drafters/draft_model_drafter.h"
+#include "common/drafters/parallelspec/parallelspec_drafter.h"
+#include "common/drafters/parallelspec/parallelspec_model.h"
 #include "common/engine/plain_decoder.h"
 #include "common/spec/spec_engine.h"
 #include "tests/spec/chi_square.h"
@@ -77,6 +79,19 @@ class SpecSamplingTest : public ::testing::Test {
     }
     options.kv.memory_mb = 64;
     return BeagleDrafter::Create(std::move(module), *target_, options).value();
+  }
+
+  // A ParallelSpec drafter with random (scaled-up) weights, target features on.
+  std::unique_ptr<Drafter> RandomParallelSpec(ParallelSpecDrafterOptions options) {
+    auto module =
+        std::make_shared<ParallelSpecImpl>(ParallelSpecConfig::ForTarget(config_, 2), config_);
+    module->InitWeights(7);
+    torch::NoGradGuard no_grad;
+    for (auto& p : module->named_parameters()) {
+      if (p.key().find("norm") == std::string::npos) p.value().mul_(10.0);
+    }
+    options.kv.memory_mb = 64;
+    return ParallelSpecDrafter::Create(std::move(module), *target_, std::move(options)).value();
   }
 
   std::vector<int64_t> SpecCounts(const SamplingParams& sampling, int32_t tree_width,
@@ -194,6 +209,26 @@ TEST_F(SpecSamplingTest, BeagleDynamicTreeMatchesPlainSampling) {
     EXPECT_GT(accepted, 0.2);
     std::printf("beagle tree (T %.1f): z = %.2f, accepted drafts per step %.2f\n",
                 sampling.temperature, z, accepted);
+  }
+}
+
+// ParallelSpec: sampled chains (proposals attached, rejection sampling), budgeted marginal trees
+// and a static Medusa tree (deterministic candidates, point masses).
+TEST_F(SpecSamplingTest, ParallelSpecShapesMatchPlainSampling) {
+  const SamplingParams sampling{.temperature = 1.0f};
+  const auto plain = PlainCounts(sampling);
+  auto tree = StaticDraftTree::FromJson("[[0], [1], [0, 0], [0, 1], [0, 0, 0]]", "test");
+  ASSERT_TRUE(tree.ok());
+  for (ParallelSpecShape shape : {ParallelSpecShape::kChain, ParallelSpecShape::kMarginalTree,
+                                  ParallelSpecShape::kStaticTree}) {
+    double accepted = 0;
+    const auto spec = SpecCounts(
+        sampling, RandomParallelSpec({.shape = shape, .static_tree = *tree}), 5, {}, &accepted);
+    const double z = ChiSquareTwoSampleZ(plain, spec);
+    EXPECT_LT(z, 5.0) << static_cast<int>(shape);
+    EXPECT_GT(accepted, 0.2) << static_cast<int>(shape);
+    std::printf("parallelspec shape %d: z = %.2f, accepted drafts per step %.2f\n",
+                static_cast<int>(shape), z, accepted);
   }
 }
 

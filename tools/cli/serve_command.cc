@@ -61,9 +61,10 @@ const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSection
      {"tls-cert", "tls-key", "tls-ca", "api-token-file", "peer-tls-cert", "peer-tls-key",
       "peer-tls-ca"}},
     {"drafter flags (--role drafter; target and all with local drafters)",
-     {"drafter", "drafter-model", "specformer-model", "specformer-tree", "beagle-model",
-      "beagle-depth", "beagle-top-k", "beagle-total-tokens", "beagle-concat",
-      "beagle-rank-temperature", "tree-width", "ngram-min", "ngram-max"}},
+     {"drafter", "drafter-model", "specformer-model", "specformer-tree", "parallelspec-model",
+      "parallelspec-static-tree", "beagle-model", "beagle-depth", "beagle-top-k",
+      "beagle-total-tokens", "beagle-concat", "beagle-rank-temperature", "tree-width", "ngram-min",
+      "ngram-max"}},
 };
 
 struct ServeFlags {

@@ -8,6 +8,7 @@
 #include "common/drafters/beagle/beagle_drafter.h"
 #include "common/drafters/draft_model_drafter.h"
 #include "common/drafters/ngram_drafter.h"
+#include "common/drafters/parallelspec/parallelspec_drafter.h"
 #include "common/drafters/specformer/specformer_drafter.h"
 
 namespace specula::cli {
@@ -28,14 +29,22 @@ void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
       "prompts are prefilled in chunks with the rest (a long prompt never stalls decodes)");
   flags.AddString("drafter", &drafter,
                   many_drafters ? "comma-separated drafters to compare with no speculation: ngram, "
-                                  "draft-model, specformer, beagle (dynamic tree), beagle-chain"
-                                : "none, ngram, draft-model, specformer, beagle (dynamic tree) or "
-                                  "beagle-chain");
+                                  "draft-model, specformer, beagle (dynamic tree), beagle-chain, "
+                                  "parallelspec (budgeted tree), parallelspec-chain, "
+                                  "parallelspec-static (Medusa tree)"
+                                : "none, ngram, draft-model, specformer, beagle (dynamic tree), "
+                                  "beagle-chain, parallelspec (budgeted tree), parallelspec-chain "
+                                  "or parallelspec-static (Medusa tree)");
   flags.AddString("drafter-model", &drafter_model, "draft LM directory for --drafter draft-model");
   flags.AddString("specformer-model", &specformer_model,
                   "SpecFormer checkpoint directory for --drafter specformer");
   flags.AddBool("specformer-tree", &specformer_tree,
                 "specformer: budgeted tree of the k most probable paths (false: argmax chain)");
+  flags.AddString("parallelspec-model", &parallelspec_model,
+                  "ParallelSpec checkpoint directory for --drafter parallelspec / "
+                  "parallelspec-chain / parallelspec-static");
+  flags.AddString("parallelspec-static-tree", &parallelspec_static_tree,
+                  "parallelspec-static: JSON array of rank paths, e.g. [[0], [1], [0, 0]]");
   flags.AddString("beagle-model", &beagle_model,
                   "Beagle checkpoint directory for --drafter beagle / beagle-chain");
   flags.AddInt("beagle-depth", &beagle_depth, "beagle: deepest drafted node");
@@ -76,10 +85,12 @@ StatusOr<std::vector<std::string>> SpecFlags::DrafterNames() const {
   while (std::getline(in, name, ',')) {
     if (name.empty()) continue;
     if (name != "none" && name != "ngram" && name != "draft-model" && name != "specformer" &&
-        name != "beagle" && name != "beagle-chain") {
-      return InvalidArgumentError(
-          StrCat("--drafter: unknown drafter '", name,
-                 "' (none, ngram, draft-model, specformer, beagle, beagle-chain)"));
+        name != "beagle" && name != "beagle-chain" && name != "parallelspec" &&
+        name != "parallelspec-chain" && name != "parallelspec-static") {
+      return InvalidArgumentError(StrCat("--drafter: unknown drafter '", name,
+                                         "' (none, ngram, draft-model, specformer, beagle, "
+                                         "beagle-chain, parallelspec, parallelspec-chain, "
+                                         "parallelspec-static)"));
     }
     names.push_back(name);
   }
@@ -111,12 +122,27 @@ StatusOr<std::vector<std::unique_ptr<Drafter>>> SpecFlags::LoadDrafters(
                        DraftModelDrafter::Create(std::move(*runner), vocab,
                                                  {.tree_width = static_cast<int32_t>(tree_width)}));
       drafters.push_back(std::move(drafter));
-    } else if (name == "specformer" || name == "beagle" || name == "beagle-chain") {
-      const bool beagle = name != "specformer";
-      const std::string& dir = beagle ? beagle_model : specformer_model;
+    } else if (name != "none") {  // the drafters that share the target's weights
+      const bool beagle = name == "beagle" || name == "beagle-chain";
+      const bool parallelspec = name.rfind("parallelspec", 0) == 0;
+      const char* family = beagle ? "beagle" : parallelspec ? "parallelspec" : "specformer";
+      const std::string& dir = beagle         ? beagle_model
+                               : parallelspec ? parallelspec_model
+                                              : specformer_model;
       if (dir.empty()) {
-        return InvalidArgumentError(StrCat("--drafter ", name, " needs --",
-                                           beagle ? "beagle" : "specformer", "-model DIR"));
+        return InvalidArgumentError(StrCat("--drafter ", name, " needs --", family, "-model DIR"));
+      }
+      ParallelSpecDrafterOptions ps{.name = name};
+      if (name == "parallelspec-chain") ps.shape = ParallelSpecShape::kChain;
+      if (name == "parallelspec-static") {
+        if (parallelspec_static_tree.empty()) {
+          return InvalidArgumentError(
+              "--drafter parallelspec-static needs --parallelspec-static-tree FILE");
+        }
+        auto tree = StaticDraftTree::FromFile(parallelspec_static_tree);
+        if (!tree.ok()) return tree.status().WithContext("--parallelspec-static-tree");
+        ps.shape = ParallelSpecShape::kStaticTree;
+        ps.static_tree = std::move(*tree);
       }
       // SpecFormer and Beagle share the target's weights (head, embedding): a drafter process
       // without the target loads it (the drafter keeps only the shared module alive).
@@ -140,6 +166,10 @@ StatusOr<std::vector<std::unique_ptr<Drafter>>> SpecFlags::LoadDrafters(
                                  .rank_temperature = static_cast<float>(beagle_rank_temperature),
                                  .name = name});
         if (!drafter.ok()) return drafter.status().WithContext("--beagle-model");
+        drafters.push_back(std::move(*drafter));
+      } else if (parallelspec) {
+        auto drafter = ParallelSpecDrafter::Load(dir, *target_runner, std::move(ps));
+        if (!drafter.ok()) return drafter.status().WithContext("--parallelspec-model");
         drafters.push_back(std::move(*drafter));
       } else {
         auto drafter = SpecFormerDrafter::Load(dir, *target_runner, {.tree = specformer_tree});

@@ -21,6 +21,8 @@ struct SpecFlags {
   std::string drafter_model;             // the draft LM's directory (draft-model)
   std::string specformer_model;          // the SpecFormer checkpoint (specformer)
   bool specformer_tree = true;           // specformer: budgeted tree of k nodes; false = a chain
+  std::string parallelspec_model;        // the ParallelSpec checkpoint (parallelspec*)
+  std::string parallelspec_static_tree;  // parallelspec-static: Medusa tree JSON (rank paths)
   std::string beagle_model;              // the Beagle checkpoint (beagle, beagle-chain)
   int64_t beagle_depth = 6;              // beagle: deepest drafted node
   int64_t beagle_top_k = 10;             // beagle: children per expanded node / frontier width
@@ -43,10 +45,11 @@ struct SpecFlags {
 
   void Register(FlagSet& flags, bool many_drafters);
   // The drafter names in --drafter (validated: none, ngram, draft-model, specformer, beagle,
-  // beagle-chain).
+  // beagle-chain, parallelspec, parallelspec-chain, parallelspec-static).
   StatusOr<std::vector<std::string>> DrafterNames() const;
   // Loads every drafter named in --drafter for a target of config `target` (the draft LM with
-  // `model`'s device, dtype and KV settings). SpecFormer and Beagle share `target_runner`'s
+  // `model`'s device, dtype and KV settings). SpecFormer, Beagle and ParallelSpec share
+  // `target_runner`'s
   // weights; without one (the drafter role) the target in `model` is loaded for them.
   StatusOr<std::vector<std::unique_ptr<Drafter>>> LoadDrafters(
       const ModelConfig& target, const ModelFlags& model,

@@ -4,15 +4,18 @@
 // target, model.safetensors, training.json).
 //   --kind specformer: SpecFormer (common/train/specformer_trainer.h).
 //   --kind beagle: Beagle's two-stage block-attention training (common/train/beagle_trainer.h).
+//   --kind parallelspec: ParallelSpec's group-wise training (common/train/parallelspec_trainer.h).
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "common/drafters/beagle/beagle_config.h"
+#include "common/drafters/parallelspec/parallelspec_config.h"
 #include "common/drafters/specformer/specformer_config.h"
 #include "common/model/model_config.h"
 #include "common/train/beagle_trainer.h"
+#include "common/train/parallelspec_trainer.h"
 #include "common/train/specformer_trainer.h"
 #include "common/util/mapped_file.h"
 #include "tools/cli/commands.h"
@@ -30,6 +33,7 @@ struct Flags {
   DrafterTrainOptions common;  // the flags every kind has
   SpecFormerTrainOptions specformer;
   BeagleTrainOptions beagle;
+  ParallelSpecTrainOptions parallelspec;
   int64_t intermediate = 0;
   int64_t threads = 0, seed = 0;
 };
@@ -62,6 +66,16 @@ Status WriteTrainingJson(const Flags& f, const DrafterTrainOptions& o,
                          {"seed", f.seed}};
   info.update(extra);
   return WriteStringToFile((fs::path(o.out_dir) / "training.json").string(), info.dump(2) + "\n");
+}
+
+// JSON has no NaN: a value that was not measured (a stage that did not run) is null.
+nlohmann::json FiniteOrNull(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json();
+}
+nlohmann::json FiniteOrNull(const std::vector<double>& values) {
+  nlohmann::json out = nlohmann::json::array();
+  for (double v : values) out.push_back(FiniteOrNull(v));
+  return out;
 }
 
 Status ReportStopped(int64_t steps_done, int64_t total) {
@@ -114,10 +128,6 @@ Status RunBeagle(const Flags& f, const ModelConfig& target, const std::vector<st
                o.window, o.sim_steps, 100 * o.early_fraction, o.lr.total_steps, o.batch_size);
   ASSIGN_OR_RETURN(BeagleTrainResult result, TrainBeagle(o));
   if (!result.finished) return ReportStopped(result.steps_done, o.lr.total_steps);
-  // JSON has no NaN: a stage that did not run is null.
-  auto number = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); };
-  nlohmann::json top1 = nlohmann::json::array();
-  for (double a : result.val_top1) top1.push_back(number(a));
   RETURN_IF_ERROR(WriteTrainingJson(
       f, o, args, result.steps_done, result.tokens_seen, result.seconds,
       {{"parameters", {{"drafter", params}, {"target", M}}},
@@ -128,27 +138,66 @@ Status RunBeagle(const Flags& f, const ModelConfig& target, const std::vector<st
        {"vloss_weight", o.vloss_weight},
        {"lr", {{"peak", o.lr.peak_lr}, {"min", o.lr.min_lr}, {"warmup_steps", o.lr.warmup_steps}}},
        {"batch_size", o.batch_size},
-       {"early_first_loss", number(result.early_first_loss)},
-       {"early_last_loss", number(result.early_last_loss)},
-       {"late_first_loss", number(result.late_first_loss)},
-       {"late_last_loss", number(result.late_last_loss)},
-       {"val_early_loss", number(result.val_early_loss)},
-       {"val_late_loss", number(result.val_late_loss)},
-       {"val_top1_by_depth", top1}}));
+       {"early_first_loss", FiniteOrNull(result.early_first_loss)},
+       {"early_last_loss", FiniteOrNull(result.early_last_loss)},
+       {"late_first_loss", FiniteOrNull(result.late_first_loss)},
+       {"late_last_loss", FiniteOrNull(result.late_last_loss)},
+       {"val_early_loss", FiniteOrNull(result.val_early_loss)},
+       {"val_late_loss", FiniteOrNull(result.val_late_loss)},
+       {"val_top1_by_depth", FiniteOrNull(result.val_top1)}}));
   std::fprintf(stderr, "done: %s (val late loss %.4f)\n", o.out_dir.c_str(), result.val_late_loss);
   return OkStatus();
 }
 
+Status RunParallelSpec(const Flags& f, const ModelConfig& target,
+                       const std::vector<std::string>& args) {
+  ParallelSpecTrainOptions o = WithCommon(f, f.parallelspec);
+  o.noise_std = f.beagle.noise_std;  // --noise-std is shared with beagle
+  ParallelSpecConfig shape = ParallelSpecConfig::ForTarget(target, o.num_mask_tokens);
+  shape.use_target_features = o.use_target_features;
+  if (o.intermediate_size > 0) shape.intermediate_size = o.intermediate_size;
+  const int64_t params = shape.parameters(), M = target.num_parameters();
+  std::fprintf(stderr,
+               "training parallelspec for %s on %s: %ld params (target %ld), k %ld masks, %s, "
+               "%ld steps of %ld records\n",
+               o.target_dir.c_str(),
+               o.raw_tokens.empty() ? o.distill_path.c_str() : o.raw_tokens.c_str(), params, M,
+               o.num_mask_tokens,
+               o.use_target_features ? "target features (EAGLE integration)"
+                                     : "token embeddings only (Medusa integration)",
+               o.lr.total_steps, o.batch_size);
+  ASSIGN_OR_RETURN(ParallelSpecTrainResult result, TrainParallelSpec(o));
+  if (!result.finished) return ReportStopped(result.steps_done, o.lr.total_steps);
+  RETURN_IF_ERROR(WriteTrainingJson(
+      f, o, args, result.steps_done, result.tokens_seen, result.seconds,
+      {{"parameters", {{"drafter", params}, {"target", M}}},
+       {"num_mask_tokens", o.num_mask_tokens},
+       {"use_target_features", o.use_target_features},
+       {"noise_std", o.noise_std},
+       {"ce_weight", o.ce_weight},
+       {"group_fraction", o.group_fraction},
+       {"lr", {{"peak", o.lr.peak_lr}, {"min", o.lr.min_lr}, {"warmup_steps", o.lr.warmup_steps}}},
+       {"adamw", {{"beta1", o.beta1}, {"beta2", o.beta2}, {"weight_decay", o.weight_decay}}},
+       {"batch_size", o.batch_size},
+       {"first_train_loss", FiniteOrNull(result.first_loss)},
+       {"final_train_loss", FiniteOrNull(result.last_loss)},
+       {"final_val_loss", FiniteOrNull(result.val_loss)},
+       {"val_top1_by_depth", FiniteOrNull(result.val_top1)}}));
+  std::fprintf(stderr, "done: %s (val loss %.4f)\n", o.out_dir.c_str(), result.val_loss);
+  return OkStatus();
+}
+
 Status Run(const Flags& f, const std::vector<std::string>& args) {
-  if (f.kind != kSpecFormerKind && f.kind != kBeagleKind) {
-    return InvalidArgumentError(
-        StrCat("--kind: unknown drafter kind '", f.kind, "' (trainable: specformer, beagle)"));
+  if (f.kind != kSpecFormerKind && f.kind != kBeagleKind && f.kind != kParallelSpecKind) {
+    return InvalidArgumentError(StrCat("--kind: unknown drafter kind '", f.kind,
+                                       "' (trainable: specformer, beagle, parallelspec)"));
   }
   if (f.common.target_dir.empty()) return InvalidArgumentError("--model (the target) is required");
   if (f.common.out_dir.empty()) return InvalidArgumentError("--out is required");
   if (f.threads > 0) SetThreads(f.threads);
   ASSIGN_OR_RETURN(ModelConfig target,
                    ModelConfig::FromFile((fs::path(f.common.target_dir) / "config.json").string()));
+  if (f.kind == kParallelSpecKind) return RunParallelSpec(f, target, args);
   return f.kind == kBeagleKind ? RunBeagle(f, target, args) : RunSpecFormer(f, target, args);
 }
 
@@ -161,7 +210,7 @@ int RunTrainDrafter(const std::vector<std::string>& args) {
   t.grad_clip = -1;
   double warmup_fraction = 0.05;
   FlagSet flags(kCommand);
-  flags.AddString("kind", &f.kind, "drafter kind: specformer or beagle");
+  flags.AddString("kind", &f.kind, "drafter kind: specformer, beagle or parallelspec");
   flags.AddString("model", &t.target_dir, "the frozen target model directory");
   flags.AddString("data", &t.distill_path, "self-distillation dataset (specula distill)");
   flags.AddString("raw-tokens", &t.raw_tokens,
@@ -188,7 +237,17 @@ int RunTrainDrafter(const std::vector<std::string>& args) {
   flags.AddInt("sim-steps", &b.sim_steps, "beagle: s <= k, late-stage simulation steps");
   flags.AddDouble("early-fraction", &b.early_fraction,
                   "beagle: share of the steps in the early (inverse block attention) stage");
-  flags.AddDouble("noise-std", &b.noise_std, "beagle: Gaussian noise on the target's states");
+  flags.AddDouble("noise-std", &b.noise_std,
+                  "beagle, parallelspec: Gaussian noise on the target's states");
+  ParallelSpecTrainOptions& ps = f.parallelspec;
+  flags.AddInt("num-masks", &ps.num_mask_tokens, "parallelspec: k, [MASK] tokens (depths 2..k+1)");
+  flags.AddBool("use-target-features", &ps.use_target_features,
+                "parallelspec: fuse the target's top states (EAGLE integration); false = token "
+                "embeddings only (Medusa integration)");
+  flags.AddDouble("ce-weight", &ps.ce_weight,
+                  "parallelspec: CE weight next to the feature regression (EAGLE: 0.1)");
+  flags.AddDouble("group-fraction", &ps.group_fraction,
+                  "parallelspec: share of the eligible groups whose masks are trained each step");
   flags.AddDouble("vloss-weight", &b.vloss_weight,
                   "beagle: weight of the hidden-state regression (CE weight 1)");
   flags.AddInt("batch-size", &t.batch_size, "records per optimizer step");
@@ -201,8 +260,10 @@ int RunTrainDrafter(const std::vector<std::string>& args) {
                   "final learning rate of the cosine decay (= --lr: constant after warmup)");
   flags.AddDouble("weight-decay", &t.weight_decay, "AdamW weight decay");
   flags.AddDouble("adam-eps", &t.adam_eps, "AdamW epsilon");
-  flags.AddDouble("grad-clip", &t.grad_clip,
-                  "max global gradient norm (0 = off; < 0 = the kind's: specformer 1, beagle 0.5)");
+  flags.AddDouble(
+      "grad-clip", &t.grad_clip,
+      "max global gradient norm (0 = off; < 0 = the kind's: specformer, parallelspec 1, "
+      "beagle 0.5)");
   flags.AddInt("eval-every", &t.eval_every, "validation every N steps");
   flags.AddInt("checkpoint-every", &t.checkpoint_every, "checkpoint every N steps");
   flags.AddInt("log-every", &t.log_every, "progress line every N steps");

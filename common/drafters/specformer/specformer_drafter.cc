@@ -4,98 +4,15 @@
 
 #include <algorithm>
 #include <optional>
-#include <queue>
-#include <span>
 
 #include "common/drafters/draft_sampling.h"
 #include "common/drafters/drafter_cache_size.h"
+#include "common/drafters/marginal_drafts.h"
 #include "common/drafters/specformer/specformer_model.h"
 #include "common/model/paged_attention.h"
 #include "common/model/transformer.h"
 
 namespace specula {
-namespace {
-
-// One request's slot distributions: row j of `logits` ([l_d, V] float32, CPU) is slot j.
-struct SlotRows {
-  const float* data = nullptr;
-  int64_t vocab = 0;
-  std::span<const float> Row(int64_t j) const {
-    return {data + j * vocab, static_cast<size_t>(vocab)};
-  }
-};
-
-// A chain of `depth` nodes, one per slot: argmax (greedy) or sampled from the shaped slot
-// distribution with that distribution attached (sampled requests).
-CandidateTree DraftChain(const SlotRows& slots, int32_t depth, const SamplingParams& sampling,
-                         SequenceRng& rng) {
-  CandidateTree tree;
-  for (int32_t j = 0; j < depth; ++j) {
-    const auto row = slots.Row(j);
-    if (sampling.greedy()) {
-      const int32_t token = Argmax(row);
-      tree.AddNode(j - 1, token, Softmax(row)[token]);
-    } else {
-      std::vector<float> q = Probabilities(row, sampling);
-      const int32_t token = SampleFrom(q, rng);
-      const float p = q[token];
-      const int32_t dist = tree.AddDistribution(std::move(q));
-      tree.AddNode(j - 1, token, p, dist);
-    }
-  }
-  return tree;
-}
-
-// The `budget` nodes with the highest path probability (product of slot probabilities from the
-// root), for slot distributions that do not depend on the parent. Best-first enumeration: the best
-// node overall is slot 0's best token; after taking a node, the next candidates it opens are its
-// next-best sibling and its best child, both no more probable than itself, so nodes come out in
-// non-increasing path probability and every parent before its children. Ties keep discovery order.
-CandidateTree DraftBudgetedTree(const SlotRows& slots, int32_t depth, int32_t budget,
-                                const SamplingParams& sampling) {
-  CandidateTree tree;
-  if (depth <= 0 || budget <= 0) return tree;
-  // Per depth: probabilities and the tokens sorted by them (at most `budget` are ever used).
-  std::vector<std::vector<float>> probs(depth);
-  std::vector<std::vector<int32_t>> ranked(depth);
-  for (int32_t j = 0; j < depth; ++j) {
-    probs[j] = DraftProbabilities(slots.Row(j), sampling);
-    ranked[j] = TopTokens(probs[j], budget);
-    // Shaped distributions (top-k / top-p) give many tokens probability 0: never draft those.
-    while (!ranked[j].empty() && probs[j][ranked[j].back()] <= 0.0f) ranked[j].pop_back();
-  }
-  struct Candidate {
-    double path_prob;
-    int64_t order;   // discovery order (tie-break)
-    int32_t parent;  // node index, -1 = the pending token
-    int32_t depth;   // 0-based slot
-    int32_t rank;    // index into ranked[depth]
-    double parent_prob;
-  };
-  auto worse = [](const Candidate& a, const Candidate& b) {
-    return a.path_prob < b.path_prob || (a.path_prob == b.path_prob && a.order > b.order);
-  };
-  std::priority_queue<Candidate, std::vector<Candidate>, decltype(worse)> heap(worse);
-  int64_t order = 0;
-  auto push = [&](int32_t parent, int32_t d, int32_t rank, double parent_prob) {
-    if (d >= depth || rank >= static_cast<int32_t>(ranked[d].size())) return;
-    const double p = probs[d][ranked[d][rank]];
-    heap.push({parent_prob * p, order++, parent, d, rank, parent_prob});
-  };
-  push(-1, 0, 0, 1.0);
-  while (!heap.empty() && tree.size() < budget) {
-    const Candidate c = heap.top();
-    heap.pop();
-    const int32_t token = ranked[c.depth][c.rank];
-    const int32_t node = tree.AddNode(c.parent, token, probs[c.depth][token]);
-    push(c.parent, c.depth, c.rank + 1, c.parent_prob);  // next sibling
-    push(node, c.depth + 1, 0, c.path_prob);             // best child
-  }
-  return tree;
-}
-
-}  // namespace
-
 struct SpecFormerDrafter::State {
   State(SeqId id, const SamplingParams& params)
       : kv_seq(id), sampling(params), rng(DraftSeed(params.seed)) {}
@@ -252,11 +169,11 @@ StatusOr<std::vector<CandidateTree>> SpecFormerDrafter::Propose(
   for (size_t w = 0; w < work.size(); ++w) {
     const DraftRequest& r = requests[work[w]];
     State& st = *states[w];
-    const SlotRows slots{logits.data_ptr<float>() + static_cast<int64_t>(w) * l * vocab, vocab};
+    const DepthLogits slots{logits.data_ptr<float>() + static_cast<int64_t>(w) * l * vocab, vocab};
     const int32_t depth = static_cast<int32_t>(std::min<int64_t>(l, r.max_depth));
-    trees[work[w]] = options_.tree
-                         ? DraftBudgetedTree(slots, depth, r.max_nodes, st.sampling)
-                         : DraftChain(slots, std::min(depth, r.max_nodes), st.sampling, st.rng);
+    trees[work[w]] = options_.tree ? DraftMarginalTree(slots, depth, r.max_nodes, st.sampling)
+                                   : DraftMarginalChain(slots, std::min(depth, r.max_nodes),
+                                                        st.sampling, st.rng);
   }
   return trees;
 }

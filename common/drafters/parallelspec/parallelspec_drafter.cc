@@ -1,0 +1,288 @@
+#include "common/drafters/parallelspec/parallelspec_drafter.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "common/drafters/draft_sampling.h"
+#include "common/drafters/drafter_cache_size.h"
+#include "common/drafters/parallelspec/parallelspec_model.h"
+#include "common/model/paged_attention.h"
+#include "common/model/transformer.h"
+
+namespace specula {
+namespace {
+
+torch::Tensor LongTensor(std::vector<int64_t>& v, const torch::Device& device) {
+  return torch::from_blob(v.data(), {static_cast<int64_t>(v.size())},
+                          torch::TensorOptions().dtype(torch::kLong))
+      .to(device);
+}
+
+}  // namespace
+
+Status ParallelSpecDrafterOptions::Validate() const {
+  if (name.empty() || name == "none") {
+    return InvalidArgumentError(StrCat("drafter name '", name, "' is reserved"));
+  }
+  if (shape == ParallelSpecShape::kStaticTree && !static_tree) {
+    return InvalidArgumentError("ParallelSpec static tree shape needs a static tree");
+  }
+  return OkStatus();
+}
+
+struct ParallelSpecDrafter::State {
+  State(SeqId id, const SamplingParams& params)
+      : kv_seq(id), sampling(params), rng(DraftSeed(params.seed)) {}
+
+  SeqId kv_seq;  // the cache's id for the sequence (process-unique)
+  SamplingParams sampling;
+  SequenceRng rng;
+  std::vector<int32_t> history;  // tokens observed; the last one is pending
+  torch::Tensor last;  // [d] output of the last real row (drafts depth 1); undefined before one
+};
+
+StatusOr<std::unique_ptr<ParallelSpecDrafter>> ParallelSpecDrafter::Load(
+    const std::string& dir, const ModelRunner& target, ParallelSpecDrafterOptions options) {
+  ASSIGN_OR_RETURN(std::shared_ptr<ParallelSpecImpl> module,
+                   LoadParallelSpecDir(dir, target.config()));
+  return Create(std::move(module), target, std::move(options));
+}
+
+StatusOr<std::unique_ptr<ParallelSpecDrafter>> ParallelSpecDrafter::Create(
+    std::shared_ptr<ParallelSpecImpl> module, const ModelRunner& target,
+    ParallelSpecDrafterOptions options) {
+  if (!module) return InvalidArgumentError("ParallelSpec module is null");
+  const ParallelSpecConfig& config = module->config();
+  RETURN_IF_ERROR(config.Validate("ParallelSpec config"));
+  RETURN_IF_ERROR(config.CheckTarget(target.config()));
+  RETURN_IF_ERROR(options.Validate());
+  std::shared_ptr<CausalLMImpl> target_module = target.module();
+  const torch::Tensor& head = target_module->lm_head_weight();
+  std::unique_ptr<PagedKvCache> kv;
+  torch::Tensor mask_inputs;
+  try {
+    module->eval();
+    module->to(head.device(), head.scalar_type());
+    module->FuseForServing();
+    module->SetTargetWeights(target_module->model->embed_tokens->weight, head);
+    {
+      c10::InferenceMode inference;
+      mask_inputs = module->MaskInputs().contiguous();
+    }
+    ASSIGN_OR_RETURN(
+        kv, PagedKvCache::Create(1, config.num_key_value_heads, config.head_dim, head.scalar_type(),
+                                 head.device(), SizedFromTarget(options.kv, target.kv_stats())));
+  } catch (const c10::Error& e) {
+    return InternalError(StrCat("cannot place ParallelSpec on ", head.device().str(), ": ",
+                                e.what_without_backtrace()));
+  }
+  auto drafter = std::unique_ptr<ParallelSpecDrafter>(
+      new ParallelSpecDrafter(std::move(module), std::move(kv), std::move(options)));
+  drafter->target_module_ = std::move(target_module);
+  drafter->mask_inputs_ = std::move(mask_inputs);
+  return drafter;
+}
+
+ParallelSpecDrafter::ParallelSpecDrafter(std::shared_ptr<ParallelSpecImpl> module,
+                                         std::unique_ptr<PagedKvCache> kv,
+                                         ParallelSpecDrafterOptions options)
+    : module_(std::move(module)),
+      kv_(std::move(kv)),
+      options_(std::move(options)),
+      states_(&kv_->allocator()) {}
+
+ParallelSpecDrafter::~ParallelSpecDrafter() = default;
+
+const ParallelSpecConfig& ParallelSpecDrafter::config() const { return module_->config(); }
+
+std::vector<int64_t> ParallelSpecDrafter::hidden_layers() const {
+  if (!config().use_target_features) return {};
+  return {config().feature_layer};
+}
+
+int64_t ParallelSpecDrafter::StateBytes() const { return kv_->stats().bytes_in_use(); }
+
+DrafterCapacity ParallelSpecDrafter::capacity() const {
+  return {.blocks = kv_->allocator().num_blocks(), .block_size = kv_->allocator().block_size()};
+}
+
+Status ParallelSpecDrafter::AddSequence(SeqId seq, const SamplingParams& sampling) {
+  return states_.Add(seq, sampling);
+}
+
+void ParallelSpecDrafter::ReleaseSequence(SeqId seq) { states_.Release(seq); }
+
+Status ParallelSpecDrafter::Observe(const std::vector<DrafterObservation>& observations) {
+  const ParallelSpecConfig& c = config();
+  const bool features = c.use_target_features;
+  // Validate everything and reserve the new positions first: on error nothing changes.
+  ASSIGN_OR_RETURN(auto reserved,
+                   states_.Reserve(observations, c.target.vocab_size, features ? 1 : 0,
+                                   c.target.hidden_size, "ParallelSpec cache"));
+  if (!reserved.observations.empty()) {
+    const BlockAllocator& alloc = kv_->allocator();
+    const int64_t B = static_cast<int64_t>(reserved.observations.size());
+    PagedAttentionLayout layout(alloc.block_size(), /*sliding_window=*/0);
+    std::vector<int64_t> last_row(B), next_tokens;
+    std::vector<torch::Tensor> hidden;
+    for (int64_t b = 0; b < B; ++b) {
+      const DrafterObservation& o = observations[reserved.observations[b]];
+      const std::vector<int32_t>& history = states_.find(o.seq)->history;
+      const int64_t seen = static_cast<int64_t>(history.size());
+      // Real row r fuses f_r with the token after it, x_{r+1}: always known (the pending token
+      // follows the last committed position).
+      for (int64_t j = 0; j < reserved.rows[b]; ++j) {
+        const int64_t t = reserved.start[b] + j + 1;
+        next_tokens.push_back(t < seen ? history[t] : o.tokens[t - seen]);
+      }
+      if (features) hidden.push_back(o.hidden[0]);
+      layout.AddSequence(alloc.BlockTable(reserved.kv_seqs[b]), reserved.start[b],
+                         reserved.rows[b]);
+      last_row[b] = layout.num_rows() - 1;
+    }
+    try {
+      c10::InferenceMode inference;
+      const torch::Tensor& w = mask_inputs_;
+      torch::Tensor f;
+      if (features) f = torch::cat(hidden, 0).to(w.device(), w.scalar_type());
+      torch::Tensor x = module_->RealInputs(f, LongTensor(next_tokens, w.device()));
+      std::vector<int64_t> positions = layout.positions();
+      auto cs = module_->RopeFor(LongTensor(positions, w.device()));
+      AttentionInputs in = MakePagedInputs(layout, cs.first, cs.second);
+      LayerKvCache layer{kv_->keys(0), kv_->values(0)};
+      torch::Tensor h = module_->Layer(x, in, &layer);  // [N, d]
+      for (int64_t b = 0; b < B; ++b) {
+        states_.find(observations[reserved.observations[b]].seq)->last = h[last_row[b]].clone();
+      }
+    } catch (const std::exception& e) {
+      states_.Unreserve(reserved);
+      return InternalError(StrCat("ParallelSpec forward of the committed rows failed: ", e.what()));
+    }
+  }
+  states_.AppendTokens(observations);
+  return OkStatus();
+}
+
+StatusOr<std::vector<at::Tensor>> ParallelSpecDrafter::RowLogits(
+    const std::vector<State*>& states, const std::vector<int64_t>& masks) {
+  BlockAllocator& alloc = kv_->allocator();
+  const int64_t S = static_cast<int64_t>(states.size());
+  // The mask rows take the positions after each sequence's last real row for this forward only.
+  std::vector<std::pair<SeqId, int64_t>> growth;
+  std::vector<int64_t> length(S);
+  for (int64_t s = 0; s < S; ++s) {
+    length[s] = alloc.Length(states[s]->kv_seq);
+    if (masks[s] > 0) growth.emplace_back(states[s]->kv_seq, masks[s]);
+  }
+  if (!growth.empty()) {
+    auto grown = alloc.AppendAll(growth);
+    if (!grown.ok()) return grown.status().WithContext("ParallelSpec mask rows");
+  }
+  auto release = [&] {
+    for (int64_t s = 0; s < S; ++s) (void)alloc.Truncate(states[s]->kv_seq, length[s]);
+  };
+  try {
+    c10::InferenceMode inference;
+    const torch::Device device = mask_inputs_.device();
+    // Rows: every sequence's depth-1 state, then every mask row.
+    std::vector<torch::Tensor> rows;
+    for (State* st : states) rows.push_back(st->last.view({1, -1}));
+    if (!growth.empty()) {
+      PagedAttentionLayout layout(alloc.block_size(), /*sliding_window=*/0);
+      std::vector<int64_t> mask_index;
+      for (int64_t s = 0; s < S; ++s) {
+        if (masks[s] == 0) continue;
+        // A causal chain after the real rows: mask i sees real rows 0..P-1 and masks 1..i.
+        layout.AddSequence(alloc.BlockTable(states[s]->kv_seq), length[s], masks[s]);
+        for (int64_t i = 0; i < masks[s]; ++i) mask_index.push_back(i);
+      }
+      torch::Tensor x = mask_inputs_.index_select(0, LongTensor(mask_index, device));
+      std::vector<int64_t> positions = layout.positions();
+      auto cs = module_->RopeFor(LongTensor(positions, device));
+      AttentionInputs in = MakePagedInputs(layout, cs.first, cs.second);
+      LayerKvCache layer{kv_->keys(0), kv_->values(0)};
+      rows.push_back(module_->Layer(x, in, &layer));  // [sum masks, d]
+    }
+    release();
+    torch::Tensor logits =
+        module_->Logits(torch::cat(rows, 0)).to(torch::kFloat).to(torch::kCPU).contiguous();
+    std::vector<at::Tensor> out(S);
+    int64_t next_mask = S;
+    for (int64_t s = 0; s < S; ++s) {
+      out[s] = torch::cat({logits.narrow(0, s, 1), logits.narrow(0, next_mask, masks[s])}, 0);
+      next_mask += masks[s];
+    }
+    return out;
+  } catch (const std::exception& e) {
+    release();
+    return InternalError(StrCat("ParallelSpec draft forward failed: ", e.what()));
+  }
+}
+
+StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::Propose(
+    const std::vector<DraftRequest>& requests) {
+  RETURN_IF_ERROR(CheckDraftRequests(requests, [&](SeqId seq) { return states_.contains(seq); }));
+  std::vector<CandidateTree> trees(requests.size());
+  const int64_t k = config().num_mask_tokens;
+  std::vector<size_t> work;
+  std::vector<State*> states;
+  std::vector<int64_t> masks;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const DraftRequest& r = requests[i];
+    State* st = states_.find(r.seq);
+    // No budget, or nothing committed yet: an empty tree.
+    if (r.max_nodes <= 0 || r.max_depth <= 0 || !st->last.defined()) continue;
+    // No tree is deeper than its node budget; a static tree no deeper than its paths.
+    int64_t depth = std::min<int64_t>({k + 1, r.max_depth, r.max_nodes});
+    if (options_.shape == ParallelSpecShape::kStaticTree) {
+      depth = std::min<int64_t>(depth, options_.static_tree->max_depth());
+    }
+    work.push_back(i);
+    states.push_back(st);
+    masks.push_back(depth - 1);
+  }
+  if (work.empty()) return trees;
+  ASSIGN_OR_RETURN(std::vector<at::Tensor> logits, RowLogits(states, masks));
+  for (size_t w = 0; w < work.size(); ++w) {
+    const DraftRequest& r = requests[work[w]];
+    State& st = *states[w];
+    const DepthLogits rows{logits[w].data_ptr<float>(), logits[w].size(1)};
+    const int32_t depth = static_cast<int32_t>(logits[w].size(0));
+    switch (options_.shape) {
+      case ParallelSpecShape::kChain:
+        trees[work[w]] = DraftMarginalChain(rows, depth, st.sampling, st.rng);
+        break;
+      case ParallelSpecShape::kMarginalTree:
+        trees[work[w]] = DraftMarginalTree(rows, depth, r.max_nodes, st.sampling);
+        break;
+      case ParallelSpecShape::kStaticTree:
+        trees[work[w]] = options_.static_tree->Draft(rows, depth, r.max_nodes, st.sampling);
+        break;
+    }
+  }
+  return trees;
+}
+
+std::vector<SeqId> ParallelSpecDrafter::sequences() const { return states_.ids(); }
+
+StatusOr<std::vector<int32_t>> ParallelSpecDrafter::Tokens(SeqId seq) const {
+  ASSIGN_OR_RETURN(const State* st, states_.Get(seq));
+  return st->history;
+}
+
+StatusOr<std::pair<at::Tensor, at::Tensor>> ParallelSpecDrafter::RealCache(SeqId seq) const {
+  ASSIGN_OR_RETURN(const State* st, states_.Get(seq));
+  return kv_->SequenceKv(0, st->kv_seq);
+}
+
+StatusOr<at::Tensor> ParallelSpecDrafter::DepthLogitsOf(SeqId seq) {
+  ASSIGN_OR_RETURN(State * st, states_.Get(seq));
+  if (!st->last.defined()) {
+    return FailedPreconditionError(StrCat("sequence ", seq, " has no committed position yet"));
+  }
+  ASSIGN_OR_RETURN(std::vector<at::Tensor> logits, RowLogits({st}, {config().num_mask_tokens}));
+  return logits[0];
+}
+
+}  // namespace specula

@@ -1,0 +1,120 @@
+// ParallelSpec as a Drafter: one forward of the k mask rows per step drafts depths 2..k+1, the
+// real row of the last committed position drafts depth 1.
+//
+// Position bookkeeping (see common/spec/drafter.h): the target's KV cache holds positions 0..P-1
+// and the pending token x_P sits at P. Observe turns every newly committed position r into the
+// real row r = fuse(f_r, e(x_{r+1})) (f = the target's feature at r; without target features
+// e(x_{r+1}) alone), runs the decoder layer over the new rows of every sequence in one batched
+// forward, appending their keys/values to the drafter's one-layer paged cache (sized with the
+// target's blocks), and keeps the output of row P-1, which drafts depth 1 (x_{P+1}). Rejected tree
+// nodes never reach the drafter, so the cache holds real rows only and never has to be trimmed.
+//
+// Propose runs the k' = min(k, depth - 1) mask rows of every sequence in one batched forward:
+// mask i of group P-1 sits at cache position P-1+i (written to the sequence's own slots past its
+// end for this forward only; the positions are released again before Propose returns), sees the
+// real rows 0..P-1 and masks 1..i, and drafts depth i + 1. The per-depth distributions do not
+// depend on the parent, so the candidates are built by common/drafters/marginal_drafts.h: a chain
+// (argmax, or sampled with the proposal attached), the budgeted best-first tree (default), or a
+// static Medusa tree.
+//
+// Thread-compatible: one caller at a time (the engine's loop).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/drafters/cached_sequences.h"
+#include "common/drafters/marginal_drafts.h"
+#include "common/drafters/parallelspec/parallelspec_config.h"
+#include "common/kv/paged_kv_cache.h"
+#include "common/model/model_runner.h"
+#include "common/spec/drafter.h"
+
+namespace specula {
+
+class ParallelSpecImpl;
+
+enum class ParallelSpecShape { kChain, kMarginalTree, kStaticTree };
+
+struct ParallelSpecDrafterOptions {
+  ParallelSpecShape shape = ParallelSpecShape::kMarginalTree;
+  std::optional<StaticDraftTree> static_tree;  // required for kStaticTree
+  // The real rows' cache (one layer, the drafter's kv heads x head_dim per position). num_blocks
+  // and memory_mb both 0 (the default): as many blocks of the target's block size as the target's
+  // KV cache has, so every sequence the target admits fits (capacity() reports it).
+  KvCacheOptions kv{.block_size = 16, .num_blocks = 0, .memory_mb = 0};
+  std::string name = "parallelspec";  // the engine's drafter name
+
+  // INVALID_ARGUMENT naming the option: a reserved name, a static shape without a tree.
+  Status Validate() const;
+};
+
+class ParallelSpecDrafter : public Drafter {
+ public:
+  // Loads a checkpoint directory (config.json + model.safetensors, see SaveParallelSpecDir) for
+  // `target`, on the target's device and dtype. Shares (does not copy) the target's embedding and
+  // lm_head. Errors: NOT_FOUND (no checkpoint), INVALID_ARGUMENT (not a ParallelSpec checkpoint,
+  // trained for another target, missing/misshaped tensors, bad options).
+  static StatusOr<std::unique_ptr<ParallelSpecDrafter>> Load(
+      const std::string& dir, const ModelRunner& target, ParallelSpecDrafterOptions options = {});
+  // Wraps an in-memory module (tests, training): moved to the target's device and dtype.
+  static StatusOr<std::unique_ptr<ParallelSpecDrafter>> Create(
+      std::shared_ptr<ParallelSpecImpl> module, const ModelRunner& target,
+      ParallelSpecDrafterOptions options = {});
+  ~ParallelSpecDrafter() override;
+
+  std::string name() const override { return options_.name; }
+  // {feature_layer} with target features, {} without.
+  std::vector<int64_t> hidden_layers() const override;
+  Status AddSequence(SeqId seq, const SamplingParams& sampling) override;
+  void ReleaseSequence(SeqId seq) override;
+  // INVALID_ARGUMENT when an observation's hidden states are not one [m, d] tensor (none without
+  // target features), or m breaks the invariant (rows seen == tokens seen - 1);
+  // RESOURCE_EXHAUSTED when the cache is full. On error no sequence's state changed.
+  Status Observe(const std::vector<DrafterObservation>& observations) override;
+  // RESOURCE_EXHAUSTED when the cache has no room for the mask rows of this forward (nothing
+  // changed).
+  StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override;
+  // Bytes of the cache's blocks in use.
+  int64_t StateBytes() const override;
+  // The cache's blocks and block size.
+  DrafterCapacity capacity() const override;
+
+  const ParallelSpecConfig& config() const;
+  std::shared_ptr<ParallelSpecImpl> module() const { return module_; }
+
+  // --- introspection (tests) ---
+  std::vector<SeqId> sequences() const;
+  // Every token observed for `seq`; the last one is pending. NOT_FOUND for an unknown sequence.
+  StatusOr<std::vector<int32_t>> Tokens(SeqId seq) const;
+  // The cached keys (RoPE applied) and values of the real rows of `seq`, [T, n_kv, head_dim]
+  // each, T = the positions observed. NOT_FOUND for an unknown sequence.
+  StatusOr<std::pair<at::Tensor, at::Tensor>> RealCache(SeqId seq) const;
+  // The logits [1 + k, V] (float32, CPU) of depths 1..k+1 Propose drafts `seq` from;
+  // FAILED_PRECONDITION before the first committed position.
+  StatusOr<at::Tensor> DepthLogitsOf(SeqId seq);
+
+ private:
+  struct State;
+  ParallelSpecDrafter(std::shared_ptr<ParallelSpecImpl> module, std::unique_ptr<PagedKvCache> kv,
+                      ParallelSpecDrafterOptions options);
+  // Logits [1 + masks[s], V] (float32, CPU) per state: its depth-1 row and `masks[s]` mask rows in
+  // one batched forward.
+  StatusOr<std::vector<at::Tensor>> RowLogits(const std::vector<State*>& states,
+                                              const std::vector<int64_t>& masks);
+
+  std::shared_ptr<ParallelSpecImpl> module_;
+  std::shared_ptr<CausalLMImpl> target_module_;  // keeps the shared weights alive
+  at::Tensor mask_inputs_;                       // [k, d] the mask rows' inputs
+  std::unique_ptr<PagedKvCache> kv_;
+  ParallelSpecDrafterOptions options_;
+  CachedSequences<State> states_;
+};
+
+}  // namespace specula
