@@ -30,6 +30,11 @@ class PagedAttentionLayout {
                    const std::vector<int32_t>& positions = {},
                    const std::vector<int32_t>& parents = {});
 
+  // Appends one sequence's rows as a bidirectional block (SpecDec's query slots): every new row
+  // sees the whole committed prefix and every new row, itself included. No sliding window.
+  void AddBidirectionalBlock(const std::vector<int32_t>& block_table, int64_t cached,
+                             int64_t num_new, const std::vector<int32_t>& positions = {});
+
   int64_t block_size() const { return block_size_; }
   int64_t num_rows() const { return static_cast<int64_t>(row_seq_.size()); }
   int64_t num_sequences() const { return static_cast<int64_t>(tables_.size()); }

@@ -61,8 +61,8 @@ const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSection
      {"tls-cert", "tls-key", "tls-ca", "api-token-file", "peer-tls-cert", "peer-tls-key",
       "peer-tls-ca"}},
     {"drafter flags (--role drafter; target and all with local drafters)",
-     {"drafter", "drafter-model", "specformer-model", "specformer-tree", "beagle-model",
-      "beagle-depth", "beagle-top-k", "beagle-total-tokens", "beagle-concat",
+     {"drafter", "drafter-model", "specformer-model", "specformer-tree", "specdec-model",
+      "beagle-model", "beagle-depth", "beagle-top-k", "beagle-total-tokens", "beagle-concat",
       "beagle-rank-temperature", "tree-width", "ngram-min", "ngram-max"}},
 };
 
@@ -431,8 +431,8 @@ int RunServe(const std::vector<std::string>& args) {
   // Same flag and target as SpecFlags', with serve's meaning in --help (FlagSet keeps the last).
   flags.AddString(
       "drafter", &f.spec.drafter,
-      "comma-separated drafters to load: ngram, draft-model, specformer, beagle, beagle-chain "
-      "(requests pick one, or none)");
+      "comma-separated drafters to load: ngram, draft-model, specformer, beagle, beagle-chain, "
+      "specdec (requests pick one, or none)");
   flags.AddString("default-drafter", &f.default_drafter,
                   "drafter for requests that name none: one of --drafter or none (default: the "
                   "first of --drafter)");

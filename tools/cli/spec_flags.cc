@@ -8,6 +8,7 @@
 #include "common/drafters/beagle/beagle_drafter.h"
 #include "common/drafters/draft_model_drafter.h"
 #include "common/drafters/ngram_drafter.h"
+#include "common/drafters/specdec/specdec_drafter.h"
 #include "common/drafters/specformer/specformer_drafter.h"
 
 namespace specula::cli {
@@ -28,12 +29,15 @@ void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
       "prompts are prefilled in chunks with the rest (a long prompt never stalls decodes)");
   flags.AddString("drafter", &drafter,
                   many_drafters ? "comma-separated drafters to compare with no speculation: ngram, "
-                                  "draft-model, specformer, beagle (dynamic tree), beagle-chain"
-                                : "none, ngram, draft-model, specformer, beagle (dynamic tree) or "
-                                  "beagle-chain");
+                                  "draft-model, specformer, beagle (dynamic tree), beagle-chain, "
+                                  "specdec"
+                                : "none, ngram, draft-model, specformer, beagle (dynamic tree), "
+                                  "beagle-chain or specdec");
   flags.AddString("drafter-model", &drafter_model, "draft LM directory for --drafter draft-model");
   flags.AddString("specformer-model", &specformer_model,
                   "SpecFormer checkpoint directory for --drafter specformer");
+  flags.AddString("specdec-model", &specdec_model,
+                  "SpecDec checkpoint directory for --drafter specdec (token-only)");
   flags.AddBool("specformer-tree", &specformer_tree,
                 "specformer: budgeted tree of the k most probable paths (false: argmax chain)");
   flags.AddString("beagle-model", &beagle_model,
@@ -76,10 +80,10 @@ StatusOr<std::vector<std::string>> SpecFlags::DrafterNames() const {
   while (std::getline(in, name, ',')) {
     if (name.empty()) continue;
     if (name != "none" && name != "ngram" && name != "draft-model" && name != "specformer" &&
-        name != "beagle" && name != "beagle-chain") {
+        name != "beagle" && name != "beagle-chain" && name != "specdec") {
       return InvalidArgumentError(
           StrCat("--drafter: unknown drafter '", name,
-                 "' (none, ngram, draft-model, specformer, beagle, beagle-chain)"));
+                 "' (none, ngram, draft-model, specformer, beagle, beagle-chain, specdec)"));
     }
     names.push_back(name);
   }
@@ -111,6 +115,16 @@ StatusOr<std::vector<std::unique_ptr<Drafter>>> SpecFlags::LoadDrafters(
                        DraftModelDrafter::Create(std::move(*runner), vocab,
                                                  {.tree_width = static_cast<int32_t>(tree_width)}));
       drafters.push_back(std::move(drafter));
+    } else if (name == "specdec") {
+      // Token-only: needs the target's config (the vocabulary it was distilled for), not its
+      // weights, so it loads the same way in every role.
+      if (specdec_model.empty()) {
+        return InvalidArgumentError("--drafter specdec needs --specdec-model DIR");
+      }
+      auto drafter = SpecDecDrafter::Load(specdec_model, target,
+                                          {.device = model.device, .dtype = model.dtype});
+      if (!drafter.ok()) return drafter.status().WithContext("--specdec-model");
+      drafters.push_back(std::move(*drafter));
     } else if (name == "specformer" || name == "beagle" || name == "beagle-chain") {
       const bool beagle = name != "specformer";
       const std::string& dir = beagle ? beagle_model : specformer_model;
