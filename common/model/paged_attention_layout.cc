@@ -72,21 +72,25 @@ void PagedAttentionLayout::AddReaders(const std::vector<int32_t>& block_table, i
   }
 }
 
-void PagedAttentionLayout::AddBlock(const std::vector<int32_t>& block_table, int64_t num_new) {
+void PagedAttentionLayout::AddBidirectionalBlock(const std::vector<int32_t>& block_table,
+                                                 int64_t cached, int64_t num_new,
+                                                 const std::vector<int32_t>& positions) {
   const int32_t b = static_cast<int32_t>(tables_.size());
   tables_.push_back(&block_table);
-  seq_cached_.push_back(0);
+  seq_cached_.push_back(cached);
   seq_new_.push_back(num_new);
   seq_first_row_.push_back(num_rows());
   for (int64_t i = 0; i < num_new; ++i) {
+    const int64_t cache_pos = cached + i;
     row_seq_.push_back(b);
-    row_pos_.push_back(i);
-    write_slots_.push_back(static_cast<int64_t>(block_table[i / block_size_]) * block_size_ +
-                           i % block_size_);
+    row_pos_.push_back(positions.empty() ? cache_pos : positions[i]);
+    write_slots_.push_back(static_cast<int64_t>(block_table[cache_pos / block_size_]) *
+                               block_size_ +
+                           cache_pos % block_size_);
     span_begin_.push_back(0);
-    span_end_.push_back(static_cast<int32_t>(num_new));
+    span_end_.push_back(static_cast<int32_t>(cached + num_new));
     extra_offset_.push_back(static_cast<int32_t>(extra_.size()));
-    total_visible_ += num_new;
+    total_visible_ += visible(num_rows() - 1);
   }
 }
 

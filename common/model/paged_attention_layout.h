@@ -37,9 +37,11 @@ class PagedAttentionLayout {
   void AddReaders(const std::vector<int32_t>& block_table, int64_t visible, int64_t num_rows,
                   const std::vector<int32_t>& positions = {});
 
-  // Appends `num_new` rows written to positions 0..num_new-1 of an empty cache that all see one
-  // another (bidirectional attention inside a block, e.g. SpecFormer's draft slots).
-  void AddBlock(const std::vector<int32_t>& block_table, int64_t num_new);
+  // Appends one sequence's rows as a bidirectional block (SpecDec's query slots, SpecFormer's
+  // draft slots over an empty scratch cache): every new row sees the whole committed prefix and
+  // every new row, itself included. No sliding window.
+  void AddBidirectionalBlock(const std::vector<int32_t>& block_table, int64_t cached,
+                             int64_t num_new, const std::vector<int32_t>& positions = {});
 
   int64_t block_size() const { return block_size_; }
   int64_t num_rows() const { return static_cast<int64_t>(row_seq_.size()); }

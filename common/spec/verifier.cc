@@ -176,29 +176,41 @@ VerifyResult VerifySampled(const CandidateTree& tree, const TreeLogits& logits,
   }
 }
 
-// LOSSY. SpecDec's relaxed rule on the target's raw (temperature 1) log-probabilities: accept the
-// first child x with lp[x] among the top beta and max(lp) - lp[x] <= tau. Since log_softmax shifts
-// all logits by one constant, both tests are evaluated on the logits directly. The replacement
-// after a failure is the request's own choice (argmax, or a draw from Probabilities).
+// LOSSY. SpecDec's relaxed rule: accept the first child x that ranks among the top beta of the
+// request's distribution and whose log-probability is within tau of that distribution's top-1.
+// The paper defines it for greedy decoding on the model's log-probabilities; we keep that for
+// greedy requests (the raw logits: log_softmax shifts them all by one constant) and define it for
+// sampled requests on the distribution the request samples from (Probabilities: temperature, top-k,
+// top-p), so tau is a gap in shaped log-probability (logit gap / temperature) and a token the
+// shaping removed is never accepted. Ranks break ties towards the lower id, as Argmax and top-k
+// do, so beta = 1 accepts only the greedy (resp. the shaped mode) token. The replacement after a
+// failure is the request's own choice (argmax, or a draw from the shaped distribution).
 VerifyResult VerifySpecDec(const CandidateTree& tree, const TreeLogits& logits,
                            const std::vector<std::vector<int32_t>>& children,
                            const SamplingParams& sampling, const VerifyParams& params,
                            SequenceRng& rng) {
   VerifyResult result;
   int32_t node = -1;
+  std::vector<float> shaped;
   while (true) {
-    const std::span<const float> row = RowOf(logits, node);
-    const double max_logit = row[Argmax(row)];
+    const std::span<const float> raw = RowOf(logits, node);
+    // Scores in which the rule is evaluated: raw logits (greedy) or shaped probabilities.
+    std::span<const float> score = raw;
+    if (!sampling.greedy()) {
+      shaped = Probabilities(raw, sampling);
+      score = shaped;
+    }
+    const double top = score[Argmax(score)];
     int32_t next = -1;
     for (int32_t child : children[node + 1]) {
       const int32_t x = tree.token(child);
-      const float lx = row[x];
-      if (!(max_logit - lx <= params.specdec_tau)) continue;
-      // x's rank in the sampler's order (by logit, ties to the lower id, as Argmax and top-k
-      // break them, so beta = 1 is exactly greedy): the tokens ordered before it.
+      const float sx = score[x];
+      const double gap = sampling.greedy() ? top - sx : std::log(top) - std::log(sx);
+      if (!(sampling.greedy() || sx > 0.0f) || !(gap <= params.specdec_tau)) continue;
+      // x's rank: the tokens ordered before it.
       int64_t ahead = 0;
-      for (int32_t v = 0; v < static_cast<int32_t>(row.size()); ++v) {
-        ahead += (row[v] > lx || (row[v] == lx && v < x)) ? 1 : 0;
+      for (int32_t v = 0; v < static_cast<int32_t>(score.size()); ++v) {
+        ahead += (score[v] > sx || (score[v] == sx && v < x)) ? 1 : 0;
       }
       if (ahead < params.specdec_beta) {
         next = child;
@@ -206,7 +218,7 @@ VerifyResult VerifySpecDec(const CandidateTree& tree, const TreeLogits& logits,
       }
     }
     if (next < 0) {
-      result.bonus_token = TargetToken(row, sampling, rng);
+      result.bonus_token = sampling.greedy() ? Argmax(raw) : SampleFrom(shaped, rng);
       return result;
     }
     result.accepted_nodes.push_back(next);

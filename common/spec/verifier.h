@@ -24,9 +24,10 @@ enum class VerifyMode {
   // chain.
   kLossless,
   // LOSSY. SpecDec (Xia et al.): a draft token is accepted if it is in the target's top-beta and
-  // its
-  // log-probability is within tau of the top-1; the first failure is replaced by the target's
-  // choice.
+  // its log-probability is within tau of the top-1; the first failure is replaced by the target's
+  // choice. Greedy requests: on the raw log-probabilities (the paper). Sampled requests: on the
+  // distribution the request samples from (temperature, top-k, top-p applied), so tau is a gap in
+  // shaped log-probability and tokens outside the shaped support are never accepted.
   kSpecDec,
   // LOSSY. Medusa's typical acceptance: accept a candidate when its target probability exceeds
   // min(epsilon, delta * exp(-entropy)).

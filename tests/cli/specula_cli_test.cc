@@ -197,6 +197,11 @@ TEST_F(SpeculaCliTest, SpeculationFlagErrors) {
   r = Run(base + " --drafter parallelspec-static --parallelspec-model " + dir_->File("nope") +
           " --parallelspec-static-tree " + dir_->File("nope.json"));
   EXPECT_NE(r.err.find("--parallelspec-static-tree"), std::string::npos) << r.err;
+  r = Run(base + " --drafter specdec");
+  EXPECT_NE(r.err.find("--drafter specdec needs --specdec-model DIR"), std::string::npos) << r.err;
+  r = Run(base + " --drafter specdec --specdec-model " + dir_->File("nope"));
+  EXPECT_NE(r.err.find("--specdec-model"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << r.err;
   r = Run(base + " --drafter ngram --verify greedy --temperature 0.5");
   EXPECT_NE(r.err.find("--verify greedy needs --temperature 0"), std::string::npos) << r.err;
   r = Run(base + " --drafter ngram --verify magic");
@@ -244,6 +249,47 @@ TEST_F(SpeculaCliTest, BenchComparesWithNoSpeculationAndWritesJson) {
   ASSERT_TRUE(WriteStringToFile(prompts, "{\"prompt\": 3}\n").ok());
   r = Run("bench --model " + model() + " --prompts " + prompts);
   EXPECT_NE(r.err.find("line 1"), std::string::npos) << r.err;
+}
+
+// Issue 16: a lossy rule in bench reports what it cost against the lossless baseline.
+TEST_F(SpeculaCliTest, BenchReportsQualityWhenALossyRuleRuns) {
+  const std::string prompts = dir_->File("quality_prompts.jsonl");
+  ASSERT_TRUE(WriteStringToFile(prompts,
+                                "{\"prompt\": \"def f(x):\\n    return x\"}\n"
+                                "{\"prompt_ids\": [5, 6, 7, 8]}\n")
+                  .ok());
+  const std::string json_path = dir_->File("quality_bench.json");
+  const std::string base = "bench --model " + model() + " --drafter ngram --prompts " + prompts +
+                           " --batch-sizes 2 --draft-lens 3 --max-new-tokens 12 --repeats 1";
+  RunResult r = Run(base + " --specdec-grid 1:0,8:20 --json " + json_path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("LOSSY: identical"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lossless reference: target log-prob/token"), std::string::npos) << r.out;
+  auto j = nlohmann::json::parse(ReadFileToString(json_path).value());
+  ASSERT_EQ(j["results"].size(), 3u);  // none, then ngram k=3 at each grid point
+  const auto& none = j["results"][0];
+  const auto& beta1 = j["results"][1];
+  ASSERT_TRUE(none["quality"].is_object()) << none.dump();
+  const double lossless_log_prob = none["quality"]["mean_target_log_prob"].get<double>();
+  EXPECT_LT(lossless_log_prob, 0.0);
+  // beta = 1 is greedy: identical outputs, BLEU 100, the same log-probability.
+  EXPECT_EQ(beta1["specdec_beta"], 1);
+  EXPECT_DOUBLE_EQ(beta1["quality"]["identical_share"].get<double>(), 1.0);
+  EXPECT_TRUE(beta1["quality"]["mean_first_divergence"].is_null());
+  EXPECT_DOUBLE_EQ(beta1["quality"]["bleu4"].get<double>(), 100.0);
+  EXPECT_NEAR(beta1["quality"]["mean_target_log_prob"].get<double>(), lossless_log_prob, 1e-6);
+  EXPECT_EQ(j["results"][2]["specdec_beta"], 8);
+  EXPECT_TRUE(j["results"][2]["quality"].is_object());
+  // Lossless runs carry no quality block.
+  r = Run(base + " --json " + json_path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  j = nlohmann::json::parse(ReadFileToString(json_path).value());
+  for (const auto& row : j["results"]) EXPECT_TRUE(row["quality"].is_null()) << row.dump();
+  for (const std::string bad : {"3", "0:1", "2:-1", "2:x", "1.5:1"}) {
+    r = Run(base + " --specdec-grid " + bad);
+    EXPECT_EQ(r.exit_code, 1) << bad;
+    EXPECT_NE(r.err.find("--specdec-grid: '" + bad + "'"), std::string::npos) << r.err;
+  }
 }
 
 TEST_F(SpeculaCliTest, TrainTargetPrintsProgressAndValidationAndWritesAModel) {

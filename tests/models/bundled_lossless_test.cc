@@ -12,6 +12,7 @@
 #include "common/drafters/draft_model_drafter.h"
 #include "common/drafters/ngram_drafter.h"
 #include "common/drafters/parallelspec/parallelspec_drafter.h"
+#include "common/drafters/specdec/specdec_drafter.h"
 #include "common/drafters/specformer/specformer_drafter.h"
 #include "common/engine/plain_decoder.h"
 #include "common/sampling/sampler.h"
@@ -30,6 +31,7 @@ const std::string kSpecFormer = std::string(SPECULA_SOURCE_DIR) + "/models/specf
 const std::string kBeagle = std::string(SPECULA_SOURCE_DIR) + "/models/beagle-pyllama-6m";
 const std::string kParallelSpec =
     std::string(SPECULA_SOURCE_DIR) + "/models/parallelspec-pyllama-6m";
+const std::string kSpecDec = std::string(SPECULA_SOURCE_DIR) + "/models/specdec-pyllama-6m";
 const std::string kHeldOut = "/usr/lib/python3.11/test";
 constexpr int kPrompts = 16;
 constexpr int64_t kMaxNewTokens = 40;
@@ -84,6 +86,10 @@ class BundledLosslessTest : public ::testing::Test {
           SpecFormerDrafter::Load(kSpecFormer, *target_, {.tree = drafter == "specformer-tree"});
       EXPECT_TRUE(specformer.ok()) << specformer.status();
       if (specformer.ok()) EXPECT_TRUE(engine->AddDrafter(std::move(*specformer)).ok());
+    } else if (drafter == "specdec") {
+      auto specdec = SpecDecDrafter::Load(kSpecDec, target_->config());
+      EXPECT_TRUE(specdec.ok()) << specdec.status();
+      if (specdec.ok()) EXPECT_TRUE(engine->AddDrafter(std::move(*specdec)).ok());
     } else if (drafter.rfind("beagle", 0) == 0) {
       auto beagle =
           BeagleDrafter::Load(kBeagle, *target_, {.tree = drafter == "beagle", .name = drafter});
@@ -137,11 +143,11 @@ class BundledLosslessTest : public ::testing::Test {
   void CheckDrafter(const std::string& drafter,
                     const std::vector<int32_t>& budgets = {1, 2, 3, 4, 5, 6, 7, 8}) {
     auto engine = Engine(drafter);
-    const std::string name = drafter == "ngram"                      ? "ngram"
-                             : drafter.rfind("specformer", 0) == 0   ? "specformer"
-                             : drafter.rfind("beagle", 0) == 0       ? drafter
-                             : drafter.rfind("parallelspec", 0) == 0 ? drafter
-                                                                     : "draft-model";
+    const std::string name = drafter == "ngram" || drafter == "specdec" ? drafter
+                             : drafter.rfind("specformer", 0) == 0      ? "specformer"
+                             : drafter.rfind("beagle", 0) == 0          ? drafter
+                             : drafter.rfind("parallelspec", 0) == 0    ? drafter
+                                                                        : "draft-model";
     int64_t accepted = 0;
     for (int32_t k : budgets) {
       // Batch 1: a few prompts one at a time.
@@ -192,6 +198,7 @@ TEST_F(BundledLosslessTest, DraftModelChainEqualsPlainGreedy) { CheckDrafter("dr
 TEST_F(BundledLosslessTest, DraftModelTreeEqualsPlainGreedy) { CheckDrafter("draft-model-tree"); }
 TEST_F(BundledLosslessTest, SpecFormerChainEqualsPlainGreedy) { CheckDrafter("specformer-chain"); }
 TEST_F(BundledLosslessTest, SpecFormerTreeEqualsPlainGreedy) { CheckDrafter("specformer-tree"); }
+TEST_F(BundledLosslessTest, SpecDecChainEqualsPlainGreedy) { CheckDrafter("specdec"); }
 TEST_F(BundledLosslessTest, BeagleChainEqualsPlainGreedy) {
   CheckDrafter("beagle-chain", {1, 3, 6});
 }

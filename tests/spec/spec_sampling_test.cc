@@ -14,8 +14,11 @@
 #include "common/drafters/draft_model_drafter.h"
 #include "common/drafters/parallelspec/parallelspec_drafter.h"
 #include "common/drafters/parallelspec/parallelspec_model.h"
+#include "common/drafters/specdec/specdec_drafter.h"
+#include "common/drafters/specdec/specdec_model.h"
 #include "common/engine/plain_decoder.h"
 #include "common/spec/spec_engine.h"
+#include "tests/drafters/random_specdec.h"
 #include "tests/spec/chi_square.h"
 #include "tests/testing/tiny_model.h"
 
@@ -92,6 +95,13 @@ class SpecSamplingTest : public ::testing::Test {
     }
     options.kv.memory_mb = 64;
     return ParallelSpecDrafter::Create(std::move(module), *target_, std::move(options)).value();
+  }
+
+  // A SpecDec drafter (token-only) with random, scaled-up weights: sampled chains with the slot
+  // distributions attached.
+  std::unique_ptr<Drafter> RandomSpecDec() {
+    auto module = RandomSpecDecModule(TinySpecDecConfig(config_, 2, 1, 4), config_, 11);
+    return SpecDecDrafter::Create(std::move(module), {.kv = {.memory_mb = 64}}).value();
   }
 
   std::vector<int64_t> SpecCounts(const SamplingParams& sampling, int32_t tree_width,
@@ -229,6 +239,22 @@ TEST_F(SpecSamplingTest, ParallelSpecShapesMatchPlainSampling) {
     EXPECT_GT(accepted, 0.2) << static_cast<int>(shape);
     std::printf("parallelspec shape %d: z = %.2f, accepted drafts per step %.2f\n",
                 static_cast<int>(shape), z, accepted);
+  }
+}
+
+// SpecDec's drafter (sampled chains with slot distributions), plain and shaped sampling.
+TEST_F(SpecSamplingTest, SpecDecDrafterMatchesPlainSampling) {
+  for (const SamplingParams& sampling :
+       {SamplingParams{.temperature = 1.0f},
+        SamplingParams{.temperature = 0.8f, .top_k = 6, .top_p = 0.95f}}) {
+    const auto plain = PlainCounts(sampling);
+    double accepted = 0;
+    const auto spec = SpecCounts(sampling, RandomSpecDec(), 3, {}, &accepted);
+    const double z = ChiSquareTwoSampleZ(plain, spec);
+    EXPECT_LT(z, 5.0);
+    EXPECT_GT(accepted, 0.2) << "drafts must be accepted for the test to mean anything";
+    std::printf("specdec chain (T %.1f): z = %.2f, accepted drafts per step %.2f\n",
+                sampling.temperature, z, accepted);
   }
 }
 

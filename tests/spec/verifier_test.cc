@@ -382,6 +382,61 @@ TEST(VerifySpecDecTest, SampledRequestsDrawTheReplacementFromTheRequestDistribut
   }
 }
 
+// Sampled requests: the rule is evaluated on the shaped distribution (temperature, top-k, top-p).
+TEST(VerifySpecDecTest, SampledRequestsUseTheShapedLogProbabilityGap) {
+  // Logit gap 0.6 between token 0 (top) and token 1; at temperature T the shaped gap is 0.6 / T.
+  const std::vector<float> row0 = {1.0f, 0.4f, -2.0f, -2.0f};
+  const Rows logits({row0, Row(4, {})});
+  const std::vector<int32_t> second = {1};
+  const CandidateTree tree = CandidateTree::Chain(second);
+  VerifyParams specdec = Mode(VerifyMode::kSpecDec);
+  specdec.specdec_beta = 2;
+  specdec.specdec_tau = 1.0f;
+  // T = 1: gap 0.6 <= 1, accepted. T = 0.5: gap 1.2 > 1, rejected. T = 0.7: gap 0.857, accepted.
+  EXPECT_THAT(MustVerify(tree, logits, Sampling(1.0f), specdec).accepted_nodes, ElementsAre(0));
+  EXPECT_THAT(MustVerify(tree, logits, Sampling(0.5f), specdec).accepted_nodes, IsEmpty());
+  EXPECT_THAT(MustVerify(tree, logits, Sampling(0.7f), specdec).accepted_nodes, ElementsAre(0));
+  // Greedy requests keep the paper's rule on the raw log-probabilities: gap 0.6.
+  EXPECT_THAT(MustVerify(tree, logits, Sampling(0.0f), specdec).accepted_nodes, ElementsAre(0));
+  specdec.specdec_tau = 0.5f;
+  EXPECT_THAT(MustVerify(tree, logits, Sampling(0.0f), specdec).accepted_nodes, IsEmpty());
+}
+
+TEST(VerifySpecDecTest, SampledRequestsNeverAcceptATokenTheShapingRemoved) {
+  // Token 1 is second by logit and within any tau, but top_k = 1 (or a small top_p) removes it.
+  const std::vector<float> row0 = {1.0f, 0.9f, -2.0f, -2.0f};
+  const Rows logits({row0, Row(4, {})});
+  const std::vector<int32_t> second = {1};
+  const CandidateTree tree = CandidateTree::Chain(second);
+  VerifyParams specdec = Mode(VerifyMode::kSpecDec);
+  specdec.specdec_beta = 4;
+  specdec.specdec_tau = 100.0f;
+  EXPECT_THAT(MustVerify(tree, logits, Sampling(1.0f), specdec).accepted_nodes, ElementsAre(0));
+  for (const SamplingParams& s : {Sampling(1.0f, 1), Sampling(1.0f, 0, 0.3f)}) {
+    for (uint64_t seed = 0; seed < 20; ++seed) {
+      SequenceRng rng(seed);
+      const VerifyResult r = MustVerify(tree, logits, s, specdec, rng);
+      EXPECT_THAT(r.accepted_nodes, IsEmpty());
+      EXPECT_EQ(r.bonus_token, 0);  // the only token left in the shaped support
+    }
+  }
+}
+
+TEST(VerifySpecDecTest, SampledBetaOneAcceptsOnlyTheShapedMode) {
+  const std::vector<float> row0 = {0.2f, 1.0f, 0.99f, -1.0f};
+  const Rows logits({row0, Row(4, {})});
+  VerifyParams specdec = Mode(VerifyMode::kSpecDec);
+  specdec.specdec_beta = 1;
+  specdec.specdec_tau = 100.0f;
+  const std::vector<int32_t> mode = {1}, runner_up = {2};
+  EXPECT_THAT(
+      MustVerify(CandidateTree::Chain(mode), logits, Sampling(0.8f), specdec).accepted_nodes,
+      ElementsAre(0));
+  EXPECT_THAT(
+      MustVerify(CandidateTree::Chain(runner_up), logits, Sampling(0.8f), specdec).accepted_nodes,
+      IsEmpty());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Typical acceptance (lossy).
 

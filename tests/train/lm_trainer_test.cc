@@ -131,6 +131,15 @@ TEST(LrScheduleTest, WarmupThenCosine) {
   EXPECT_DOUBLE_EQ(s.At(500), 0.1);
 }
 
+TEST(LrScheduleTest, WarmupThenInverseSqrt) {
+  LrSchedule s{
+      .peak_lr = 1.0, .min_lr = 0.5, .warmup_steps = 4, .total_steps = 100, .inverse_sqrt = true};
+  EXPECT_DOUBLE_EQ(s.At(0), 0.25);
+  EXPECT_DOUBLE_EQ(s.At(3), 1.0);
+  EXPECT_DOUBLE_EQ(s.At(15), 0.5);   // sqrt(4 / 16)
+  EXPECT_DOUBLE_EQ(s.At(399), 0.1);  // sqrt(4 / 400): min_lr does not apply
+}
+
 TEST(TokenFileTest, RoundTripAndErrors) {
   TempDir dir;
   const std::string path = dir.File("t.tok");

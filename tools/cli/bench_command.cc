@@ -3,21 +3,31 @@
 // draft length, rotated between repeats) generates max_new_tokens for the same prompts: at least
 // --min-requests requests per run, in waves of batch-size concurrent ones (so batch 1 is measured
 // over many prompts, not one). Prints a table and writes every run to JSON.
+//
+// Whenever a LOSSY rule runs (--verify specdec/typical, --specdec-grid) the table adds what it cost
+// in quality, against the baseline's lossless outputs of the same repeat: the share of requests
+// identical to them, the mean position of the first divergence (over the diverging requests),
+// token-level corpus BLEU-4, and the target's mean log-probability per generated token (the
+// baseline's own is printed on its row for reference).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
+#include "common/spec/output_agreement.h"
 #include "common/spec/spec_engine.h"
 #include "common/tokenizer/tokenizer.h"
 #include "tools/cli/bench_prompts.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/model_flags.h"
 #include "tools/cli/spec_flags.h"
+#include "tools/cli/target_log_probs.h"
 
 namespace specula::cli {
 namespace {
@@ -33,6 +43,7 @@ struct BenchFlags {
   int64_t prompt_tokens = 128;
   std::vector<int64_t> batch_sizes = {1, 4, 16, 64};
   std::string draft_lens = "2,4,6,8,adaptive";
+  std::string specdec_grid;  // "beta:tau,...": every drafter setting once per point (LOSSY)
   int64_t max_new_tokens = 128;
   int64_t repeats = 3;
   int64_t min_requests = 16;
@@ -45,10 +56,45 @@ struct Setting {
   std::string drafter;    // "none" = the baseline
   int64_t draft_len = 0;  // adaptive: the cap
   bool adaptive = false;
+  // --specdec-grid: this setting's (beta, tau); otherwise --verify decides.
+  std::optional<std::pair<int32_t, float>> specdec;
   std::string label() const {
     if (drafter == "none") return "none";
-    return adaptive ? StrCat(drafter, " adaptive") : StrCat(drafter, " k=", draft_len);
+    std::string label = adaptive ? StrCat(drafter, " adaptive") : StrCat(drafter, " k=", draft_len);
+    if (specdec) label += StrCat(" b", specdec->first, "t", specdec->second);
+    return label;
   }
+};
+
+// --specdec-grid: "beta:tau" pairs (beta an integer >= 1, tau a finite number >= 0).
+StatusOr<std::vector<std::pair<int32_t, float>>> ParseSpecDecGrid(const std::string& text) {
+  std::vector<std::pair<int32_t, float>> grid;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    const size_t colon = item.find(':');
+    char* end_beta = nullptr;
+    char* end_tau = nullptr;
+    const long long beta =
+        colon == std::string::npos ? 0 : std::strtoll(item.c_str(), &end_beta, 10);
+    const double tau =
+        colon == std::string::npos ? -1 : std::strtod(item.c_str() + colon + 1, &end_tau);
+    if (colon == std::string::npos || end_beta != item.c_str() + colon || *end_tau != '\0' ||
+        beta < 1 || beta > 1000000 || !(tau >= 0) || !std::isfinite(tau)) {
+      return InvalidArgumentError(
+          StrCat("--specdec-grid: '", item,
+                 "' is not beta:tau (beta an integer >= 1, tau a finite number >= 0)"));
+    }
+    grid.push_back({static_cast<int32_t>(beta), static_cast<float>(tau)});
+  }
+  return grid;
+}
+
+// The quality a lossy setting kept, per repeat (see the header comment).
+struct Quality {
+  OutputAgreement agreement;
+  LogProbSum log_probs;
 };
 
 // --draft-lens: positive integers (fixed budgets) and "adaptive" (the policy, capped at
@@ -92,6 +138,7 @@ struct RunResult {
   int64_t engine_steps = 0;  // target forwards (each serves the whole batch)
   int64_t budget_nodes = 0;  // adaptive: nodes the policy gave, over sequence-steps
   int64_t budgeted_sequence_steps = 0;
+  std::optional<Quality> quality;  // lossy settings (and the baseline, for its log-probability)
   double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0; }
   // Tokens per verification step (accepted drafts + the target's own token).
   double a() const { return steps ? double(accepted_tokens + steps) / steps : 0; }
@@ -154,6 +201,7 @@ Status Run(const BenchFlags& f) {
     if (b < 1) return InvalidArgumentError(StrCat("--batch-sizes: ", b, " is not positive"));
   }
   ASSIGN_OR_RETURN(auto draft_lens, ParseDraftLens(f.draft_lens, f.spec.draft_cap));
+  ASSIGN_OR_RETURN(auto specdec_grid, ParseSpecDecGrid(f.specdec_grid));
   if (f.model.model.empty()) return InvalidArgumentError("--model is required");
   ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromFile(f.model.model + "/tokenizer.json"));
   std::vector<std::vector<int32_t>> prompts;
@@ -175,7 +223,26 @@ Status Run(const BenchFlags& f) {
   std::vector<Setting> settings = {{"none", 0}};
   for (const auto& d : drafters) {
     if (d == "none") continue;
-    for (const auto& [k, adaptive] : draft_lens) settings.push_back({d, k, adaptive});
+    for (const auto& [k, adaptive] : draft_lens) {
+      if (specdec_grid.empty()) settings.push_back({d, k, adaptive});
+      for (const auto& point : specdec_grid) settings.push_back({d, k, adaptive, point});
+    }
+  }
+  // The speculation settings of setting s (its grid point overrides --verify).
+  auto speculation = [&](const Setting& setting) -> StatusOr<SpeculationSettings> {
+    ASSIGN_OR_RETURN(SpeculationSettings out,
+                     f.spec.Settings(setting.drafter, setting.draft_len, f.temperature));
+    if (setting.specdec) {
+      out.verify.mode = VerifyMode::kSpecDec;
+      out.verify.specdec_beta = setting.specdec->first;
+      out.verify.specdec_tau = setting.specdec->second;
+    }
+    return out;
+  };
+  bool any_lossy = false;
+  for (const Setting& setting : settings) {
+    ASSIGN_OR_RETURN(SpeculationSettings spec, speculation(setting));
+    any_lossy |= setting.drafter != "none" && spec.verify.lossy();
   }
   // One policy per adaptive setting for the whole run, like a server that keeps serving: it
   // learns across batch sizes and repeats (the cost model is per step shape).
@@ -193,8 +260,7 @@ Status Run(const BenchFlags& f) {
     SpecRequest r;
     r.generation.prompt = prompts[0];
     r.generation.max_new_tokens = std::min<int64_t>(16, f.max_new_tokens);
-    ASSIGN_OR_RETURN(r.speculation,
-                     f.spec.Settings(settings[s].drafter, settings[s].draft_len, f.temperature));
+    ASSIGN_OR_RETURN(r.speculation, speculation(settings[s]));
     std::vector<std::vector<int32_t>> ignored;
     RETURN_IF_ERROR(RunOnce(engine, {r, r}, 2, nullptr, &ignored, planners[s].get()).status());
   }
@@ -222,14 +288,22 @@ Status Run(const BenchFlags& f) {
           r.generation.max_new_tokens = f.max_new_tokens;  // no stop tokens: equal work per run
           r.generation.sampling.temperature = static_cast<float>(f.temperature);
           r.generation.sampling.seed = static_cast<uint64_t>(f.seed + i);
-          ASSIGN_OR_RETURN(r.speculation, f.spec.Settings(settings[s].drafter,
-                                                          settings[s].draft_len, f.temperature));
+          ASSIGN_OR_RETURN(r.speculation, speculation(settings[s]));
           requests.push_back(std::move(r));
         }
         ASSIGN_OR_RETURN(RunResult run,
                          RunOnce(engine, requests, static_cast<size_t>(bs),
                                  s == 0 ? nullptr : &baseline, &outputs, planners[s].get()));
         if (s == 0) baseline = outputs;
+        // Quality is measured outside the timed run, with the engine idle.
+        if (any_lossy && (s == 0 || requests[0].speculation.verify.lossy())) {
+          std::vector<std::vector<int32_t>> request_prompts;
+          for (const SpecRequest& r : requests) request_prompts.push_back(r.generation.prompt);
+          Quality q;
+          q.agreement = CompareOutputs(outputs, baseline);
+          ASSIGN_OR_RETURN(q.log_probs, TargetLogProbs(*runner, request_prompts, outputs));
+          run.quality = q;
+        }
         runs[s].push_back(run);
       }
     }
@@ -237,6 +311,9 @@ Status Run(const BenchFlags& f) {
       std::vector<double> tps, speedups, draft_share, verify_share;
       double a = 0, k = 0, l_d = 0, budget = 0;
       int64_t mismatches = 0, peak_state = 0;
+      // Quality over the repeats that measured it: identical share, first divergence (over the
+      // repeats where some request diverged), BLEU-4, mean target log-probability.
+      std::vector<double> identical, divergence, bleu, log_prob;
       nlohmann::json reps = nlohmann::json::array();
       for (int64_t rep = 0; rep < f.repeats; ++rep) {
         const RunResult& r = runs[s][rep];
@@ -253,7 +330,24 @@ Status Run(const BenchFlags& f) {
         }
         mismatches += r.mismatches;
         peak_state = std::max(peak_state, r.peak_drafter_state_bytes);
-        reps.push_back({{"seconds", r.seconds},
+        nlohmann::json quality = nullptr;
+        if (r.quality) {
+          const OutputAgreement& agreement = r.quality->agreement;
+          identical.push_back(agreement.identical_share());
+          if (agreement.mean_first_divergence)
+            divergence.push_back(*agreement.mean_first_divergence);
+          bleu.push_back(agreement.bleu4);
+          log_prob.push_back(r.quality->log_probs.mean());
+          quality = {
+              {"identical_share", agreement.identical_share()},
+              {"mean_first_divergence", agreement.mean_first_divergence
+                                            ? nlohmann::json(*agreement.mean_first_divergence)
+                                            : nlohmann::json(nullptr)},
+              {"bleu4", agreement.bleu4},
+              {"mean_target_log_prob", r.quality->log_probs.mean()}};
+        }
+        reps.push_back({{"quality", quality},
+                        {"seconds", r.seconds},
                         {"tokens", r.tokens},
                         {"tokens_per_s", r.tokens_per_s()},
                         {"speedup", speedups.back()},
@@ -288,32 +382,63 @@ Status Run(const BenchFlags& f) {
         if (lim > 0) fractions.push_back(speedups[rep] / lim);
       }
       const double state_mb = peak_state / (1024.0 * 1024.0);
+      nlohmann::json results_quality = nullptr;
       std::printf(
           "%-6lld %-18s %10.1f %10.1f %8.2fx %8.2fx %6.2f %6.2f %6.1f %6.1f%% %6.1f%% %8.2f %lld\n",
           static_cast<long long>(bs), settings[s].label().c_str(), Median(tps), Min(tps),
           Median(speedups), Min(speedups), a, kappa, k, 100 * Median(draft_share),
           100 * Median(verify_share), state_mb, static_cast<long long>(mismatches));
-      results.push_back({{"batch_size", bs},
-                         {"drafter", settings[s].drafter},
-                         {"draft_len", settings[s].draft_len},
-                         {"draft_budget", settings[s].adaptive ? "adaptive" : "fixed"},
-                         {"mean_draft_budget", settings[s].adaptive ? budget : k},
-                         {"tokens_per_s_median", Median(tps)},
-                         {"tokens_per_s_min", Min(tps)},
-                         {"speedup_median", Median(speedups)},
-                         {"speedup_min", Min(speedups)},
-                         {"mean_accepted_len", a},
-                         {"mean_draft_tokens", k},
-                         {"mean_draft_depth", l_d},
-                         {"kappa", kappa},
-                         {"theta", theta},
-                         {"speedup_limit", limit},
-                         {"fraction_of_limit", Median(fractions)},
-                         {"peak_drafter_state_mb", state_mb},
-                         {"draft_share_median", Median(draft_share)},
-                         {"verify_share_median", Median(verify_share)},
-                         {"output_mismatches", mismatches},
-                         {"repeats", reps}});
+      if (!log_prob.empty()) {
+        auto mean = [](const std::vector<double>& v) {
+          double total = 0;
+          for (double x : v) total += x;
+          return v.empty() ? 0.0 : total / static_cast<double>(v.size());
+        };
+        if (s == 0) {
+          std::printf("%-6s   lossless reference: target log-prob/token %.4f\n", "",
+                      mean(log_prob));
+        } else {
+          std::printf(
+              "%-6s   LOSSY: identical %.1f%%  first divergence %s  BLEU-4 %.2f  target "
+              "log-prob/token %.4f\n",
+              "", 100 * mean(identical),
+              divergence.empty() ? "none" : StrCat(mean(divergence)).c_str(), mean(bleu),
+              mean(log_prob));
+        }
+        results_quality = {
+            {"identical_share", mean(identical)},
+            {"mean_first_divergence",
+             divergence.empty() ? nlohmann::json(nullptr) : nlohmann::json(mean(divergence))},
+            {"bleu4", mean(bleu)},
+            {"mean_target_log_prob", mean(log_prob)}};
+      }
+      results.push_back(
+          {{"batch_size", bs},
+           {"drafter", settings[s].drafter},
+           {"specdec_beta", settings[s].specdec ? nlohmann::json(settings[s].specdec->first)
+                                                : nlohmann::json(nullptr)},
+           {"specdec_tau", settings[s].specdec ? nlohmann::json(settings[s].specdec->second)
+                                               : nlohmann::json(nullptr)},
+           {"quality", results_quality},
+           {"draft_len", settings[s].draft_len},
+           {"draft_budget", settings[s].adaptive ? "adaptive" : "fixed"},
+           {"mean_draft_budget", settings[s].adaptive ? budget : k},
+           {"tokens_per_s_median", Median(tps)},
+           {"tokens_per_s_min", Min(tps)},
+           {"speedup_median", Median(speedups)},
+           {"speedup_min", Min(speedups)},
+           {"mean_accepted_len", a},
+           {"mean_draft_tokens", k},
+           {"mean_draft_depth", l_d},
+           {"kappa", kappa},
+           {"theta", theta},
+           {"speedup_limit", limit},
+           {"fraction_of_limit", Median(fractions)},
+           {"peak_drafter_state_mb", state_mb},
+           {"draft_share_median", Median(draft_share)},
+           {"verify_share_median", Median(verify_share)},
+           {"output_mismatches", mismatches},
+           {"repeats", reps}});
     }
     std::fflush(stdout);
   }
@@ -325,6 +450,7 @@ Status Run(const BenchFlags& f) {
     j["drafter_model"] = f.spec.drafter_model;
     j["specformer_model"] = f.spec.specformer_model;
     j["specformer_tree"] = f.spec.specformer_tree;
+    j["specdec_model"] = f.spec.specdec_model;
     j["beagle_model"] = f.spec.beagle_model;
     j["beagle"] = {{"depth", f.spec.beagle_depth},
                    {"top_k", f.spec.beagle_top_k},
@@ -340,6 +466,7 @@ Status Run(const BenchFlags& f) {
     j["max_new_tokens"] = f.max_new_tokens;
     j["temperature"] = f.temperature;
     j["verify"] = f.spec.verify.empty() ? "lossless" : f.spec.verify;
+    j["specdec_grid"] = f.specdec_grid;
     j["repeats"] = f.repeats;
     j["min_requests"] = f.min_requests;
     j["results"] = results;
@@ -367,6 +494,9 @@ int RunBench(const std::vector<std::string>& args) {
   flags.AddString("draft-lens", &f.draft_lens,
                   "draft budgets to compare: tokens per step, and/or adaptive (the policy, up to "
                   "--draft-cap)");
+  flags.AddString("specdec-grid", &f.specdec_grid,
+                  "LOSSY: beta:tau pairs (e.g. 1:1,3:1,5:5); every drafter setting runs once per "
+                  "pair with SpecDec's relaxed rule, with the quality figures");
   flags.AddInt("max-new-tokens", &f.max_new_tokens, "tokens generated per request");
   flags.AddInt("repeats", &f.repeats, "runs of every setting (min and median reported)");
   flags.AddInt("min-requests", &f.min_requests,

@@ -62,7 +62,7 @@ const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSection
       "peer-tls-ca"}},
     {"drafter flags (--role drafter; target and all with local drafters)",
      {"drafter", "drafter-model", "specformer-model", "specformer-tree", "parallelspec-model",
-      "parallelspec-static-tree", "beagle-model", "beagle-depth", "beagle-top-k",
+      "parallelspec-static-tree", "specdec-model", "beagle-model", "beagle-depth", "beagle-top-k",
       "beagle-total-tokens", "beagle-concat", "beagle-rank-temperature", "tree-width", "ngram-min",
       "ngram-max"}},
 };
@@ -432,8 +432,8 @@ int RunServe(const std::vector<std::string>& args) {
   // Same flag and target as SpecFlags', with serve's meaning in --help (FlagSet keeps the last).
   flags.AddString(
       "drafter", &f.spec.drafter,
-      "comma-separated drafters to load: ngram, draft-model, specformer, beagle, beagle-chain "
-      "(requests pick one, or none)");
+      "comma-separated drafters to load: ngram, draft-model, specformer, beagle, beagle-chain, "
+      "specdec (requests pick one, or none)");
   flags.AddString("default-drafter", &f.default_drafter,
                   "drafter for requests that name none: one of --drafter or none (default: the "
                   "first of --drafter)");

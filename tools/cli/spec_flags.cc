@@ -9,6 +9,7 @@
 #include "common/drafters/draft_model_drafter.h"
 #include "common/drafters/ngram_drafter.h"
 #include "common/drafters/parallelspec/parallelspec_drafter.h"
+#include "common/drafters/specdec/specdec_drafter.h"
 #include "common/drafters/specformer/specformer_drafter.h"
 
 namespace specula::cli {
@@ -31,13 +32,15 @@ void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
                   many_drafters ? "comma-separated drafters to compare with no speculation: ngram, "
                                   "draft-model, specformer, beagle (dynamic tree), beagle-chain, "
                                   "parallelspec (budgeted tree), parallelspec-chain, "
-                                  "parallelspec-static (Medusa tree)"
+                                  "parallelspec-static (Medusa tree), specdec"
                                 : "none, ngram, draft-model, specformer, beagle (dynamic tree), "
-                                  "beagle-chain, parallelspec (budgeted tree), parallelspec-chain "
-                                  "or parallelspec-static (Medusa tree)");
+                                  "beagle-chain, parallelspec (budgeted tree), parallelspec-chain, "
+                                  "parallelspec-static (Medusa tree) or specdec");
   flags.AddString("drafter-model", &drafter_model, "draft LM directory for --drafter draft-model");
   flags.AddString("specformer-model", &specformer_model,
                   "SpecFormer checkpoint directory for --drafter specformer");
+  flags.AddString("specdec-model", &specdec_model,
+                  "SpecDec checkpoint directory for --drafter specdec (token-only)");
   flags.AddBool("specformer-tree", &specformer_tree,
                 "specformer: budgeted tree of the k most probable paths (false: argmax chain)");
   flags.AddString("parallelspec-model", &parallelspec_model,
@@ -86,11 +89,11 @@ StatusOr<std::vector<std::string>> SpecFlags::DrafterNames() const {
     if (name.empty()) continue;
     if (name != "none" && name != "ngram" && name != "draft-model" && name != "specformer" &&
         name != "beagle" && name != "beagle-chain" && name != "parallelspec" &&
-        name != "parallelspec-chain" && name != "parallelspec-static") {
+        name != "parallelspec-chain" && name != "parallelspec-static" && name != "specdec") {
       return InvalidArgumentError(StrCat("--drafter: unknown drafter '", name,
                                          "' (none, ngram, draft-model, specformer, beagle, "
                                          "beagle-chain, parallelspec, parallelspec-chain, "
-                                         "parallelspec-static)"));
+                                         "parallelspec-static, specdec)"));
     }
     names.push_back(name);
   }
@@ -122,6 +125,16 @@ StatusOr<std::vector<std::unique_ptr<Drafter>>> SpecFlags::LoadDrafters(
                        DraftModelDrafter::Create(std::move(*runner), vocab,
                                                  {.tree_width = static_cast<int32_t>(tree_width)}));
       drafters.push_back(std::move(drafter));
+    } else if (name == "specdec") {
+      // Token-only: needs the target's config (the vocabulary it was distilled for), not its
+      // weights, so it loads the same way in every role.
+      if (specdec_model.empty()) {
+        return InvalidArgumentError("--drafter specdec needs --specdec-model DIR");
+      }
+      auto drafter = SpecDecDrafter::Load(specdec_model, target,
+                                          {.device = model.device, .dtype = model.dtype});
+      if (!drafter.ok()) return drafter.status().WithContext("--specdec-model");
+      drafters.push_back(std::move(*drafter));
     } else if (name != "none") {  // the drafters that share the target's weights
       const bool beagle = name == "beagle" || name == "beagle-chain";
       const bool parallelspec = name.rfind("parallelspec", 0) == 0;

@@ -20,6 +20,7 @@ struct SpecFlags {
   std::string drafter = "none";          // generate: one name; bench: a comma-separated list
   std::string drafter_model;             // the draft LM's directory (draft-model)
   std::string specformer_model;          // the SpecFormer checkpoint (specformer)
+  std::string specdec_model;             // the SpecDec checkpoint (specdec; token-only)
   bool specformer_tree = true;           // specformer: budgeted tree of k nodes; false = a chain
   std::string parallelspec_model;        // the ParallelSpec checkpoint (parallelspec*)
   std::string parallelspec_static_tree;  // parallelspec-static: Medusa tree JSON (rank paths)
@@ -45,7 +46,7 @@ struct SpecFlags {
 
   void Register(FlagSet& flags, bool many_drafters);
   // The drafter names in --drafter (validated: none, ngram, draft-model, specformer, beagle,
-  // beagle-chain, parallelspec, parallelspec-chain, parallelspec-static).
+  // beagle-chain, parallelspec, parallelspec-chain, parallelspec-static, specdec).
   StatusOr<std::vector<std::string>> DrafterNames() const;
   // Loads every drafter named in --drafter for a target of config `target` (the draft LM with
   // `model`'s device, dtype and KV settings). SpecFormer, Beagle and ParallelSpec share

@@ -5,6 +5,8 @@
 //   --kind specformer: SpecFormer (common/train/specformer_trainer.h).
 //   --kind beagle: Beagle's two-stage block-attention training (common/train/beagle_trainer.h).
 //   --kind parallelspec: ParallelSpec's group-wise training (common/train/parallelspec_trainer.h).
+//   --kind specdec: SpecDec's Spec-Drafter with glancing training (common/train/specdec_trainer.h);
+//     its optimiser defaults are the paper's (Adam 0.9/0.999, eps 1e-6, inverse-sqrt decay).
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -12,10 +14,12 @@
 
 #include "common/drafters/beagle/beagle_config.h"
 #include "common/drafters/parallelspec/parallelspec_config.h"
+#include "common/drafters/specdec/specdec_config.h"
 #include "common/drafters/specformer/specformer_config.h"
 #include "common/model/model_config.h"
 #include "common/train/beagle_trainer.h"
 #include "common/train/parallelspec_trainer.h"
+#include "common/train/specdec_trainer.h"
 #include "common/train/specformer_trainer.h"
 #include "common/util/mapped_file.h"
 #include "tools/cli/commands.h"
@@ -34,16 +38,20 @@ struct Flags {
   SpecFormerTrainOptions specformer;
   BeagleTrainOptions beagle;
   ParallelSpecTrainOptions parallelspec;
+  SpecDecTrainOptions specdec;
   int64_t intermediate = 0;
   int64_t threads = 0, seed = 0;
 };
 
-// The kind's options with the common flags (grad_clip < 0: the kind's default).
+// The kind's options with the common flags (grad_clip, adam_eps, adam_beta2 < 0: the kind's
+// default).
 template <typename Options>
 Options WithCommon(const Flags& f, Options kind) {
-  const double grad_clip = kind.grad_clip;
+  const double grad_clip = kind.grad_clip, adam_eps = kind.adam_eps, beta2 = kind.beta2;
   static_cast<DrafterTrainOptions&>(kind) = f.common;
   if (f.common.grad_clip < 0) kind.grad_clip = grad_clip;
+  if (f.common.adam_eps < 0) kind.adam_eps = adam_eps;
+  if (f.common.beta2 < 0) kind.beta2 = beta2;
   kind.seed = static_cast<uint64_t>(f.seed);
   kind.intermediate_size = f.intermediate;
   return kind;
@@ -183,23 +191,65 @@ Status RunParallelSpec(const Flags& f, const ModelConfig& target,
        {"final_train_loss", FiniteOrNull(result.last_loss)},
        {"final_val_loss", FiniteOrNull(result.val_loss)},
        {"val_top1_by_depth", FiniteOrNull(result.val_top1)}}));
-  std::fprintf(stderr, "done: %s (val loss %.4f)\n", o.out_dir.c_str(), result.val_loss);
-  return OkStatus();
-}
-
-Status Run(const Flags& f, const std::vector<std::string>& args) {
-  if (f.kind != kSpecFormerKind && f.kind != kBeagleKind && f.kind != kParallelSpecKind) {
-    return InvalidArgumentError(StrCat("--kind: unknown drafter kind '", f.kind,
-                                       "' (trainable: specformer, beagle, parallelspec)"));
+  // SpecDec: the paper's optimiser (Adam 0.9/0.999, eps 1e-6, wd 0.01, inverse-sqrt after warmup)
+  // unless the flags say otherwise.
+  Status RunSpecDec(const Flags& f, const std::vector<std::string>& args) {
+    SpecDecTrainOptions defaults = f.specdec;
+    defaults.beta2 = 0.999;
+    defaults.adam_eps = 1e-6;
+    SpecDecTrainOptions o = WithCommon(f, defaults);
+    o.intermediate_size = f.intermediate > 0 ? f.intermediate : f.specdec.intermediate_size;
+    o.lr.inverse_sqrt = true;
+    std::fprintf(stderr,
+                 "training specdec for %s on %s: d %ld, %ld encoder + %ld decoder layers, k %ld, "
+                 "%ld drafts per record, glancing %.2f (annealed to 0), %ld steps of %ld records\n",
+                 o.target_dir.c_str(),
+                 o.raw_tokens.empty() ? o.distill_path.c_str() : o.raw_tokens.c_str(),
+                 o.hidden_size, o.encoder_layers, o.decoder_layers, o.num_slots,
+                 o.splits_per_record, o.glancing_ratio, o.lr.total_steps, o.batch_size);
+    ASSIGN_OR_RETURN(SpecDecTrainResult result, TrainSpecDec(o));
+    if (!result.finished) return ReportStopped(result.steps_done, o.lr.total_steps);
+    RETURN_IF_ERROR(WriteTrainingJson(f, o, args, result.steps_done, result.tokens_seen,
+                                      result.seconds,
+                                      {{"parameters", result.parameters},
+                                       {"optimizer",
+                                        {{"beta1", o.beta1},
+                                         {"beta2", o.beta2},
+                                         {"eps", o.adam_eps},
+                                         {"weight_decay", o.weight_decay},
+                                         {"schedule", "linear warmup, inverse sqrt"},
+                                         {"peak_lr", o.lr.peak_lr},
+                                         {"warmup_steps", o.lr.warmup_steps}}},
+                                       {"glancing_ratio", o.glancing_ratio},
+                                       {"label_smoothing", o.label_smoothing},
+                                       {"splits_per_record", o.splits_per_record},
+                                       {"first_train_loss", result.first_loss},
+                                       {"final_train_loss", result.last_loss},
+                                       {"final_val_loss", result.val_loss},
+                                       {"val_slot_loss", result.val_slot_loss},
+                                       {"val_slot_top1", result.val_slot_accuracy}}));
+    std::fprintf(stderr, "done: %s (val loss %.4f)\n", o.out_dir.c_str(), result.val_loss);
+    return OkStatus();
   }
-  if (f.common.target_dir.empty()) return InvalidArgumentError("--model (the target) is required");
-  if (f.common.out_dir.empty()) return InvalidArgumentError("--out is required");
-  if (f.threads > 0) SetThreads(f.threads);
-  ASSIGN_OR_RETURN(ModelConfig target,
-                   ModelConfig::FromFile((fs::path(f.common.target_dir) / "config.json").string()));
-  if (f.kind == kParallelSpecKind) return RunParallelSpec(f, target, args);
-  return f.kind == kBeagleKind ? RunBeagle(f, target, args) : RunSpecFormer(f, target, args);
-}
+
+  Status Run(const Flags& f, const std::vector<std::string>& args) {
+    if (f.kind != kSpecFormerKind && f.kind != kBeagleKind && f.kind != kParallelSpecKind &&
+        f.kind != kSpecDecKind) {
+      return InvalidArgumentError(
+          StrCat("--kind: unknown drafter kind '", f.kind,
+                 "' (trainable: specformer, beagle, parallelspec, specdec)"));
+    }
+    if (f.common.target_dir.empty())
+      return InvalidArgumentError("--model (the target) is required");
+    if (f.common.out_dir.empty()) return InvalidArgumentError("--out is required");
+    if (f.threads > 0) SetThreads(f.threads);
+    ASSIGN_OR_RETURN(
+        ModelConfig target,
+        ModelConfig::FromFile((fs::path(f.common.target_dir) / "config.json").string()));
+    if (f.kind == kParallelSpecKind) return RunParallelSpec(f, target, args);
+    if (f.kind == kSpecDecKind) return RunSpecDec(f, args);
+    return f.kind == kBeagleKind ? RunBeagle(f, target, args) : RunSpecFormer(f, target, args);
+  }
 
 }  // namespace
 
@@ -208,9 +258,11 @@ int RunTrainDrafter(const std::vector<std::string>& args) {
   DrafterTrainOptions& t = f.common;
   t.lr = {.peak_lr = 5e-4, .min_lr = 1e-5, .warmup_steps = 0, .total_steps = 1000};
   t.grad_clip = -1;
+  t.adam_eps = -1;
+  t.beta2 = -1;
   double warmup_fraction = 0.05;
   FlagSet flags(kCommand);
-  flags.AddString("kind", &f.kind, "drafter kind: specformer, beagle or parallelspec");
+  flags.AddString("kind", &f.kind, "drafter kind: specformer, beagle, parallelspec or specdec");
   flags.AddString("model", &t.target_dir, "the frozen target model directory");
   flags.AddString("data", &t.distill_path, "self-distillation dataset (specula distill)");
   flags.AddString("raw-tokens", &t.raw_tokens,
@@ -221,7 +273,7 @@ int RunTrainDrafter(const std::vector<std::string>& args) {
                "ablation: continuation tokens per record");
   flags.AddString("out", &t.out_dir, "output drafter directory (checkpoints in OUT/checkpoint)");
   flags.AddInt("intermediate", &f.intermediate,
-               "draft block SwiGLU size (0 = the target's intermediate_size)");
+               "draft block SwiGLU size (0 = the target's intermediate_size; specdec: 384)");
   SpecFormerTrainOptions& sf = f.specformer;
   flags.AddInt("draft-len", &sf.draft_len, "specformer: l_d, draft slots");
   flags.AddIntList("hidden-layers", &sf.hidden_layers,
@@ -250,6 +302,19 @@ int RunTrainDrafter(const std::vector<std::string>& args) {
                   "parallelspec: share of the eligible groups whose masks are trained each step");
   flags.AddDouble("vloss-weight", &b.vloss_weight,
                   "beagle: weight of the hidden-state regression (CE weight 1)");
+  SpecDecTrainOptions& sd = f.specdec;
+  flags.AddInt("hidden-size", &sd.hidden_size, "specdec: the drafter's width");
+  flags.AddInt("encoder-layers", &sd.encoder_layers, "specdec: L_e, context encoder layers");
+  flags.AddInt("decoder-layers", &sd.decoder_layers, "specdec: L_d, mask decoder layers");
+  flags.AddInt("num-slots", &sd.num_slots, "specdec: k, slots drafted per pass");
+  flags.AddInt("heads", &sd.num_attention_heads, "specdec: attention heads");
+  flags.AddInt("kv-heads", &sd.num_key_value_heads, "specdec: key/value heads");
+  flags.AddInt("head-dim", &sd.head_dim, "specdec: head dimension");
+  flags.AddInt("splits-per-record", &sd.splits_per_record,
+               "specdec: random split points (drafts) trained per record and step");
+  flags.AddDouble("glancing-ratio", &sd.glancing_ratio,
+                  "specdec: share of wrong slots revealed, annealed linearly to 0 (0 = off)");
+  flags.AddDouble("label-smoothing", &sd.label_smoothing, "specdec: CE label smoothing");
   flags.AddInt("batch-size", &t.batch_size, "records per optimizer step");
   flags.AddInt("max-seq-len", &t.max_seq_len, "cut records to this many tokens (0 = context)");
   flags.AddInt("val-records", &t.val_records, "records held out for validation (the last ones)");
@@ -259,7 +324,10 @@ int RunTrainDrafter(const std::vector<std::string>& args) {
   flags.AddDouble("min-lr", &t.lr.min_lr,
                   "final learning rate of the cosine decay (= --lr: constant after warmup)");
   flags.AddDouble("weight-decay", &t.weight_decay, "AdamW weight decay");
-  flags.AddDouble("adam-eps", &t.adam_eps, "AdamW epsilon");
+  flags.AddDouble("adam-eps", &t.adam_eps, "AdamW epsilon (< 0 = the kind's: 1e-8, specdec 1e-6)");
+  flags.AddDouble("adam-beta2", &t.beta2,
+                  "AdamW beta2 (< 0 = the kind's: specformer/beagle/parallelspec 0.95, specdec "
+                  "0.999)");
   flags.AddDouble(
       "grad-clip", &t.grad_clip,
       "max global gradient norm (0 = off; < 0 = the kind's: specformer, parallelspec 1, "

@@ -77,7 +77,7 @@ torch::Tensor SpecFormerImpl::Slots(const torch::Tensor& c) {
     PagedAttentionLayout layout(l, /*sliding_window=*/0);
     for (int64_t m = 0; m < M; ++m) {
       tables[m] = {static_cast<int32_t>(m)};
-      layout.AddBlock(tables[m], l);
+      layout.AddBidirectionalBlock(tables[m], /*cached=*/0, l);
     }
     std::vector<int64_t> positions = layout.positions();
     auto cs = RopeFor(torch::tensor(positions, torch::kLong));
