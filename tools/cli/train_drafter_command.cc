@@ -114,11 +114,11 @@ Status RunSpecFormer(const Flags& f, const ModelConfig& target,
       f, o, args, result.steps_done, result.tokens_seen, result.seconds,
       {{"parameters", {{"shared", shared}, {"per_slot", per_slot}, {"target", M}}},
        {"p", p},
-       {"first_train_loss", result.first_loss},
-       {"final_train_loss", result.last_loss},
-       {"final_val_loss", result.val_loss},
-       {"val_slot_loss", result.val_slot_loss},
-       {"val_slot_top1", result.val_slot_accuracy}}));
+       {"first_train_loss", FiniteOrNull(result.first_loss)},
+       {"final_train_loss", FiniteOrNull(result.last_loss)},
+       {"final_val_loss", FiniteOrNull(result.val_loss)},
+       {"val_slot_loss", FiniteOrNull(result.val_slot_loss)},
+       {"val_slot_top1", FiniteOrNull(result.val_slot_accuracy)}}));
   std::fprintf(stderr, "done: %s (val loss %.4f)\n", o.out_dir.c_str(), result.val_loss);
   return OkStatus();
 }
@@ -191,65 +191,65 @@ Status RunParallelSpec(const Flags& f, const ModelConfig& target,
        {"final_train_loss", FiniteOrNull(result.last_loss)},
        {"final_val_loss", FiniteOrNull(result.val_loss)},
        {"val_top1_by_depth", FiniteOrNull(result.val_top1)}}));
-  // SpecDec: the paper's optimiser (Adam 0.9/0.999, eps 1e-6, wd 0.01, inverse-sqrt after warmup)
-  // unless the flags say otherwise.
-  Status RunSpecDec(const Flags& f, const std::vector<std::string>& args) {
-    SpecDecTrainOptions defaults = f.specdec;
-    defaults.beta2 = 0.999;
-    defaults.adam_eps = 1e-6;
-    SpecDecTrainOptions o = WithCommon(f, defaults);
-    o.intermediate_size = f.intermediate > 0 ? f.intermediate : f.specdec.intermediate_size;
-    o.lr.inverse_sqrt = true;
-    std::fprintf(stderr,
-                 "training specdec for %s on %s: d %ld, %ld encoder + %ld decoder layers, k %ld, "
-                 "%ld drafts per record, glancing %.2f (annealed to 0), %ld steps of %ld records\n",
-                 o.target_dir.c_str(),
-                 o.raw_tokens.empty() ? o.distill_path.c_str() : o.raw_tokens.c_str(),
-                 o.hidden_size, o.encoder_layers, o.decoder_layers, o.num_slots,
-                 o.splits_per_record, o.glancing_ratio, o.lr.total_steps, o.batch_size);
-    ASSIGN_OR_RETURN(SpecDecTrainResult result, TrainSpecDec(o));
-    if (!result.finished) return ReportStopped(result.steps_done, o.lr.total_steps);
-    RETURN_IF_ERROR(WriteTrainingJson(f, o, args, result.steps_done, result.tokens_seen,
-                                      result.seconds,
-                                      {{"parameters", result.parameters},
-                                       {"optimizer",
-                                        {{"beta1", o.beta1},
-                                         {"beta2", o.beta2},
-                                         {"eps", o.adam_eps},
-                                         {"weight_decay", o.weight_decay},
-                                         {"schedule", "linear warmup, inverse sqrt"},
-                                         {"peak_lr", o.lr.peak_lr},
-                                         {"warmup_steps", o.lr.warmup_steps}}},
-                                       {"glancing_ratio", o.glancing_ratio},
-                                       {"label_smoothing", o.label_smoothing},
-                                       {"splits_per_record", o.splits_per_record},
-                                       {"first_train_loss", result.first_loss},
-                                       {"final_train_loss", result.last_loss},
-                                       {"final_val_loss", result.val_loss},
-                                       {"val_slot_loss", result.val_slot_loss},
-                                       {"val_slot_top1", result.val_slot_accuracy}}));
-    std::fprintf(stderr, "done: %s (val loss %.4f)\n", o.out_dir.c_str(), result.val_loss);
-    return OkStatus();
-  }
+  return OkStatus();
+}
 
-  Status Run(const Flags& f, const std::vector<std::string>& args) {
-    if (f.kind != kSpecFormerKind && f.kind != kBeagleKind && f.kind != kParallelSpecKind &&
-        f.kind != kSpecDecKind) {
-      return InvalidArgumentError(
-          StrCat("--kind: unknown drafter kind '", f.kind,
-                 "' (trainable: specformer, beagle, parallelspec, specdec)"));
-    }
-    if (f.common.target_dir.empty())
-      return InvalidArgumentError("--model (the target) is required");
-    if (f.common.out_dir.empty()) return InvalidArgumentError("--out is required");
-    if (f.threads > 0) SetThreads(f.threads);
-    ASSIGN_OR_RETURN(
-        ModelConfig target,
-        ModelConfig::FromFile((fs::path(f.common.target_dir) / "config.json").string()));
-    if (f.kind == kParallelSpecKind) return RunParallelSpec(f, target, args);
-    if (f.kind == kSpecDecKind) return RunSpecDec(f, args);
-    return f.kind == kBeagleKind ? RunBeagle(f, target, args) : RunSpecFormer(f, target, args);
+// SpecDec: the paper's optimiser (Adam 0.9/0.999, eps 1e-6, wd 0.01, inverse-sqrt after warmup)
+// unless the flags say otherwise.
+Status RunSpecDec(const Flags& f, const std::vector<std::string>& args) {
+  SpecDecTrainOptions defaults = f.specdec;
+  defaults.beta2 = 0.999;
+  defaults.adam_eps = 1e-6;
+  SpecDecTrainOptions o = WithCommon(f, defaults);
+  o.intermediate_size = f.intermediate > 0 ? f.intermediate : f.specdec.intermediate_size;
+  o.lr.inverse_sqrt = true;
+  std::fprintf(stderr,
+               "training specdec for %s on %s: d %ld, %ld encoder + %ld decoder layers, k %ld, "
+               "%ld drafts per record, glancing %.2f (annealed to 0), %ld steps of %ld records\n",
+               o.target_dir.c_str(),
+               o.raw_tokens.empty() ? o.distill_path.c_str() : o.raw_tokens.c_str(), o.hidden_size,
+               o.encoder_layers, o.decoder_layers, o.num_slots, o.splits_per_record,
+               o.glancing_ratio, o.lr.total_steps, o.batch_size);
+  ASSIGN_OR_RETURN(SpecDecTrainResult result, TrainSpecDec(o));
+  if (!result.finished) return ReportStopped(result.steps_done, o.lr.total_steps);
+  RETURN_IF_ERROR(WriteTrainingJson(f, o, args, result.steps_done, result.tokens_seen,
+                                    result.seconds,
+                                    {{"parameters", result.parameters},
+                                     {"optimizer",
+                                      {{"beta1", o.beta1},
+                                       {"beta2", o.beta2},
+                                       {"eps", o.adam_eps},
+                                       {"weight_decay", o.weight_decay},
+                                       {"schedule", "linear warmup, inverse sqrt"},
+                                       {"peak_lr", o.lr.peak_lr},
+                                       {"warmup_steps", o.lr.warmup_steps}}},
+                                     {"glancing_ratio", o.glancing_ratio},
+                                     {"label_smoothing", o.label_smoothing},
+                                     {"splits_per_record", o.splits_per_record},
+                                     {"first_train_loss", FiniteOrNull(result.first_loss)},
+                                     {"final_train_loss", FiniteOrNull(result.last_loss)},
+                                     {"final_val_loss", FiniteOrNull(result.val_loss)},
+                                     {"val_slot_loss", FiniteOrNull(result.val_slot_loss)},
+                                     {"val_slot_top1", FiniteOrNull(result.val_slot_accuracy)}}));
+  std::fprintf(stderr, "done: %s (val loss %.4f)\n", o.out_dir.c_str(), result.val_loss);
+  return OkStatus();
+}
+
+Status Run(const Flags& f, const std::vector<std::string>& args) {
+  if (f.kind != kSpecFormerKind && f.kind != kBeagleKind && f.kind != kParallelSpecKind &&
+      f.kind != kSpecDecKind) {
+    return InvalidArgumentError(StrCat("--kind: unknown drafter kind '", f.kind,
+                                       "' (trainable: specformer, beagle, parallelspec, specdec)"));
   }
+  if (f.common.target_dir.empty()) return InvalidArgumentError("--model (the target) is required");
+  if (f.common.out_dir.empty()) return InvalidArgumentError("--out is required");
+  if (f.threads > 0) SetThreads(f.threads);
+  ASSIGN_OR_RETURN(ModelConfig target,
+                   ModelConfig::FromFile((fs::path(f.common.target_dir) / "config.json").string()));
+  if (f.kind == kParallelSpecKind) return RunParallelSpec(f, target, args);
+  if (f.kind == kSpecDecKind) return RunSpecDec(f, args);
+  return f.kind == kBeagleKind ? RunBeagle(f, target, args) : RunSpecFormer(f, target, args);
+}
 
 }  // namespace
 
