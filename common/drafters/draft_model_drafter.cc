@@ -262,16 +262,8 @@ void DraftModelDrafter::ReleaseSequence(SeqId seq) {
 }
 
 Status DraftModelDrafter::Observe(const std::vector<DrafterObservation>& observations) {
-  const int64_t vocab = model_->config().vocab_size;
-  for (const auto& o : observations) {
-    if (!states_.count(o.seq)) return NotFoundError(StrCat("sequence ", o.seq, " was not added"));
-    for (size_t i = 0; i < o.tokens.size(); ++i) {
-      if (o.tokens[i] < 0 || o.tokens[i] >= vocab) {
-        return InvalidArgumentError(StrCat("sequence ", o.seq, ": tokens[", i, "] = ", o.tokens[i],
-                                           " is outside the vocabulary [0, ", vocab, ")"));
-      }
-    }
-  }
+  RETURN_IF_ERROR(CheckTokenObservations(observations, model_->config().vocab_size,
+                                         [&](SeqId seq) { return states_.count(seq) > 0; }));
   for (const auto& o : observations) {
     auto& history = states_.at(o.seq)->history;
     history.insert(history.end(), o.tokens.begin(), o.tokens.end());

@@ -118,7 +118,7 @@ StatusOr<std::unique_ptr<NgramDrafter>> NgramDrafter::Create(NgramDrafterOptions
 }
 
 NgramDrafter::NgramDrafter(NgramDrafterOptions options)
-    : options_(ValidOptions(options) ? options : NgramDrafterOptions{1, 0}) {}
+    : options_(ValidOptions(options) ? options : NgramDrafterOptions{1, 0, options.vocab_size}) {}
 
 NgramDrafter::~NgramDrafter() = default;
 
@@ -131,9 +131,8 @@ Status NgramDrafter::AddSequence(SeqId seq, const SamplingParams& /*sampling*/) 
 void NgramDrafter::ReleaseSequence(SeqId seq) { states_.erase(seq); }
 
 Status NgramDrafter::Observe(const std::vector<DrafterObservation>& observations) {
-  for (const auto& o : observations) {
-    if (!states_.count(o.seq)) return NotFoundError(StrCat("sequence ", o.seq, " was not added"));
-  }
+  RETURN_IF_ERROR(CheckTokenObservations(observations, options_.vocab_size,
+                                         [&](SeqId seq) { return states_.count(seq) > 0; }));
   for (const auto& o : observations) {
     State& st = *states_.at(o.seq);
     for (int32_t t : o.tokens) st.Append(t);
@@ -143,9 +142,7 @@ Status NgramDrafter::Observe(const std::vector<DrafterObservation>& observations
 
 StatusOr<std::vector<CandidateTree>> NgramDrafter::Propose(
     const std::vector<DraftRequest>& requests) {
-  for (const auto& r : requests) {
-    if (!states_.count(r.seq)) return NotFoundError(StrCat("sequence ", r.seq, " was not added"));
-  }
+  RETURN_IF_ERROR(CheckDraftRequests(requests, [&](SeqId seq) { return states_.count(seq) > 0; }));
   std::vector<CandidateTree> trees;
   trees.reserve(requests.size());
   for (const auto& r : requests) {

@@ -19,6 +19,8 @@ struct NgramDrafterOptions {
   // 1 <= min_ngram <= max_ngram <= NgramDrafter::kMaxNgram.
   int32_t min_ngram = 1;
   int32_t max_ngram = 4;
+  // The target's vocabulary: Observe refuses tokens outside [0, vocab_size). 0 = unchecked.
+  int64_t vocab_size = 0;
 };
 
 class NgramDrafter : public Drafter {

@@ -60,6 +60,30 @@ Status CheckDraftRequests(const std::vector<DraftRequest>& requests, const Holds
   return OkStatus();
 }
 
+// The checks every Observe of a token-only drafter starts with, before it changes anything: each
+// observation names a sequence the drafter holds (`holds(seq)`), at most once, with tokens inside
+// [0, vocab) (vocab <= 0: unchecked). NOT_FOUND / INVALID_ARGUMENT naming the sequence and field.
+template <typename Holds>
+Status CheckTokenObservations(const std::vector<DrafterObservation>& observations, int64_t vocab,
+                              const Holds& holds) {
+  for (size_t i = 0; i < observations.size(); ++i) {
+    const DrafterObservation& o = observations[i];
+    if (!holds(o.seq)) return NotFoundError(StrCat("sequence ", o.seq, " was not added"));
+    for (size_t j = 0; j < i; ++j) {
+      if (observations[j].seq == o.seq) {
+        return InvalidArgumentError(StrCat("sequence ", o.seq, " is observed twice in one call"));
+      }
+    }
+    for (size_t t = 0; vocab > 0 && t < o.tokens.size(); ++t) {
+      if (o.tokens[t] < 0 || o.tokens[t] >= vocab) {
+        return InvalidArgumentError(StrCat("sequence ", o.seq, ": tokens[", t, "] = ", o.tokens[t],
+                                           " is outside the vocabulary [0, ", vocab, ")"));
+      }
+    }
+  }
+  return OkStatus();
+}
+
 // The checks every Observe of a drafter that reads hidden states (SpecFormer, Beagle) starts with,
 // before it changes anything: each observation names a sequence the drafter holds, at most once;
 // tokens inside [0, vocab); hidden states either absent or exactly `num_layers` tensors of shape

@@ -61,6 +61,15 @@ void FlagSet::MoveToSection(const std::string& name, const std::string& title) {
   if (it != flags_.end()) it->second.section = SectionIndex(title);
 }
 
+Status FlagSet::SetDefault(const std::string& name, const std::string& value) {
+  auto it = flags_.find(name);
+  if (it == flags_.end()) return InvalidArgumentError(StrCat(command_, ": no flag --", name));
+  RETURN_IF_ERROR(Assign(name, it->second, value));
+  set_.erase(name);  // a default, not the user's choice
+  it->second.default_text = value;
+  return OkStatus();
+}
+
 Status FlagSet::Assign(const std::string& name, Flag& flag, const std::string& value) {
   auto bad = [&](const char* what) {
     return InvalidArgumentError(

@@ -32,6 +32,9 @@ class FlagSet {
   // Flags added after this call are listed under `title` in Usage(). Sections are listed in the
   // order they were first named, after the flags added before any section ("flags:").
   void Section(const std::string& title);
+  // Changes an already added flag's default (its value now and in Usage()), e.g. a command whose
+  // default differs from a shared helper's. INVALID_ARGUMENT for an unknown flag or a bad value.
+  Status SetDefault(const std::string& name, const std::string& value);
   // Lists an already added flag under `title` (for flags a shared helper registered). No-op for
   // an unknown name.
   void MoveToSection(const std::string& name, const std::string& title);

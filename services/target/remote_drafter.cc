@@ -200,7 +200,13 @@ void RemoteDrafter::ReleaseSequence(SeqId seq) {
   (void)connection_->Call(call, &session);  // a service that is gone has released it already
 }
 
+Status RemoteDrafter::CheckAdded(SeqId seq) const {
+  if (sessions_.count(seq)) return OkStatus();
+  return NotFoundError(StrCat("sequence ", seq, " was not added"));
+}
+
 Status RemoteDrafter::Observe(const std::vector<DrafterObservation>& observations) {
+  for (const DrafterObservation& o : observations) RETURN_IF_ERROR(CheckAdded(o.seq));
   v1::DrafterCall call;
   call.set_drafter(name_);
   for (const DrafterObservation& o : observations) {
@@ -218,6 +224,7 @@ Status RemoteDrafter::Observe(const std::vector<DrafterObservation>& observation
 
 StatusOr<std::vector<CandidateTree>> RemoteDrafter::Propose(
     const std::vector<DraftRequest>& requests) {
+  for (const DraftRequest& r : requests) RETURN_IF_ERROR(CheckAdded(r.seq));
   std::vector<CandidateTree> trees(requests.size());
   v1::DrafterCall call;
   call.set_drafter(name_);

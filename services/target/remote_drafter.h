@@ -116,6 +116,9 @@ class RemoteDrafter : public Drafter {
  private:
   // Sequences added in the connection's current session.
   bool Live(SeqId seq) const;
+  // NOT_FOUND for a sequence never added (or released): the contract every drafter keeps. One
+  // added in an earlier session is known; its calls are skipped or get Failed trees.
+  Status CheckAdded(SeqId seq) const;
 
   std::shared_ptr<DrafterConnection> connection_;
   std::string name_;

@@ -453,7 +453,7 @@ TEST(DraftModelDrafterTest, Errors) {
   EXPECT_EQ(d->AddSequence(1, {}).code(), StatusCode::kAlreadyExists);
   EXPECT_EQ(d->AddSequence(2, {.temperature = -1.0f}).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(d->Observe({{.seq = 3, .tokens = {1}}}).code(), StatusCode::kNotFound);
-  Status bad_token = d->Observe({{.seq = 1, .tokens = {1, 2}}, {.seq = 1, .tokens = {kVocab}}});
+  Status bad_token = d->Observe({{.seq = 1, .tokens = {1, 2, kVocab}}});
   EXPECT_EQ(bad_token.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(bad_token.message(), HasSubstr("vocabulary"));
 

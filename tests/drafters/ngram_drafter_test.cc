@@ -150,10 +150,11 @@ TEST(NgramDrafterTest, SequencesAreIndependentAndBatched) {
   ASSERT_TRUE(d->AddSequence(1, {}).ok());
   ASSERT_TRUE(d->AddSequence(2, {}).ok());
   ASSERT_TRUE(d->AddSequence(3, {}).ok());
-  ASSERT_TRUE(d->Observe({{.seq = 1, .tokens = {1, 2, 3, 1}},
-                          {.seq = 2, .tokens = {4, 5}},
-                          {.seq = 2, .tokens = {6, 4}}})
-                  .ok());
+  ASSERT_TRUE(d->Observe({{.seq = 1, .tokens = {1, 2, 3, 1}}, {.seq = 2, .tokens = {4, 5}}}).ok());
+  ASSERT_TRUE(d->Observe({{.seq = 2, .tokens = {6, 4}}}).ok());
+  // One sequence twice in one call is refused, as by every drafter.
+  EXPECT_EQ(d->Observe({{.seq = 3, .tokens = {1}}, {.seq = 3, .tokens = {2}}}).code(),
+            StatusCode::kInvalidArgument);
   auto trees = d->Propose({{.seq = 2, .max_nodes = 4, .max_depth = 4},
                            {.seq = 3, .max_nodes = 4, .max_depth = 4},
                            {.seq = 1, .max_nodes = 1, .max_depth = 4}});
@@ -184,6 +185,15 @@ TEST(NgramDrafterTest, Errors) {
   auto trees = d->Propose(
       {{.seq = 1, .max_nodes = 2, .max_depth = 2}, {.seq = 8, .max_nodes = 2, .max_depth = 2}});
   EXPECT_EQ(trees.status().code(), StatusCode::kNotFound);
+
+  // With the target's vocabulary set, tokens outside it are refused (and change nothing).
+  auto checked = NgramDrafter::Create({.min_ngram = 1, .max_ngram = 4, .vocab_size = 8});
+  ASSERT_TRUE(checked.ok());
+  ASSERT_TRUE((*checked)->AddSequence(1, {}).ok());
+  s = (*checked)->Observe({{.seq = 1, .tokens = {5, 8}}});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("tokens[1] = 8"));
+  EXPECT_TRUE(ProposeChain(**checked, 1, 4, 4).empty());
 }
 
 TEST(NgramDrafterTest, CreateValidatesOptions) {

@@ -8,12 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "common/drafters/beagle/beagle_drafter.h"
-#include "common/drafters/draft_model_drafter.h"
-#include "common/drafters/ngram_drafter.h"
-#include "common/drafters/parallelspec/parallelspec_drafter.h"
-#include "common/drafters/specdec/specdec_drafter.h"
-#include "common/drafters/specformer/specformer_drafter.h"
+#include "common/drafters/drafter_registry.h"
 #include "common/engine/plain_decoder.h"
 #include "common/sampling/sampler.h"
 #include "common/spec/spec_engine.h"
@@ -76,44 +71,37 @@ class BundledLosslessTest : public ::testing::Test {
     delete plain_;
   }
 
-  // Adds the drafter under test to a fresh engine.
-  static std::unique_ptr<SpecEngine> Engine(const std::string& drafter) {
+  // A fresh engine with the case's drafter, loaded through the drafter registry as the CLI
+  // loads it. A case is a registry name, or "specformer-chain" / "draft-model-tree" for that
+  // drafter with its other shape. Returns the engine and the drafter's name.
+  static std::pair<std::unique_ptr<SpecEngine>, std::string> Engine(const std::string& drafter) {
     auto engine = std::make_unique<SpecEngine>(target_);
-    if (drafter == "ngram") {
-      EXPECT_TRUE(engine->AddDrafter(NgramDrafter::Create({}).value()).ok());
-    } else if (drafter.rfind("specformer", 0) == 0) {
-      auto specformer =
-          SpecFormerDrafter::Load(kSpecFormer, *target_, {.tree = drafter == "specformer-tree"});
-      EXPECT_TRUE(specformer.ok()) << specformer.status();
-      if (specformer.ok()) EXPECT_TRUE(engine->AddDrafter(std::move(*specformer)).ok());
-    } else if (drafter == "specdec") {
-      auto specdec = SpecDecDrafter::Load(kSpecDec, target_->config());
-      EXPECT_TRUE(specdec.ok()) << specdec.status();
-      if (specdec.ok()) EXPECT_TRUE(engine->AddDrafter(std::move(*specdec)).ok());
-    } else if (drafter.rfind("beagle", 0) == 0) {
-      auto beagle =
-          BeagleDrafter::Load(kBeagle, *target_, {.tree = drafter == "beagle", .name = drafter});
-      EXPECT_TRUE(beagle.ok()) << beagle.status();
-      if (beagle.ok()) EXPECT_TRUE(engine->AddDrafter(std::move(*beagle)).ok());
-    } else if (drafter.rfind("parallelspec", 0) == 0) {
-      ParallelSpecDrafterOptions options{.name = drafter};
-      if (drafter == "parallelspec-chain") options.shape = ParallelSpecShape::kChain;
-      auto parallelspec = ParallelSpecDrafter::Load(kParallelSpec, *target_, std::move(options));
-      EXPECT_TRUE(parallelspec.ok()) << parallelspec.status();
-      if (parallelspec.ok()) EXPECT_TRUE(engine->AddDrafter(std::move(*parallelspec)).ok());
-    } else {
-      auto draft = ModelRunner::Load(kDraft, {});
-      EXPECT_TRUE(draft.ok()) << draft.status();
-      const int32_t width = drafter == "draft-model-tree" ? 2 : 1;
-      EXPECT_TRUE(engine
-                      ->AddDrafter(DraftModelDrafter::Create(
-                                       std::move(*draft),
-                                       static_cast<int32_t>(target_->config().vocab_size),
-                                       {.tree_width = width})
-                                       .value())
-                      .ok());
+    DrafterRegistry registry = BuiltinDrafterRegistry();
+    FlagSet flags("bundled");
+    registry.RegisterFlags(flags);
+    std::vector<std::string> args = {
+        "--drafter-model=" + kDraft,
+        "--specformer-model=" + kSpecFormer,
+        "--beagle-model=" + kBeagle,
+        "--parallelspec-model=" + kParallelSpec,
+        "--parallelspec-static-tree=" + kParallelSpec + "/medusa_tree.json",
+        "--specdec-model=" + kSpecDec};
+    std::string name = drafter;
+    if (drafter.rfind("specformer", 0) == 0) {
+      name = "specformer";
+      args.push_back(drafter == "specformer-tree" ? "--specformer-tree=true"
+                                                  : "--specformer-tree=false");
+    } else if (drafter == "draft-model-tree") {
+      name = "draft-model";
+      args.push_back("--tree-width=2");
     }
-    return engine;
+    Status parsed = flags.Parse(args);
+    EXPECT_TRUE(parsed.ok()) << parsed;
+    DrafterLoadContext context(*target_, {});
+    auto loaded = registry.Load(name, context);
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    if (loaded.ok()) EXPECT_TRUE(engine->AddDrafter(std::move(*loaded)).ok());
+    return {std::move(engine), name};
   }
 
   // Equal, or diverging only where the target's top-2 logits are a floating-point tie (a batched
@@ -142,12 +130,7 @@ class BundledLosslessTest : public ::testing::Test {
 
   void CheckDrafter(const std::string& drafter,
                     const std::vector<int32_t>& budgets = {1, 2, 3, 4, 5, 6, 7, 8}) {
-    auto engine = Engine(drafter);
-    const std::string name = drafter == "ngram" || drafter == "specdec" ? drafter
-                             : drafter.rfind("specformer", 0) == 0      ? "specformer"
-                             : drafter.rfind("beagle", 0) == 0          ? drafter
-                             : drafter.rfind("parallelspec", 0) == 0    ? drafter
-                                                                        : "draft-model";
+    auto [engine, name] = Engine(drafter);
     int64_t accepted = 0;
     for (int32_t k : budgets) {
       // Batch 1: a few prompts one at a time.
@@ -214,6 +197,11 @@ TEST_F(BundledLosslessTest, ParallelSpecChainEqualsPlainGreedy) {
 }
 TEST_F(BundledLosslessTest, ParallelSpecTreeEqualsPlainGreedy) {
   CheckDrafter("parallelspec", {1, 4, 8, 16});
+}
+TEST_F(BundledLosslessTest, ParallelSpecStaticTreeEqualsPlainGreedy) {
+  CheckDrafter("parallelspec-static", {1, 4, 16});
+}
+;
 }
 
 }  // namespace

@@ -56,5 +56,22 @@ TEST(FlagSetTest, SectionsListTheirFlagsInTheOrderTheyWereNamed) {
   EXPECT_EQ(s, "q1");
 }
 
+TEST(FlagSetTest, SetDefaultChangesTheValueAndTheListedDefault) {
+  std::string model = "a";
+  int64_t n = 1;
+  FlagSet flags("serve");
+  flags.AddString("model", &model, "m");
+  flags.AddInt("n", &n, "n");
+  ASSERT_TRUE(flags.SetDefault("model", "b").ok());
+  EXPECT_EQ(model, "b");
+  EXPECT_NE(flags.Usage().find("(default: b)"), std::string::npos) << flags.Usage();
+  EXPECT_FALSE(flags.WasSet("model"));
+  EXPECT_EQ(flags.SetDefault("n", "x").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(n, 1);
+  EXPECT_EQ(flags.SetDefault("missing", "1").code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(flags.Parse({"--model", "c"}).ok());
+  EXPECT_EQ(model, "c");
+}
+
 }  // namespace
 }  // namespace specula

@@ -447,16 +447,7 @@ Status Run(const BenchFlags& f) {
     nlohmann::json j;
     j["command"] = "bench";
     j["model"] = f.model.model;
-    j["drafter_model"] = f.spec.drafter_model;
-    j["specformer_model"] = f.spec.specformer_model;
-    j["specformer_tree"] = f.spec.specformer_tree;
-    j["specdec_model"] = f.spec.specdec_model;
-    j["beagle_model"] = f.spec.beagle_model;
-    j["beagle"] = {{"depth", f.spec.beagle_depth},
-                   {"top_k", f.spec.beagle_top_k},
-                   {"total_tokens", f.spec.beagle_total_tokens},
-                   {"concat", f.spec.beagle_concat},
-                   {"rank_temperature", f.spec.beagle_rank_temperature}};
+    j["drafter_settings"] = f.spec.drafters->Settings();
     j["device"] = runner->device_name();
     j["dtype"] = f.model.dtype;
     j["threads"] = f.model.threads;

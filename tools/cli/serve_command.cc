@@ -398,7 +398,6 @@ int RunServe(const std::vector<std::string>& args) {
   ServeFlags f;
   f.model.model = "models/pyllama-6m";
   f.spec.drafter = "ngram";
-  f.spec.drafter_model = "models/pyllama-draft-1m";
   FlagSet flags(kCommand);
   flags.AddString("role", &f.role,
                   "all = router, target and drafters in one process; router = the public API, "
@@ -429,11 +428,14 @@ int RunServe(const std::vector<std::string>& args) {
                "Prometheus /metrics port on --host (0 = off, -1 = any free port)");
   f.model.Register(flags);
   f.spec.Register(flags, /*many_drafters=*/true);
+  // The bundled draft LM, so `specula serve --drafter draft-model` works as it is.
+  if (Status s = flags.SetDefault("drafter-model", "models/pyllama-draft-1m"); !s.ok()) {
+    return ReportError(kCommand, s);
+  }
   // Same flag and target as SpecFlags', with serve's meaning in --help (FlagSet keeps the last).
-  flags.AddString(
-      "drafter", &f.spec.drafter,
-      "comma-separated drafters to load: ngram, draft-model, specformer, beagle, beagle-chain, "
-      "specdec (requests pick one, or none)");
+  flags.AddString("drafter", &f.spec.drafter,
+                  StrCat("comma-separated drafters to load (requests pick one, or none): ",
+                         f.spec.drafters->Describe()));
   flags.AddString("default-drafter", &f.default_drafter,
                   "drafter for requests that name none: one of --drafter or none (default: the "
                   "first of --drafter)");

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/drafters/drafter_registry.h"
 #include "common/spec/budget_planner.h"
 #include "common/spec/spec_engine.h"
 #include "common/util/flags.h"
@@ -17,24 +18,12 @@ namespace specula::cli {
 inline constexpr int64_t kDefaultDraftCap = 16;
 
 struct SpecFlags {
-  std::string drafter = "none";          // generate: one name; bench: a comma-separated list
-  std::string drafter_model;             // the draft LM's directory (draft-model)
-  std::string specformer_model;          // the SpecFormer checkpoint (specformer)
-  std::string specdec_model;             // the SpecDec checkpoint (specdec; token-only)
-  bool specformer_tree = true;           // specformer: budgeted tree of k nodes; false = a chain
-  std::string parallelspec_model;        // the ParallelSpec checkpoint (parallelspec*)
-  std::string parallelspec_static_tree;  // parallelspec-static: Medusa tree JSON (rank paths)
-  std::string beagle_model;              // the Beagle checkpoint (beagle, beagle-chain)
-  int64_t beagle_depth = 6;              // beagle: deepest drafted node
-  int64_t beagle_top_k = 10;             // beagle: children per expanded node / frontier width
-  int64_t beagle_total_tokens = 60;      // beagle: tree size cap (and the step budget)
-  bool beagle_concat = true;             // beagle: drafted states as keys ("concate")
-  double beagle_rank_temperature = 0.5;  // beagle: sharpen (< 1) the ranking probabilities
-  int64_t draft_len = 4;                 // draft tokens per step (tree nodes)
-  int64_t tree_width = 1;                // draft-model: 1 = chain, w > 1 = top-w tree
-  int64_t ngram_min = 1;
-  int64_t ngram_max = 4;
-  std::string verify;  // greedy | sample | specdec | typical ("" = by temperature)
+  std::string drafter = "none";  // generate: one name; bench: a comma-separated list
+  // Every drafter kind and its own flags (--beagle-model, --ngram-max, ...): tools list none.
+  std::shared_ptr<DrafterRegistry> drafters =
+      std::make_shared<DrafterRegistry>(BuiltinDrafterRegistry());
+  int64_t draft_len = 4;  // draft tokens per step (tree nodes)
+  std::string verify;     // greedy | sample | specdec | typical ("" = by temperature)
   double beta = 3;
   double tau = 1.0;
   double typical_epsilon = 0.09;
@@ -45,13 +34,13 @@ struct SpecFlags {
   std::string cost_profile;  // adaptive: `bench-forward --json` curve (warm start)
 
   void Register(FlagSet& flags, bool many_drafters);
-  // The drafter names in --drafter (validated: none, ngram, draft-model, specformer, beagle,
-  // beagle-chain, parallelspec, parallelspec-chain, parallelspec-static, specdec).
+  // The drafter names in --drafter, each "none" or one of the registry's (INVALID_ARGUMENT
+  // listing them otherwise).
   StatusOr<std::vector<std::string>> DrafterNames() const;
   // Loads every drafter named in --drafter for a target of config `target` (the draft LM with
   // `model`'s device, dtype and KV settings). SpecFormer, Beagle and ParallelSpec share
-  // `target_runner`'s
-  // weights; without one (the drafter role) the target in `model` is loaded for them.
+  // `target_runner`'s weights; without one (the drafter role) the target in `model` is loaded
+  // once for them.
   StatusOr<std::vector<std::unique_ptr<Drafter>>> LoadDrafters(
       const ModelConfig& target, const ModelFlags& model,
       const ModelRunner* target_runner = nullptr) const;

@@ -1,0 +1,91 @@
+#include "common/drafters/drafter_registry.h"
+
+#include <utility>
+
+namespace specula {
+
+DrafterLoadContext::DrafterLoadContext(const ModelRunner& target, ModelRunnerOptions model_options)
+    : target_(&target), target_config_(target.config()), model_options_(std::move(model_options)) {}
+
+DrafterLoadContext::DrafterLoadContext(const ModelConfig& target_config, std::string target_dir,
+                                       ModelRunnerOptions model_options)
+    : target_config_(target_config),
+      target_dir_(std::move(target_dir)),
+      model_options_(std::move(model_options)) {}
+
+DrafterLoadContext::~DrafterLoadContext() = default;
+
+StatusOr<const ModelRunner*> DrafterLoadContext::target() {
+  if (target_) return target_;
+  if (target_dir_.empty()) return InvalidArgumentError("no target model to load the drafter for");
+  ASSIGN_OR_RETURN(own_target_, ModelRunner::Load(target_dir_, model_options_));
+  target_ = own_target_.get();
+  return target_;
+}
+
+void DrafterRegistry::Add(std::unique_ptr<DrafterFamily> family) {
+  families_.push_back(std::move(family));
+}
+
+void DrafterRegistry::RegisterFlags(FlagSet& flags) {
+  for (auto& family : families_) family->RegisterFlags(flags);
+}
+
+std::vector<std::string> DrafterRegistry::Names() const {
+  std::vector<std::string> names;
+  for (const auto& family : families_) {
+    for (const DrafterVariant& v : family->Variants()) names.push_back(v.name);
+  }
+  return names;
+}
+
+std::string DrafterRegistry::Describe() const {
+  std::string out;
+  for (const auto& family : families_) {
+    for (const DrafterVariant& v : family->Variants()) {
+      if (!out.empty()) out += ", ";
+      out += v.name;
+      if (!v.summary.empty()) out += StrCat(" (", v.summary, ")");
+    }
+  }
+  return out;
+}
+
+const DrafterFamily* DrafterRegistry::Find(const std::string& name) const {
+  for (const auto& family : families_) {
+    for (const DrafterVariant& v : family->Variants()) {
+      if (v.name == name) return family.get();
+    }
+  }
+  return nullptr;
+}
+
+StatusOr<std::unique_ptr<Drafter>> DrafterRegistry::Load(const std::string& name,
+                                                         DrafterLoadContext& context) const {
+  const DrafterFamily* family = Find(name);
+  if (!family) {
+    std::string known;
+    for (const std::string& n : Names()) known += (known.empty() ? "" : ", ") + n;
+    return InvalidArgumentError(StrCat("unknown drafter '", name, "' (", known, ")"));
+  }
+  return family->Load(name, context);
+}
+
+nlohmann::json DrafterRegistry::Settings() const {
+  nlohmann::json settings = nlohmann::json::object();
+  for (const auto& family : families_) settings[family->family()] = family->Settings();
+  return settings;
+}
+
+DrafterRegistry BuiltinDrafterRegistry() {
+  DrafterRegistry registry;
+  registry.Add(MakeNgramFamily());
+  registry.Add(MakeDraftModelFamily());
+  registry.Add(MakeSpecFormerFamily());
+  registry.Add(MakeBeagleFamily());
+  registry.Add(MakeParallelSpecFamily());
+  registry.Add(MakeSpecDecFamily());
+  return registry;
+}
+
+}  // namespace specula

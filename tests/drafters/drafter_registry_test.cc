@@ -1,0 +1,139 @@
+// common/drafters/drafter_registry.h: the built-in families and their names, flags and errors,
+// the load context (the target loaded once, on demand), and a family added from outside.
+#include "common/drafters/drafter_registry.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/model/transformer.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/tiny_model.h"
+
+namespace specula {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class DrafterRegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    target_dir_ = tmp_.File("target");
+    ASSERT_TRUE(
+        SaveModelDir(*MakeTinyModel(TinyModelConfig(), 3), TinyModelConfig(), target_dir_).ok());
+    registry_.RegisterFlags(flags_);
+  }
+  // Loads `name` after parsing `args`, with the target in this process.
+  StatusOr<std::unique_ptr<Drafter>> Load(const std::string& name,
+                                          const std::vector<std::string>& args = {}) {
+    RETURN_IF_ERROR(flags_.Parse(args));
+    auto target = ModelRunner::Load(target_dir_, {});
+    EXPECT_TRUE(target.ok()) << target.status();
+    DrafterLoadContext context(**target, {});
+    return registry_.Load(name, context);
+  }
+
+  TempDir tmp_;
+  std::string target_dir_;
+  DrafterRegistry registry_ = BuiltinDrafterRegistry();
+  FlagSet flags_{"test"};
+};
+
+TEST_F(DrafterRegistryTest, NamesEveryBuiltinVariantInOrder) {
+  EXPECT_THAT(registry_.Names(),
+              ElementsAre("ngram", "draft-model", "specformer", "beagle", "beagle-chain",
+                          "parallelspec", "parallelspec-chain", "parallelspec-static", "specdec"));
+  EXPECT_THAT(registry_.Describe(), HasSubstr("beagle (EAGLE-2 dynamic tree)"));
+  ASSERT_NE(registry_.Find("beagle-chain"), nullptr);
+  EXPECT_EQ(registry_.Find("beagle-chain")->family(), "beagle");
+  EXPECT_EQ(registry_.Find("medusa"), nullptr);
+  EXPECT_NE(flags_.Usage().find("--beagle-depth"), std::string::npos);
+  EXPECT_NE(flags_.Usage().find("--ngram-max"), std::string::npos);
+}
+
+TEST_F(DrafterRegistryTest, UnknownNamesAndMissingCheckpointsNameTheFlag) {
+  auto unknown = Load("medusa");
+  EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("unknown drafter 'medusa' (ngram, "));
+  const std::vector<std::pair<std::string, std::string>> needs = {
+      {"draft-model", "--drafter-model"},
+      {"specformer", "--specformer-model"},
+      {"beagle", "--beagle-model"},
+      {"beagle-chain", "--beagle-model"},
+      {"parallelspec", "--parallelspec-model"},
+      {"parallelspec-chain", "--parallelspec-model"},
+      {"specdec", "--specdec-model"}};
+  for (const auto& [name, flag] : needs) {
+    auto d = Load(name);
+    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(d.status().message(), HasSubstr(flag)) << name;
+  }
+  auto missing_tree = Load("parallelspec-static", {"--parallelspec-model", tmp_.File("ps")});
+  EXPECT_THAT(missing_tree.status().message(), HasSubstr("--parallelspec-static-tree"));
+  auto absent = Load("beagle", {"--beagle-model", tmp_.File("nothing-here")});
+  EXPECT_EQ(absent.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(absent.status().message(), HasSubstr("--beagle-model"));
+  auto bad_ngram = Load("ngram", {"--ngram-min=5", "--ngram-max=2"});
+  EXPECT_EQ(bad_ngram.status().code(), StatusCode::kInvalidArgument);
+  auto bad_width = Load("draft-model", {"--drafter-model", target_dir_, "--tree-width=0"});
+  EXPECT_THAT(bad_width.status().message(), HasSubstr("--tree-width"));
+}
+
+TEST_F(DrafterRegistryTest, LoadsWithTheFlagsAndReportsThemInSettings) {
+  auto ngram = Load("ngram", {"--ngram-max=6"});
+  ASSERT_TRUE(ngram.ok()) << ngram.status();
+  EXPECT_EQ((*ngram)->name(), "ngram");
+  // The draft LM: any model of the target's vocabulary (here the target itself).
+  auto draft = Load("draft-model", {"--drafter-model", target_dir_, "--tree-width=2"});
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  EXPECT_EQ((*draft)->name(), "draft-model");
+  const nlohmann::json s = registry_.Settings();
+  EXPECT_EQ(s["ngram"]["max"], 6);
+  EXPECT_EQ(s["draft-model"]["tree_width"], 2);
+  EXPECT_EQ(s["draft-model"]["model"], target_dir_);
+  EXPECT_EQ(s["beagle"]["depth"], 6);
+  EXPECT_TRUE(s.contains("specdec") && s.contains("parallelspec") && s.contains("specformer"));
+}
+
+TEST_F(DrafterRegistryTest, ContextLoadsTheTargetOnceAndOnlyWhenAsked) {
+  DrafterLoadContext context(TinyModelConfig(), target_dir_, {});
+  auto first = context.target();
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = context.target();
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(*first, *second);
+  DrafterLoadContext nowhere(TinyModelConfig(), tmp_.File("missing"), {});
+  EXPECT_EQ(nowhere.target().status().code(), StatusCode::kNotFound);
+  DrafterLoadContext none(TinyModelConfig(), "", {});
+  EXPECT_EQ(none.target().status().code(), StatusCode::kInvalidArgument);
+}
+
+// A family registered from outside common/drafters is loaded like a built-in one.
+class EchoFamily : public DrafterFamily {
+ public:
+  std::string family() const override { return "echo"; }
+  std::vector<DrafterVariant> Variants() const override { return {{"echo", "test"}}; }
+  void RegisterFlags(FlagSet& flags) override { flags.AddInt("echo-n", &n_, "n"); }
+  StatusOr<std::unique_ptr<Drafter>> Load(const std::string&, DrafterLoadContext&) const override {
+    return InvalidArgumentError(StrCat("echo ", n_));
+  }
+  nlohmann::json Settings() const override { return {{"n", n_}}; }
+
+ private:
+  int64_t n_ = 1;
+};
+
+TEST(DrafterRegistryExtensionTest, AnAddedFamilyIsFoundParsedAndLoaded) {
+  DrafterRegistry registry;
+  registry.Add(std::make_unique<EchoFamily>());
+  FlagSet flags("test");
+  registry.RegisterFlags(flags);
+  ASSERT_TRUE(flags.Parse({"--echo-n=4"}).ok());
+  EXPECT_THAT(registry.Names(), ElementsAre("echo"));
+  DrafterLoadContext context(TinyModelConfig(), "", {});
+  EXPECT_EQ(registry.Load("echo", context).status().message(), "echo 4");
+  EXPECT_EQ(registry.Settings()["echo"]["n"], 4);
+}
+
+}  // namespace
+}  // namespace specula
