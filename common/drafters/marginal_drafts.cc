@@ -10,22 +10,25 @@
 
 namespace specula {
 
+int32_t AddChainNode(CandidateTree& tree, int32_t parent, std::span<const float> row,
+                     const SamplingParams& sampling, SequenceRng& rng) {
+  if (sampling.greedy()) {
+    const int32_t token = Argmax(row);
+    tree.AddNode(parent, token, Softmax(row)[token]);
+    return token;
+  }
+  std::vector<float> q = Probabilities(row, sampling);
+  const int32_t token = SampleFrom(q, rng);
+  const float p = q[token];
+  const int32_t dist = tree.AddDistribution(std::move(q));
+  tree.AddNode(parent, token, p, dist);
+  return token;
+}
+
 CandidateTree DraftMarginalChain(const DepthLogits& rows, int32_t depth,
                                  const SamplingParams& sampling, SequenceRng& rng) {
   CandidateTree tree;
-  for (int32_t j = 0; j < depth; ++j) {
-    const auto row = rows.Row(j);
-    if (sampling.greedy()) {
-      const int32_t token = Argmax(row);
-      tree.AddNode(j - 1, token, Softmax(row)[token]);
-    } else {
-      std::vector<float> q = Probabilities(row, sampling);
-      const int32_t token = SampleFrom(q, rng);
-      const float p = q[token];
-      const int32_t dist = tree.AddDistribution(std::move(q));
-      tree.AddNode(j - 1, token, p, dist);
-    }
-  }
+  for (int32_t j = 0; j < depth; ++j) AddChainNode(tree, j - 1, rows.Row(j), sampling, rng);
   return tree;
 }
 

@@ -31,8 +31,13 @@ struct DepthLogits {
   }
 };
 
-// A chain of `depth` nodes, one per row: argmax (greedy) or sampled from the shaped distribution
-// with it attached (sampled requests).
+// Adds one chain node below `parent` drafted from `row`: its argmax (greedy), or a token sampled
+// from the shaped distribution with that distribution attached (sampled requests). Returns the
+// node's token.
+int32_t AddChainNode(CandidateTree& tree, int32_t parent, std::span<const float> row,
+                     const SamplingParams& sampling, SequenceRng& rng);
+
+// A chain of `depth` nodes, one per row (AddChainNode).
 CandidateTree DraftMarginalChain(const DepthLogits& rows, int32_t depth,
                                  const SamplingParams& sampling, SequenceRng& rng);
 

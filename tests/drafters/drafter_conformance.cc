@@ -145,6 +145,8 @@ std::vector<ConformanceCase> Cases() {
       {"parallelspec", "parallelspec", {}},
       {"parallelspec-chain", "parallelspec-chain", {}},
       {"parallelspec-static", "parallelspec-static", {}},
+      {"parallelspec-ar", "parallelspec-ar", {}},
+      {"parallelspec-ar tokens only", "parallelspec-ar", {tokens_only}},
       {"parallelspec tokens only", "parallelspec", {tokens_only}},
       {"specdec", "specdec", {}},
   };

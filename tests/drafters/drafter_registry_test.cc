@@ -40,9 +40,9 @@ class DrafterRegistryTest : public ::testing::Test {
 };
 
 TEST_F(DrafterRegistryTest, NamesEveryBuiltinVariantInOrder) {
-  EXPECT_THAT(registry_.Names(),
-              ElementsAre("ngram", "draft-model", "specformer", "beagle", "beagle-chain",
-                          "parallelspec", "parallelspec-chain", "parallelspec-static", "specdec"));
+  EXPECT_THAT(registry_.Names(), ElementsAre("ngram", "draft-model", "specformer", "beagle",
+                                             "beagle-chain", "parallelspec", "parallelspec-chain",
+                                             "parallelspec-static", "parallelspec-ar", "specdec"));
   EXPECT_THAT(registry_.Describe(), HasSubstr("beagle (EAGLE-2 dynamic tree)"));
   ASSERT_NE(registry_.Find("beagle-chain"), nullptr);
   EXPECT_EQ(registry_.Find("beagle-chain")->family(), "beagle");

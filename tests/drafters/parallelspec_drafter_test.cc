@@ -273,6 +273,47 @@ TEST(ParallelSpecDrafterTest, EveryShapeRespectsItsBudget) {
   }
 }
 
+// The autoregressive baseline drafts what the network would predict if each drafted token were
+// committed with the network's own regressed feature: a second drafter that observes the drafted
+// tokens one by one, each with the previous last row as its hidden state, drafts the same chain.
+TEST(ParallelSpecDrafterTest, AutoregressiveChainFeedsBackItsOwnFeatures) {
+  auto target = Runner(TargetModule());
+  for (bool features : {true, false}) {
+    auto ar = Drafter(*target, features, {.shape = ParallelSpecShape::kAutoregressive});
+    auto replay = Drafter(*target, features, {.shape = ParallelSpecShape::kChain});
+    ASSERT_TRUE(ar->AddSequence(1, {}).ok());
+    ASSERT_TRUE(replay->AddSequence(1, {}).ok());
+    ObservePrefix(*ar, *target);
+    ObservePrefix(*replay, *target);
+    const auto cache_before = ar->RealCache(1)->first.size(0);
+    auto trees = ar->Propose({{.seq = 1, .max_nodes = 8, .max_depth = 8}});
+    ASSERT_TRUE(trees.ok()) << trees.status();
+    const CandidateTree& chain = (*trees)[0];
+    ASSERT_EQ(chain.size(), kMasks + 1) << "as deep as the parallel shapes";
+    EXPECT_EQ(ar->RealCache(1)->first.size(0), cache_before) << "drafted rows left the cache";
+    for (int32_t i = 0; i < chain.size(); ++i) {
+      EXPECT_EQ(chain.parent(i), i - 1);
+      auto logits = replay->DepthLogitsOf(1);
+      ASSERT_TRUE(logits.ok());
+      EXPECT_EQ(logits->select(0, 0).argmax().item<int64_t>(), chain.token(i))
+          << "features " << features << " depth " << i + 1;
+      auto last = replay->LastRow(1);
+      ASSERT_TRUE(last.ok());
+      DrafterObservation o{.seq = 1, .tokens = {chain.token(i)}};
+      if (features) o.hidden = {last->view({1, -1})};
+      ASSERT_TRUE(replay->Observe({o}).ok());
+    }
+    // Budgets: never deeper or larger than asked.
+    for (int32_t budget : {1, 2, 3}) {
+      auto small = ar->Propose({{.seq = 1, .max_nodes = budget, .max_depth = 8}});
+      ASSERT_TRUE(small.ok());
+      EXPECT_EQ((*small)[0].size(), budget);
+      EXPECT_EQ((*small)[0].tokens(),
+                std::vector<int32_t>(chain.tokens().begin(), chain.tokens().begin() + budget));
+    }
+  }
+}
+
 TEST(ParallelSpecDrafterTest, StaticTreeFollowsItsRankPaths) {
   auto target = Runner(TargetModule());
   auto tree = StaticDraftTree::FromJson(R"({"paths": [[1], [0], [0, 0], [0, 2]]})", "tree.json");

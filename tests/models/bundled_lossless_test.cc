@@ -201,7 +201,9 @@ TEST_F(BundledLosslessTest, ParallelSpecTreeEqualsPlainGreedy) {
 TEST_F(BundledLosslessTest, ParallelSpecStaticTreeEqualsPlainGreedy) {
   CheckDrafter("parallelspec-static", {1, 4, 16});
 }
-;
+// The same network drafting autoregressively (its features fed back): the paper's baseline.
+TEST_F(BundledLosslessTest, ParallelSpecAutoregressiveEqualsPlainGreedy) {
+  CheckDrafter("parallelspec-ar", {1, 3, 5});
 }
 
 }  // namespace

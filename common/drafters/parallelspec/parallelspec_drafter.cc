@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <span>
 
 #include "common/drafters/draft_sampling.h"
 #include "common/drafters/drafter_cache_size.h"
@@ -220,6 +221,80 @@ StatusOr<std::vector<at::Tensor>> ParallelSpecDrafter::RowLogits(
   }
 }
 
+StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::DraftAutoregressive(
+    const std::vector<State*>& states, const std::vector<int64_t>& depths) {
+  BlockAllocator& alloc = kv_->allocator();
+  const int64_t S = static_cast<int64_t>(states.size());
+  std::vector<CandidateTree> trees(S);
+  std::vector<int32_t> drafted(S);  // each state's token at the depth just drafted
+  // Depth 1 comes from the last real row, as in every shape.
+  std::vector<torch::Tensor> last_rows;
+  for (State* st : states) last_rows.push_back(st->last.view({1, -1}));
+  torch::Tensor h;  // [active, d] outputs of the rows just run
+  {
+    c10::InferenceMode inference;
+    h = torch::cat(last_rows, 0);
+  }
+  // The drafted rows take the positions after each sequence's real rows for this call only.
+  std::vector<int64_t> length(S);
+  std::vector<std::pair<SeqId, int64_t>> growth;
+  for (int64_t s = 0; s < S; ++s) {
+    length[s] = alloc.Length(states[s]->kv_seq);
+    if (depths[s] > 1) growth.emplace_back(states[s]->kv_seq, depths[s] - 1);
+  }
+  if (!growth.empty()) {
+    auto grown = alloc.AppendAll(growth);
+    if (!grown.ok()) return grown.status().WithContext("ParallelSpec drafted rows");
+  }
+  auto release = [&] {
+    for (int64_t s = 0; s < S; ++s) (void)alloc.Truncate(states[s]->kv_seq, length[s]);
+  };
+  try {
+    c10::InferenceMode inference;
+    const torch::Device device = mask_inputs_.device();
+    std::vector<int64_t> active(S);  // states still drafting, rows of h in this order
+    for (int64_t s = 0; s < S; ++s) active[s] = s;
+    for (int64_t depth = 1; !active.empty(); ++depth) {
+      torch::Tensor logits = module_->Logits(h).to(torch::kFloat).to(torch::kCPU).contiguous();
+      const int64_t vocab = logits.size(1);
+      std::vector<int64_t> next, rows, tokens;
+      for (size_t a = 0; a < active.size(); ++a) {
+        const int64_t s = active[a];
+        State& st = *states[s];
+        const std::span<const float> row(logits.data_ptr<float>() + a * vocab,
+                                         static_cast<size_t>(vocab));
+        drafted[s] =
+            AddChainNode(trees[s], static_cast<int32_t>(depth) - 2, row, st.sampling, st.rng);
+        if (depth < depths[s]) {
+          next.push_back(s);
+          rows.push_back(static_cast<int64_t>(a));
+          tokens.push_back(drafted[s]);
+        }
+      }
+      if (next.empty()) break;
+      // Depth + 1's row: fuse(this depth's output, this depth's token) at the next free position,
+      // attending to the real rows and the drafted rows before it (their keys are in the cache).
+      PagedAttentionLayout layout(alloc.block_size(), /*sliding_window=*/0);
+      for (int64_t s : next) {
+        layout.AddSequence(alloc.BlockTable(states[s]->kv_seq), length[s] + depth - 1, 1);
+      }
+      torch::Tensor f = h.index_select(0, LongTensor(rows, h.device()));
+      torch::Tensor x = module_->RealInputs(f, LongTensor(tokens, device));
+      std::vector<int64_t> positions = layout.positions();
+      auto cs = module_->RopeFor(LongTensor(positions, device));
+      AttentionInputs in = MakePagedInputs(layout, cs.first, cs.second);
+      LayerKvCache layer{kv_->keys(0), kv_->values(0)};
+      h = module_->Layer(x, in, &layer);
+      active = std::move(next);
+    }
+    release();
+    return trees;
+  } catch (const std::exception& e) {
+    release();
+    return InternalError(StrCat("ParallelSpec autoregressive draft failed: ", e.what()));
+  }
+}
+
 StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::Propose(
     const std::vector<DraftRequest>& requests) {
   RETURN_IF_ERROR(CheckDraftRequests(requests, [&](SeqId seq) { return states_.contains(seq); }));
@@ -233,7 +308,9 @@ StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::Propose(
     State* st = states_.find(r.seq);
     // No budget, or nothing committed yet: an empty tree.
     if (r.max_nodes <= 0 || r.max_depth <= 0 || !st->last.defined()) continue;
-    // No tree is deeper than its node budget; a static tree no deeper than its paths.
+    // No tree is deeper than its node budget; a static tree no deeper than its paths. The
+    // autoregressive baseline drafts as deep as the parallel shapes (k + 1), to compare them at
+    // equal depth.
     int64_t depth = std::min<int64_t>({k + 1, r.max_depth, r.max_nodes});
     if (options_.shape == ParallelSpecShape::kStaticTree) {
       depth = std::min<int64_t>(depth, options_.static_tree->max_depth());
@@ -243,6 +320,13 @@ StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::Propose(
     masks.push_back(depth - 1);
   }
   if (work.empty()) return trees;
+  if (options_.shape == ParallelSpecShape::kAutoregressive) {
+    std::vector<int64_t> depths;
+    for (int64_t m : masks) depths.push_back(m + 1);
+    ASSIGN_OR_RETURN(std::vector<CandidateTree> chains, DraftAutoregressive(states, depths));
+    for (size_t w = 0; w < work.size(); ++w) trees[work[w]] = std::move(chains[w]);
+    return trees;
+  }
   ASSIGN_OR_RETURN(std::vector<at::Tensor> logits, RowLogits(states, masks));
   for (size_t w = 0; w < work.size(); ++w) {
     const DraftRequest& r = requests[work[w]];
@@ -259,6 +343,8 @@ StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::Propose(
       case ParallelSpecShape::kStaticTree:
         trees[work[w]] = options_.static_tree->Draft(rows, depth, r.max_nodes, st.sampling);
         break;
+      case ParallelSpecShape::kAutoregressive:
+        break;  // drafted above
     }
   }
   return trees;
@@ -274,6 +360,14 @@ StatusOr<std::vector<int32_t>> ParallelSpecDrafter::Tokens(SeqId seq) const {
 StatusOr<std::pair<at::Tensor, at::Tensor>> ParallelSpecDrafter::RealCache(SeqId seq) const {
   ASSIGN_OR_RETURN(const State* st, states_.Get(seq));
   return kv_->SequenceKv(0, st->kv_seq);
+}
+
+StatusOr<at::Tensor> ParallelSpecDrafter::LastRow(SeqId seq) const {
+  ASSIGN_OR_RETURN(const State* st, states_.Get(seq));
+  if (!st->last.defined()) {
+    return FailedPreconditionError(StrCat("sequence ", seq, " has no committed position yet"));
+  }
+  return st->last;
 }
 
 StatusOr<at::Tensor> ParallelSpecDrafter::DepthLogitsOf(SeqId seq) {

@@ -40,7 +40,11 @@ namespace specula {
 
 class ParallelSpecImpl;
 
-enum class ParallelSpecShape { kChain, kMarginalTree, kStaticTree };
+// How the drafts are laid out. kAutoregressive is the paper's baseline on the same network, for
+// measuring its central trade-off: no masks; depth i + 1 is drafted from a real-like row that
+// fuses depth i's output (the regressed next feature) with depth i's drafted token, as EAGLE
+// drafts: one forward per depth instead of one for all, a chain.
+enum class ParallelSpecShape { kChain, kMarginalTree, kStaticTree, kAutoregressive };
 
 struct ParallelSpecDrafterOptions {
   ParallelSpecShape shape = ParallelSpecShape::kMarginalTree;
@@ -96,6 +100,9 @@ class ParallelSpecDrafter : public Drafter {
   // The cached keys (RoPE applied) and values of the real rows of `seq`, [T, n_kv, head_dim]
   // each, T = the positions observed. NOT_FOUND for an unknown sequence.
   StatusOr<std::pair<at::Tensor, at::Tensor>> RealCache(SeqId seq) const;
+  // The output [d] of `seq`'s last real row: depth 1's logits come from it, and it regresses the
+  // target's feature at the pending position. FAILED_PRECONDITION before one.
+  StatusOr<at::Tensor> LastRow(SeqId seq) const;
   // The logits [1 + k, V] (float32, CPU) of depths 1..k+1 Propose drafts `seq` from;
   // FAILED_PRECONDITION before the first committed position.
   StatusOr<at::Tensor> DepthLogitsOf(SeqId seq);
@@ -108,6 +115,10 @@ class ParallelSpecDrafter : public Drafter {
   // one batched forward.
   StatusOr<std::vector<at::Tensor>> RowLogits(const std::vector<State*>& states,
                                               const std::vector<int64_t>& masks);
+  // kAutoregressive: a chain of depths[s] nodes per state, one batched single-row forward per
+  // depth; the drafted rows' keys/values sit in the cache only during the call.
+  StatusOr<std::vector<CandidateTree>> DraftAutoregressive(const std::vector<State*>& states,
+                                                           const std::vector<int64_t>& depths);
 
   std::shared_ptr<ParallelSpecImpl> module_;
   std::shared_ptr<CausalLMImpl> target_module_;  // keeps the shared weights alive

@@ -1,5 +1,6 @@
 // The ParallelSpec family: k + 1 drafts from one forward, as a budgeted best-first tree
-// (parallelspec), a chain (parallelspec-chain) or a static Medusa tree (parallelspec-static);
+// (parallelspec), a chain (parallelspec-chain) or a static Medusa tree (parallelspec-static), and
+// the same network drafting autoregressively (parallelspec-ar: the paper's trade-off, measured);
 // shares the target's embedding and lm_head.
 #include "common/drafters/drafter_registry.h"
 #include "common/drafters/parallelspec/parallelspec_drafter.h"
@@ -13,12 +14,13 @@ class ParallelSpecFamily : public DrafterFamily {
   std::vector<DrafterVariant> Variants() const override {
     return {{"parallelspec", "budgeted tree"},
             {"parallelspec-chain", "ParallelSpec, chain"},
-            {"parallelspec-static", "ParallelSpec, static Medusa tree"}};
+            {"parallelspec-static", "ParallelSpec, static Medusa tree"},
+            {"parallelspec-ar", "ParallelSpec's network drafting autoregressively (baseline)"}};
   }
   void RegisterFlags(FlagSet& flags) override {
     flags.AddString("parallelspec-model", &dir_,
                     "ParallelSpec checkpoint directory for --drafter parallelspec / "
-                    "parallelspec-chain / parallelspec-static");
+                    "parallelspec-chain / parallelspec-static / parallelspec-ar");
     flags.AddString("parallelspec-static-tree", &static_tree_,
                     "parallelspec-static: JSON array of rank paths, e.g. [[0], [1], [0, 0]]");
   }
@@ -29,6 +31,7 @@ class ParallelSpecFamily : public DrafterFamily {
     }
     ParallelSpecDrafterOptions options{.name = name};
     if (name == "parallelspec-chain") options.shape = ParallelSpecShape::kChain;
+    if (name == "parallelspec-ar") options.shape = ParallelSpecShape::kAutoregressive;
     if (name == "parallelspec-static") {
       if (static_tree_.empty()) {
         return InvalidArgumentError(
