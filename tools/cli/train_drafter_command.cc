@@ -86,6 +86,17 @@ nlohmann::json FiniteOrNull(const std::vector<double>& values) {
   return out;
 }
 
+// The losses the slot drafters' trainers report alike (SpecFormer, SpecDec), added to `json`.
+template <typename SlotTrainResult>
+nlohmann::json WithSlotLosses(nlohmann::json json, const SlotTrainResult& r) {
+  json["first_train_loss"] = FiniteOrNull(r.first_loss);
+  json["final_train_loss"] = FiniteOrNull(r.last_loss);
+  json["final_val_loss"] = FiniteOrNull(r.val_loss);
+  json["val_slot_loss"] = FiniteOrNull(r.val_slot_loss);
+  json["val_slot_top1"] = FiniteOrNull(r.val_slot_accuracy);
+  return json;
+}
+
 Status ReportStopped(int64_t steps_done, int64_t total) {
   std::fprintf(stderr, "stopped at step %ld of %ld; run the same command again to resume\n",
                steps_done, total);
@@ -112,13 +123,9 @@ Status RunSpecFormer(const Flags& f, const ModelConfig& target,
   if (!result.finished) return ReportStopped(result.steps_done, o.lr.total_steps);
   RETURN_IF_ERROR(WriteTrainingJson(
       f, o, args, result.steps_done, result.tokens_seen, result.seconds,
-      {{"parameters", {{"shared", shared}, {"per_slot", per_slot}, {"target", M}}},
-       {"p", p},
-       {"first_train_loss", FiniteOrNull(result.first_loss)},
-       {"final_train_loss", FiniteOrNull(result.last_loss)},
-       {"final_val_loss", FiniteOrNull(result.val_loss)},
-       {"val_slot_loss", FiniteOrNull(result.val_slot_loss)},
-       {"val_slot_top1", FiniteOrNull(result.val_slot_accuracy)}}));
+      WithSlotLosses(
+          {{"parameters", {{"shared", shared}, {"per_slot", per_slot}, {"target", M}}}, {"p", p}},
+          result)));
   std::fprintf(stderr, "done: %s (val loss %.4f)\n", o.out_dir.c_str(), result.val_loss);
   return OkStatus();
 }
@@ -214,23 +221,19 @@ Status RunSpecDec(const Flags& f, const std::vector<std::string>& args) {
   if (!result.finished) return ReportStopped(result.steps_done, o.lr.total_steps);
   RETURN_IF_ERROR(WriteTrainingJson(f, o, args, result.steps_done, result.tokens_seen,
                                     result.seconds,
-                                    {{"parameters", result.parameters},
-                                     {"optimizer",
-                                      {{"beta1", o.beta1},
-                                       {"beta2", o.beta2},
-                                       {"eps", o.adam_eps},
-                                       {"weight_decay", o.weight_decay},
-                                       {"schedule", "linear warmup, inverse sqrt"},
-                                       {"peak_lr", o.lr.peak_lr},
-                                       {"warmup_steps", o.lr.warmup_steps}}},
-                                     {"glancing_ratio", o.glancing_ratio},
-                                     {"label_smoothing", o.label_smoothing},
-                                     {"splits_per_record", o.splits_per_record},
-                                     {"first_train_loss", FiniteOrNull(result.first_loss)},
-                                     {"final_train_loss", FiniteOrNull(result.last_loss)},
-                                     {"final_val_loss", FiniteOrNull(result.val_loss)},
-                                     {"val_slot_loss", FiniteOrNull(result.val_slot_loss)},
-                                     {"val_slot_top1", FiniteOrNull(result.val_slot_accuracy)}}));
+                                    WithSlotLosses({{"parameters", result.parameters},
+                                                    {"optimizer",
+                                                     {{"beta1", o.beta1},
+                                                      {"beta2", o.beta2},
+                                                      {"eps", o.adam_eps},
+                                                      {"weight_decay", o.weight_decay},
+                                                      {"schedule", "linear warmup, inverse sqrt"},
+                                                      {"peak_lr", o.lr.peak_lr},
+                                                      {"warmup_steps", o.lr.warmup_steps}}},
+                                                    {"glancing_ratio", o.glancing_ratio},
+                                                    {"label_smoothing", o.label_smoothing},
+                                                    {"splits_per_record", o.splits_per_record}},
+                                                   result)));
   std::fprintf(stderr, "done: %s (val loss %.4f)\n", o.out_dir.c_str(), result.val_loss);
   return OkStatus();
 }
