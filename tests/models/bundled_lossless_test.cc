@@ -100,7 +100,9 @@ class BundledLosslessTest : public ::testing::Test {
     DrafterLoadContext context(*target_, {});
     auto loaded = registry.Load(name, context);
     EXPECT_TRUE(loaded.ok()) << loaded.status();
-    if (loaded.ok()) EXPECT_TRUE(engine->AddDrafter(std::move(*loaded)).ok());
+    if (loaded.ok()) {
+      EXPECT_TRUE(engine->AddDrafter(std::move(*loaded)).ok());
+    }
     return {std::move(engine), name};
   }
 

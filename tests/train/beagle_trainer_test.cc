@@ -92,7 +92,9 @@ TEST(BeagleMasksTest, LateMaskExposesThePredictedKeysOfEarlierSteps) {
                 << " j " << j;
             predicted += predicted_key;
           }
-          if (queried) EXPECT_EQ(predicted, step - 1);
+          if (queried) {
+            EXPECT_EQ(predicted, step - 1);
+          }
         }
         EXPECT_EQ(BeagleStepQueries(T, k, eps, step), queries);
       }
