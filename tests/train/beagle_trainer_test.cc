@@ -62,7 +62,9 @@ TEST(BeagleMasksTest, EarlyMaskHidesExactlyTheWindowsKeys) {
           // Visible: exactly the true keys up to the window start (never j >= p).
           EXPECT_EQ(mask[p * T + j], j <= n ? 1 : 0)
               << "T " << T << " k " << k << " eps " << eps << " p " << p << " j " << j;
-          if (j >= p) EXPECT_EQ(mask[p * T + j], 0);
+          if (j >= p) {
+            EXPECT_EQ(mask[p * T + j], 0);
+          }
         }
       }
     }
