@@ -20,6 +20,37 @@ torch::Tensor LongTensor(std::vector<int64_t>& v, const torch::Device& device) {
       .to(device);
 }
 
+// Positions appended after each sequence's cached rows for one draft call (mask rows, drafted
+// rows), truncated back when this goes out of scope, whether the call succeeded or not.
+class ScratchRows {
+ public:
+  explicit ScratchRows(BlockAllocator& alloc) : alloc_(alloc) {}
+  ~ScratchRows() {
+    for (const auto& [seq, length] : lengths_) (void)alloc_.Truncate(seq, length);
+  }
+  ScratchRows(const ScratchRows&) = delete;
+  ScratchRows& operator=(const ScratchRows&) = delete;
+
+  // Appends rows[s] positions to seqs[s] (all or none).
+  Status Append(const std::vector<SeqId>& seqs, const std::vector<int64_t>& rows,
+                const char* what) {
+    std::vector<std::pair<SeqId, int64_t>> growth;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      lengths_.emplace_back(seqs[s], alloc_.Length(seqs[s]));
+      if (rows[s] > 0) growth.emplace_back(seqs[s], rows[s]);
+    }
+    if (growth.empty()) return OkStatus();
+    auto grown = alloc_.AppendAll(growth);
+    return grown.ok() ? OkStatus() : grown.status().WithContext(what);
+  }
+  // Sequence s's length before the call: its first scratch position.
+  int64_t length(size_t s) const { return lengths_[s].second; }
+
+ private:
+  BlockAllocator& alloc_;
+  std::vector<std::pair<SeqId, int64_t>> lengths_;
+};
+
 }  // namespace
 
 Status ParallelSpecDrafterOptions::Validate() const {
@@ -170,32 +201,24 @@ StatusOr<std::vector<at::Tensor>> ParallelSpecDrafter::RowLogits(
   BlockAllocator& alloc = kv_->allocator();
   const int64_t S = static_cast<int64_t>(states.size());
   // The mask rows take the positions after each sequence's last real row for this forward only.
-  std::vector<std::pair<SeqId, int64_t>> growth;
-  std::vector<int64_t> length(S);
-  for (int64_t s = 0; s < S; ++s) {
-    length[s] = alloc.Length(states[s]->kv_seq);
-    if (masks[s] > 0) growth.emplace_back(states[s]->kv_seq, masks[s]);
-  }
-  if (!growth.empty()) {
-    auto grown = alloc.AppendAll(growth);
-    if (!grown.ok()) return grown.status().WithContext("ParallelSpec mask rows");
-  }
-  auto release = [&] {
-    for (int64_t s = 0; s < S; ++s) (void)alloc.Truncate(states[s]->kv_seq, length[s]);
-  };
+  std::vector<SeqId> seqs;
+  for (State* st : states) seqs.push_back(st->kv_seq);
+  ScratchRows scratch(alloc);
+  RETURN_IF_ERROR(scratch.Append(seqs, masks, "ParallelSpec mask rows"));
+  const bool any_masks = std::any_of(masks.begin(), masks.end(), [](int64_t m) { return m > 0; });
   try {
     c10::InferenceMode inference;
     const torch::Device device = mask_inputs_.device();
     // Rows: every sequence's depth-1 state, then every mask row.
     std::vector<torch::Tensor> rows;
     for (State* st : states) rows.push_back(st->last.view({1, -1}));
-    if (!growth.empty()) {
+    if (any_masks) {
       PagedAttentionLayout layout(alloc.block_size(), /*sliding_window=*/0);
       std::vector<int64_t> mask_index;
       for (int64_t s = 0; s < S; ++s) {
         if (masks[s] == 0) continue;
         // A causal chain after the real rows: mask i sees real rows 0..P-1 and masks 1..i.
-        layout.AddSequence(alloc.BlockTable(states[s]->kv_seq), length[s], masks[s]);
+        layout.AddSequence(alloc.BlockTable(states[s]->kv_seq), scratch.length(s), masks[s]);
         for (int64_t i = 0; i < masks[s]; ++i) mask_index.push_back(i);
       }
       torch::Tensor x = mask_inputs_.index_select(0, LongTensor(mask_index, device));
@@ -205,7 +228,6 @@ StatusOr<std::vector<at::Tensor>> ParallelSpecDrafter::RowLogits(
       LayerKvCache layer{kv_->keys(0), kv_->values(0)};
       rows.push_back(module_->Layer(x, in, &layer));  // [sum masks, d]
     }
-    release();
     torch::Tensor logits =
         module_->Logits(torch::cat(rows, 0)).to(torch::kFloat).to(torch::kCPU).contiguous();
     std::vector<at::Tensor> out(S);
@@ -216,7 +238,6 @@ StatusOr<std::vector<at::Tensor>> ParallelSpecDrafter::RowLogits(
     }
     return out;
   } catch (const std::exception& e) {
-    release();
     return InternalError(StrCat("ParallelSpec draft forward failed: ", e.what()));
   }
 }
@@ -236,19 +257,14 @@ StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::DraftAutoregressive(
     h = torch::cat(last_rows, 0);
   }
   // The drafted rows take the positions after each sequence's real rows for this call only.
-  std::vector<int64_t> length(S);
-  std::vector<std::pair<SeqId, int64_t>> growth;
+  std::vector<SeqId> seqs;
+  std::vector<int64_t> drafted_rows;
   for (int64_t s = 0; s < S; ++s) {
-    length[s] = alloc.Length(states[s]->kv_seq);
-    if (depths[s] > 1) growth.emplace_back(states[s]->kv_seq, depths[s] - 1);
+    seqs.push_back(states[s]->kv_seq);
+    drafted_rows.push_back(depths[s] - 1);
   }
-  if (!growth.empty()) {
-    auto grown = alloc.AppendAll(growth);
-    if (!grown.ok()) return grown.status().WithContext("ParallelSpec drafted rows");
-  }
-  auto release = [&] {
-    for (int64_t s = 0; s < S; ++s) (void)alloc.Truncate(states[s]->kv_seq, length[s]);
-  };
+  ScratchRows scratch(alloc);
+  RETURN_IF_ERROR(scratch.Append(seqs, drafted_rows, "ParallelSpec drafted rows"));
   try {
     c10::InferenceMode inference;
     const torch::Device device = mask_inputs_.device();
@@ -276,7 +292,7 @@ StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::DraftAutoregressive(
       // attending to the real rows and the drafted rows before it (their keys are in the cache).
       PagedAttentionLayout layout(alloc.block_size(), /*sliding_window=*/0);
       for (int64_t s : next) {
-        layout.AddSequence(alloc.BlockTable(states[s]->kv_seq), length[s] + depth - 1, 1);
+        layout.AddSequence(alloc.BlockTable(states[s]->kv_seq), scratch.length(s) + depth - 1, 1);
       }
       torch::Tensor f = h.index_select(0, LongTensor(rows, h.device()));
       torch::Tensor x = module_->RealInputs(f, LongTensor(tokens, device));
@@ -287,10 +303,8 @@ StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::DraftAutoregressive(
       h = module_->Layer(x, in, &layer);
       active = std::move(next);
     }
-    release();
     return trees;
   } catch (const std::exception& e) {
-    release();
     return InternalError(StrCat("ParallelSpec autoregressive draft failed: ", e.what()));
   }
 }
