@@ -15,10 +15,15 @@ DrafterLoadContext::DrafterLoadContext(const ModelConfig& target_config, std::st
 
 DrafterLoadContext::~DrafterLoadContext() = default;
 
-StatusOr<const ModelRunner*> DrafterLoadContext::target() {
+StatusOr<const ModelRunner*> DrafterLoadContext::target(const std::string& drafter) {
   if (target_) return target_;
-  if (target_dir_.empty()) return InvalidArgumentError("no target model to load the drafter for");
-  ASSIGN_OR_RETURN(own_target_, ModelRunner::Load(target_dir_, model_options_));
+  const std::string context = StrCat("--model (", drafter, "'s target)");
+  if (target_dir_.empty()) {
+    return InvalidArgumentError(StrCat(context, ": no target model to load the drafter for"));
+  }
+  auto loaded = ModelRunner::Load(target_dir_, model_options_);
+  if (!loaded.ok()) return loaded.status().WithContext(context);
+  own_target_ = std::move(*loaded);
   target_ = own_target_.get();
   return target_;
 }

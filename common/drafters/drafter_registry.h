@@ -42,9 +42,10 @@ class DrafterLoadContext {
 
   const ModelConfig& target_config() const { return target_config_; }
   const ModelRunnerOptions& model_options() const { return model_options_; }
-  // The target's runner; loads it once where the context has only its directory. The loader's
-  // error (NOT_FOUND, INVALID_ARGUMENT) otherwise.
-  StatusOr<const ModelRunner*> target();
+  // The target's runner, for the drafter `drafter` that shares its weights; loads it once where
+  // the context has only its directory. The loader's error (NOT_FOUND, INVALID_ARGUMENT) with
+  // "--model (<drafter>'s target)" as context otherwise.
+  StatusOr<const ModelRunner*> target(const std::string& drafter);
 
  private:
   const ModelRunner* target_ = nullptr;

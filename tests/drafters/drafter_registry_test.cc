@@ -97,15 +97,16 @@ TEST_F(DrafterRegistryTest, LoadsWithTheFlagsAndReportsThemInSettings) {
 
 TEST_F(DrafterRegistryTest, ContextLoadsTheTargetOnceAndOnlyWhenAsked) {
   DrafterLoadContext context(TinyModelConfig(), target_dir_, {});
-  auto first = context.target();
+  auto first = context.target("beagle");
   ASSERT_TRUE(first.ok()) << first.status();
-  auto second = context.target();
+  auto second = context.target("beagle");
   ASSERT_TRUE(second.ok());
   EXPECT_EQ(*first, *second);
   DrafterLoadContext nowhere(TinyModelConfig(), tmp_.File("missing"), {});
-  EXPECT_EQ(nowhere.target().status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(nowhere.target("beagle").status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(nowhere.target("beagle").status().message(), HasSubstr("--model (beagle's target)"));
   DrafterLoadContext none(TinyModelConfig(), "", {});
-  EXPECT_EQ(none.target().status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(none.target("specformer").status().code(), StatusCode::kInvalidArgument);
 }
 
 // A family registered from outside common/drafters is loaded like a built-in one.

@@ -31,9 +31,8 @@ class BeagleFamily : public DrafterFamily {
     if (dir_.empty()) {
       return InvalidArgumentError(StrCat("--drafter ", name, " needs --beagle-model DIR"));
     }
-    auto target = context.target();
-    if (!target.ok()) return target.status().WithContext(StrCat("--model (", name, "'s target)"));
-    auto drafter = BeagleDrafter::Load(dir_, **target,
+    ASSIGN_OR_RETURN(const ModelRunner* target, context.target(name));
+    auto drafter = BeagleDrafter::Load(dir_, *target,
                                        {.tree = name == "beagle",
                                         .depth = static_cast<int32_t>(depth_),
                                         .top_k = static_cast<int32_t>(top_k_),

@@ -42,9 +42,8 @@ class ParallelSpecFamily : public DrafterFamily {
       options.shape = ParallelSpecShape::kStaticTree;
       options.static_tree = std::move(*tree);
     }
-    auto target = context.target();
-    if (!target.ok()) return target.status().WithContext(StrCat("--model (", name, "'s target)"));
-    auto drafter = ParallelSpecDrafter::Load(dir_, **target, std::move(options));
+    ASSIGN_OR_RETURN(const ModelRunner* target, context.target(name));
+    auto drafter = ParallelSpecDrafter::Load(dir_, *target, std::move(options));
     if (!drafter.ok()) return drafter.status().WithContext("--parallelspec-model");
     return std::unique_ptr<Drafter>(std::move(*drafter));
   }

@@ -23,9 +23,8 @@ class SpecFormerFamily : public DrafterFamily {
     if (dir_.empty()) {
       return InvalidArgumentError("--drafter specformer needs --specformer-model DIR");
     }
-    auto target = context.target();
-    if (!target.ok()) return target.status().WithContext("--model (specformer's target)");
-    auto drafter = SpecFormerDrafter::Load(dir_, **target, {.tree = tree_});
+    ASSIGN_OR_RETURN(const ModelRunner* target, context.target(name));
+    auto drafter = SpecFormerDrafter::Load(dir_, *target, {.tree = tree_});
     if (!drafter.ok()) return drafter.status().WithContext("--specformer-model");
     return std::unique_ptr<Drafter>(std::move(*drafter));
   }
