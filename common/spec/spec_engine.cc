@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
 #include "common/spec/hidden_backlog.h"
+#include "common/spec/tensor_verifier.h"
 
 namespace specula {
 namespace {
@@ -125,6 +127,26 @@ struct SpecEngine::Sequence {
   CandidateTree tree;
   int32_t accepted = 0;
 };
+
+const char* VerifyPlacementName(VerifyPlacement placement) {
+  switch (placement) {
+    case VerifyPlacement::kAuto:
+      return "auto";
+    case VerifyPlacement::kHost:
+      return "host";
+    case VerifyPlacement::kTensors:
+      return "tensors";
+  }
+  return "unknown";
+}
+
+StatusOr<VerifyPlacement> ParseVerifyPlacement(const std::string& name) {
+  if (name == "auto") return VerifyPlacement::kAuto;
+  if (name == "host") return VerifyPlacement::kHost;
+  if (name == "tensors") return VerifyPlacement::kTensors;
+  return InvalidArgumentError(
+      StrCat("unknown verification placement '", name, "' (valid: auto, host, tensors)"));
+}
 
 SpecEngine::SpecEngine(ModelRunner* target, SpecEngineOptions options)
     : target_(target), options_(options) {
@@ -308,6 +330,9 @@ struct SpecEngine::ForwardGroup {
   // for the whole batch), with the member each belongs to.
   std::vector<PathCommit> commits;
   std::vector<Sequence*> committing;
+  // Per member: its tree verified on the logits tensor (VerifyPlacement), or empty when the host
+  // verifier runs (prefill chunks, lossy rules, host placement).
+  std::vector<std::optional<StatusOr<VerifyResult>>> verified;
 };
 
 namespace {
@@ -669,7 +694,44 @@ std::vector<SpecEngine::ForwardGroup> SpecEngine::ForwardIsolating(std::vector<S
   return groups;
 }
 
+bool SpecEngine::VerifiesOnTensors(const at::Tensor& logits) const {
+  switch (options_.verify_placement) {
+    case VerifyPlacement::kHost:
+      return false;
+    case VerifyPlacement::kTensors:
+      return true;
+    case VerifyPlacement::kAuto:
+      return !logits.device().is_cpu();
+  }
+  return false;
+}
+
+void SpecEngine::VerifyOnTensors(ForwardGroup& group) {
+  group.verified.assign(group.members.size(), std::nullopt);
+  std::vector<TreeVerifyJob> jobs;
+  std::vector<size_t> owners;
+  for (size_t b = 0; b < group.members.size(); ++b) {
+    Sequence& s = *group.members[b];
+    if (!s.prefilled || s.request.speculation.verify.lossy()) continue;
+    jobs.push_back({.tree = &s.tree,
+                    .first_row = group.out.logits_offset[b],
+                    .sampling = s.request.generation.sampling,
+                    .rng = &s.rng});
+    owners.push_back(b);
+  }
+  if (jobs.empty()) return;
+  auto results = Guarded("verification", [&]() -> StatusOr<std::vector<StatusOr<VerifyResult>>> {
+    return VerifyTreesOnTensors(group.out.logits, jobs);
+  });
+  for (size_t i = 0; i < owners.size(); ++i) {
+    // An exception fails the step's tensor verification; those members' AcceptTree reports it.
+    group.verified[owners[i]] =
+        results.ok() ? std::move((*results)[i]) : StatusOr<VerifyResult>(results.status());
+  }
+}
+
 void SpecEngine::CommitGroup(ForwardGroup& group, StepReport* report) {
+  if (VerifiesOnTensors(group.out.logits)) VerifyOnTensors(group);
   at::Tensor logits;
   Status copied = Guarded("logits copy", [&] {
     logits = group.out.logits.to(at::kCPU).contiguous();
@@ -777,9 +839,14 @@ Status SpecEngine::AcceptTree(ForwardGroup& group, size_t b, const float* rows, 
   Sequence& s = *group.members[b];
   const CandidateTree& tree = s.tree;
   const int64_t row0 = group.out.token_offset[b];
-  TreeLogits tree_logits{.data = rows, .rows = tree.size() + 1, .vocab = vocab};
-  auto verified = VerifyTree(tree, tree_logits, s.request.generation.sampling,
-                             s.request.speculation.verify, s.rng);
+  StatusOr<VerifyResult> verified = InternalError("not verified");
+  if (b < group.verified.size() && group.verified[b].has_value()) {
+    verified = std::move(*group.verified[b]);
+  } else {
+    TreeLogits tree_logits{.data = rows, .rows = tree.size() + 1, .vocab = vocab};
+    verified = VerifyTree(tree, tree_logits, s.request.generation.sampling,
+                          s.request.speculation.verify, s.rng);
+  }
   if (!verified.ok()) return verified.status().WithContext("verification");
   std::vector<int64_t> offsets = {0};
   hidden_rows->push_back(row0);

@@ -25,6 +25,15 @@
 
 namespace specula {
 
+// Where lossless verification runs (tensor_verifier.h). kAuto: on the logits tensor when it is on
+// an accelerator (greedy copies back one int32 per row, sampling runs as tensor ops), on the host
+// when the logits are already there (per-node loops over host rows are cheaper than dozens of
+// small tensor ops on a CPU: docs/BENCHMARKS.md). Lossy rules and prefill always use the host.
+enum class VerifyPlacement { kAuto, kHost, kTensors };
+// "auto", "host", "tensors".
+const char* VerifyPlacementName(VerifyPlacement placement);
+StatusOr<VerifyPlacement> ParseVerifyPlacement(const std::string& name);
+
 struct SpecEngineOptions {
   int32_t max_batch_size = 64;  // running sequences
   // Tokens in one step's target forward (chunked prefill): the decoding sequences' pending tokens
@@ -37,6 +46,7 @@ struct SpecEngineOptions {
   // drafter catches up anyway, and a drafter of hidden states is detached from the sequence (its
   // deferred states are memory, and catching up would cost what not drafting saved).
   int64_t max_deferred_observation = 256;
+  VerifyPlacement verify_placement = VerifyPlacement::kAuto;
 };
 
 class SpecEngine {
@@ -102,6 +112,9 @@ class SpecEngine {
   // it, and the rest run again. Returns the forwards that ran (usually one).
   std::vector<ForwardGroup> ForwardIsolating(std::vector<Sequence*> members, StepReport* report);
   void CommitGroup(ForwardGroup& group, StepReport* report);
+  bool VerifiesOnTensors(const at::Tensor& logits) const;
+  // Lossless verification of the group's decoding members on the logits tensor, in one batch.
+  void VerifyOnTensors(ForwardGroup& group);
   // The KV commit of every accepted path of the group in one CommitPaths; on failure, one by one
   // so that only the failing sequences end.
   void FlushCommits(ForwardGroup& group, StepReport* report);

@@ -66,15 +66,16 @@ class SpecSamplingTest : public ::testing::Test {
   }
 
   std::vector<int64_t> SpecCounts(const SamplingParams& sampling, int32_t tree_width,
-                                  int32_t draft_len, VerifyParams verify,
-                                  double* accepted_per_step) {
-    return SpecCounts(sampling, DraftModel(tree_width), draft_len, verify, accepted_per_step);
+                                  int32_t draft_len, VerifyParams verify, double* accepted_per_step,
+                                  VerifyPlacement placement = VerifyPlacement::kHost) {
+    return SpecCounts(sampling, DraftModel(tree_width), draft_len, verify, accepted_per_step,
+                      placement);
   }
 
   std::vector<int64_t> SpecCounts(const SamplingParams& sampling, std::unique_ptr<Drafter> drafter,
-                                  int32_t draft_len, VerifyParams verify,
-                                  double* accepted_per_step) {
-    SpecEngine engine(target_.get(), {.max_batch_size = kSamples});
+                                  int32_t draft_len, VerifyParams verify, double* accepted_per_step,
+                                  VerifyPlacement placement = VerifyPlacement::kHost) {
+    SpecEngine engine(target_.get(), {.max_batch_size = kSamples, .verify_placement = placement});
     const std::string name = drafter->name();
     EXPECT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
     std::vector<SpecRequest> requests;
@@ -112,6 +113,24 @@ TEST_F(SpecSamplingTest, SampledChainMatchesPlainSampling) {
   EXPECT_LT(z, 5.0);
   EXPECT_GT(accepted, 0.2) << "drafts must be accepted for the test to mean anything";
   std::printf("chain: z = %.2f, accepted drafts per step %.2f\n", z, accepted);
+}
+
+TEST_F(SpecSamplingTest, TensorVerificationMatchesPlainSampling) {
+  // The engine verifying on the logits tensor (tensor_verifier.h): chains and trees of sampled
+  // drafts, T = 1 and a shaped distribution.
+  for (const SamplingParams sampling :
+       {SamplingParams{.temperature = 1.0f}, SamplingParams{.temperature = 0.8f, .top_k = 5}}) {
+    const auto plain = PlainCounts(sampling);
+    for (int32_t width : {1, 2}) {
+      double accepted = 0;
+      const auto spec = SpecCounts(sampling, width, 3, {}, &accepted, VerifyPlacement::kTensors);
+      const double z = ChiSquareTwoSampleZ(plain, spec);
+      EXPECT_LT(z, 5.0) << "width " << width << " T " << sampling.temperature;
+      EXPECT_GT(accepted, 0.2) << "drafts must be accepted for the test to mean anything";
+      std::printf("tensors, width %d, T %.1f: z = %.2f, accepted drafts per step %.2f\n", width,
+                  sampling.temperature, z, accepted);
+    }
+  }
 }
 
 TEST_F(SpecSamplingTest, BudgetsChangingEveryStepMatchPlainSampling) {

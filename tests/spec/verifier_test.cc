@@ -1,5 +1,7 @@
 #include "common/spec/verifier.h"
 
+#include <ATen/ATen.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -9,8 +11,10 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <vector>
 
+#include "common/spec/tensor_verifier.h"
 #include "tests/spec/chi_square.h"
 
 namespace specula {
@@ -771,35 +775,74 @@ struct Histogram {
   int64_t accepted = 0;  // accepted tokens in all, to show the scenario exercises acceptance
 };
 
+// Verifies a batch of trees at once (each with its own logits rows and random stream).
+using BatchVerifier = std::function<std::vector<StatusOr<VerifyResult>>(
+    const std::vector<CandidateTree>&, const std::vector<TreeLogits>&, const SamplingParams&,
+    std::vector<SequenceRng>&)>;
+
+BatchVerifier OneByOne(const Verifier& verify) {
+  return [verify](const std::vector<CandidateTree>& trees, const std::vector<TreeLogits>& logits,
+                  const SamplingParams& sampling, std::vector<SequenceRng>& rngs) {
+    std::vector<StatusOr<VerifyResult>> results;
+    for (size_t i = 0; i < trees.size(); ++i) {
+      results.push_back(verify(trees[i], logits[i], sampling, rngs[i]));
+    }
+    return results;
+  };
+}
+
+// The target rows of a tree: row 0 at the pending token, row i + 1 at node i.
+std::vector<float> TreeRows(const CandidateTree& tree) {
+  std::vector<float> data(static_cast<size_t>(tree.size() + 1) * kV, 0.0f);
+  for (int32_t row = 0; row <= tree.size(); ++row) {
+    const std::vector<float> logits =
+        TargetRow(row == 0 ? std::vector<int32_t>{} : TokensTo(tree, row - 1));
+    std::copy(logits.begin(), logits.end(), data.begin() + static_cast<size_t>(row) * kV);
+  }
+  return data;
+}
+
+void Collect(const TreeBuilder& build, const SamplingParams& sampling, const BatchVerifier& verify,
+             uint64_t seed, int64_t trials, Histogram* hist) {
+  constexpr int64_t kBatch = 1000;
+  SequenceRng draft_rng(seed * 3 + 1), continuation_rng(seed * 5 + 2);
+  for (int64_t first = 0; first < trials; first += kBatch) {
+    const int64_t n = std::min(kBatch, trials - first);
+    std::vector<CandidateTree> trees;
+    std::vector<std::vector<float>> data;
+    std::vector<TreeLogits> views;
+    std::vector<SequenceRng> rngs;
+    for (int64_t i = 0; i < n; ++i) {
+      trees.push_back(build(draft_rng));
+      data.push_back(TreeRows(trees.back()));
+      rngs.emplace_back(seed * 1000003 + static_cast<uint64_t>(first + i));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      views.push_back({.data = data[i].data(), .rows = trees[i].size() + 1, .vocab = kV});
+    }
+    const std::vector<StatusOr<VerifyResult>> results = verify(trees, views, sampling, rngs);
+    ASSERT_EQ(results.size(), static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(results[i].ok()) << results[i].status();
+      std::vector<int32_t> out;
+      for (int32_t node : results[i]->accepted_nodes) out.push_back(trees[i].token(node));
+      ASSERT_GE(results[i]->bonus_token, 0);
+      ASSERT_LT(results[i]->bonus_token, kV);
+      out.push_back(results[i]->bonus_token);
+      hist->accepted += static_cast<int64_t>(results[i]->accepted_nodes.size());
+      // What the following steps would add: plain sampling from the exact conditionals.
+      while (out.size() < 3) {
+        out.push_back(SampleFrom(Probabilities(TargetRow(out), sampling), continuation_rng));
+      }
+      ++hist->first_two[Cell(out, 2)];
+      ++hist->first_three[Cell(out, 3)];
+    }
+  }
+}
+
 void Collect(const TreeBuilder& build, const SamplingParams& sampling, const Verifier& verify,
              uint64_t seed, int64_t trials, Histogram* hist) {
-  SequenceRng draft_rng(seed * 3 + 1), continuation_rng(seed * 5 + 2);
-  std::vector<float> data;
-  for (int64_t trial = 0; trial < trials; ++trial) {
-    const CandidateTree tree = build(draft_rng);
-    data.assign(static_cast<size_t>(tree.size() + 1) * kV, 0.0f);
-    for (int32_t row = 0; row <= tree.size(); ++row) {
-      const std::vector<float> logits =
-          TargetRow(row == 0 ? std::vector<int32_t>{} : TokensTo(tree, row - 1));
-      std::copy(logits.begin(), logits.end(), data.begin() + static_cast<size_t>(row) * kV);
-    }
-    const TreeLogits view{.data = data.data(), .rows = tree.size() + 1, .vocab = kV};
-    SequenceRng rng(seed * 1000003 + static_cast<uint64_t>(trial));
-    auto result = verify(tree, view, sampling, rng);
-    ASSERT_TRUE(result.ok()) << result.status();
-    std::vector<int32_t> out;
-    for (int32_t n : result->accepted_nodes) out.push_back(tree.token(n));
-    ASSERT_GE(result->bonus_token, 0);
-    ASSERT_LT(result->bonus_token, kV);
-    out.push_back(result->bonus_token);
-    hist->accepted += static_cast<int64_t>(result->accepted_nodes.size());
-    // What the following steps would add: plain sampling from the exact conditionals.
-    while (out.size() < 3) {
-      out.push_back(SampleFrom(Probabilities(TargetRow(out), sampling), continuation_rng));
-    }
-    ++hist->first_two[Cell(out, 2)];
-    ++hist->first_three[Cell(out, 3)];
-  }
+  Collect(build, sampling, OneByOne(verify), seed, trials, hist);
 }
 
 struct Fit {
@@ -808,7 +851,7 @@ struct Fit {
   double accepted_per_step = 0.0;
 };
 
-Fit Goodness(const TreeBuilder& build, const SamplingParams& sampling, const Verifier& verify,
+Fit Goodness(const TreeBuilder& build, const SamplingParams& sampling, const BatchVerifier& verify,
              uint64_t seed, const char* label) {
   Histogram hist;
   Collect(build, sampling, verify, seed, kTrials, &hist);
@@ -820,6 +863,11 @@ Fit Goodness(const TreeBuilder& build, const SamplingParams& sampling, const Ver
       "[ chi-square ] %-34s z(2 tokens) = %8.3f  z(3 tokens) = %8.3f  accepted/step = %.3f\n",
       label, fit.z2, fit.z3, fit.accepted_per_step);
   return fit;
+}
+
+Fit Goodness(const TreeBuilder& build, const SamplingParams& sampling, const Verifier& verify,
+             uint64_t seed, const char* label) {
+  return Goodness(build, sampling, OneByOne(verify), seed, label);
 }
 
 TEST(ChiSquareTest, ExactCountsFitAndImpossibleCountsDoNot) {
@@ -914,6 +962,203 @@ TEST(VerifyLosslessnessTest, TwoSampleAgainstPlainSampling) {
               z_broken);
   EXPECT_LT(z_good, kMaxZ);
   EXPECT_GT(z_broken, kMaxZ);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tensor verifier (tensor_verifier.h) against the host verifier as the oracle.
+
+at::Tensor StackRows(const std::vector<TreeLogits>& logits, std::vector<int64_t>* first_rows) {
+  std::vector<float> all;
+  int64_t vocab = logits.empty() ? 1 : logits[0].vocab;
+  for (const TreeLogits& l : logits) {
+    first_rows->push_back(static_cast<int64_t>(all.size()) / vocab);
+    all.insert(all.end(), l.data, l.data + l.rows * l.vocab);
+  }
+  return at::tensor(all).view({-1, vocab});
+}
+
+std::vector<StatusOr<VerifyResult>> OnTensors(const std::vector<CandidateTree>& trees,
+                                              const std::vector<TreeLogits>& logits,
+                                              const SamplingParams& sampling,
+                                              std::vector<SequenceRng>& rngs) {
+  std::vector<int64_t> first_rows;
+  const at::Tensor stacked = StackRows(logits, &first_rows);
+  std::vector<TreeVerifyJob> jobs;
+  for (size_t i = 0; i < trees.size(); ++i) {
+    jobs.push_back(
+        {.tree = &trees[i], .first_row = first_rows[i], .sampling = sampling, .rng = &rngs[i]});
+  }
+  return VerifyTreesOnTensors(stacked, jobs);
+}
+
+// A random tree of `nodes` nodes over `vocab` tokens: each node under a random earlier node (or
+// the root), deterministic or sampled from a random proposal.
+CandidateTree RandomTree(std::mt19937& gen, int32_t nodes, int32_t vocab, bool sampled) {
+  CandidateTree tree;
+  std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  for (int32_t i = 0; i < nodes; ++i) {
+    const int32_t parent = std::uniform_int_distribution<int32_t>(-1, i - 1)(gen);
+    const int32_t t = token(gen);
+    int32_t proposal = -1;
+    if (sampled && unit(gen) < 0.6f) {
+      std::vector<float> q(vocab);
+      for (float& v : q) v = unit(gen) < 0.3f ? 0.0f : unit(gen);
+      q[t] = 0.05f + unit(gen);
+      proposal = tree.AddDistribution(std::move(q));
+    }
+    tree.AddNode(parent, t, 1.0f, proposal);
+  }
+  return tree;
+}
+
+TEST(TensorVerifierTest, GreedyEqualsTheHostVerifierOnRandomTrees) {
+  std::mt19937 gen(7);
+  for (int32_t vocab : {2, 5, 64}) {
+    std::vector<CandidateTree> trees;
+    std::vector<std::vector<float>> data;
+    std::vector<TreeLogits> views;
+    for (int32_t t = 0; t < 200; ++t) {
+      trees.push_back(RandomTree(gen, t % 13, vocab, /*sampled=*/false));
+      std::vector<float> rows(static_cast<size_t>(trees.back().size() + 1) * vocab);
+      // Coarse values so that ties happen: both verifiers take the lower id.
+      for (float& v : rows) v = static_cast<float>(gen() % 4);
+      data.push_back(std::move(rows));
+    }
+    for (size_t i = 0; i < trees.size(); ++i) {
+      views.push_back({.data = data[i].data(), .rows = trees[i].size() + 1, .vocab = vocab});
+    }
+    std::vector<SequenceRng> rngs(trees.size(), SequenceRng(1));
+    const auto results = OnTensors(trees, views, Sampling(0.0f), rngs);
+    int64_t accepted = 0;
+    for (size_t i = 0; i < trees.size(); ++i) {
+      ASSERT_TRUE(results[i].ok()) << results[i].status();
+      SequenceRng rng(1);
+      const auto oracle = VerifyTree(trees[i], views[i], Sampling(0.0f), VerifyParams(), rng);
+      ASSERT_TRUE(oracle.ok());
+      EXPECT_EQ(results[i]->accepted_nodes, oracle->accepted_nodes)
+          << "vocab " << vocab << " tree " << i;
+      EXPECT_EQ(results[i]->bonus_token, oracle->bonus_token) << "vocab " << vocab << " tree " << i;
+      accepted += static_cast<int64_t>(oracle->accepted_nodes.size());
+    }
+    if (vocab <= 5) EXPECT_GT(accepted, 50);  // the comparison covers accepted paths
+  }
+}
+
+TEST(TensorVerifierTest, ShapedProbabilitiesEqualProbabilities) {
+  std::mt19937 gen(11);
+  constexpr int64_t kVocab = 50;
+  std::vector<float> rows;
+  std::vector<double> temperature, top_p;
+  std::vector<int64_t> top_k;
+  std::vector<SamplingParams> params;
+  for (float t : {0.3f, 1.0f, 1.7f}) {
+    for (int32_t k : {0, 1, 5, 49, 50, 60}) {
+      for (float p : {1.0f, 0.9f, 0.5f, 0.01f}) {
+        for (int32_t tie = 0; tie < 2; ++tie) {
+          for (int64_t v = 0; v < kVocab; ++v) {
+            // Half the rows use a few distinct values, so that ties decide top-k and top-p.
+            rows.push_back(tie ? static_cast<float>(gen() % 3)
+                               : std::normal_distribution<float>(0.0f, 2.0f)(gen));
+          }
+          params.push_back(Sampling(t, k, p));
+          temperature.push_back(t);
+          top_k.push_back(k);
+          top_p.push_back(p);
+        }
+      }
+    }
+  }
+  const int64_t n = static_cast<int64_t>(params.size());
+  const at::Tensor logits = at::tensor(rows).view({n, kVocab});
+  const at::Tensor shaped = ShapedProbabilities(logits, temperature, top_k, top_p);
+  ASSERT_EQ(shaped.size(0), n);
+  const auto a = shaped.accessor<double, 2>();
+  for (int64_t r = 0; r < n; ++r) {
+    const std::vector<float> expected =
+        Probabilities(std::span<const float>(rows.data() + r * kVocab, kVocab), params[r]);
+    for (int64_t v = 0; v < kVocab; ++v) {
+      ASSERT_NEAR(a[r][v], expected[v], 1e-6)
+          << "row " << r << " token " << v << " T " << params[r].temperature << " k "
+          << params[r].top_k << " p " << params[r].top_p;
+    }
+  }
+}
+
+TEST(TensorVerifierTest, OneBadJobFailsAloneAndSeedsReproduce) {
+  std::vector<CandidateTree> trees = {CandidateTree::Chain(std::vector<int32_t>{1, 2}),
+                                      CandidateTree::Chain(std::vector<int32_t>{1, kV + 3}),
+                                      CandidateTree::Chain(std::vector<int32_t>{3})};
+  std::vector<std::vector<float>> data;
+  std::vector<TreeLogits> views;
+  for (const CandidateTree& tree : trees)
+    data.push_back(std::vector<float>((tree.size() + 1) * kV, 0.5f));
+  for (size_t i = 0; i < trees.size(); ++i) {
+    views.push_back({.data = data[i].data(), .rows = trees[i].size() + 1, .vocab = kV});
+  }
+  std::vector<SequenceRng> rngs(3, SequenceRng(5));
+  const auto results = OnTensors(trees, views, Sampling(1.0f), rngs);
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  EXPECT_EQ(results[1].status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(results[1].status().message(), HasSubstr("token"));
+  ASSERT_TRUE(results[2].ok()) << results[2].status();
+  // Rows past the logits are refused for that job only.
+  std::vector<int64_t> first_rows;
+  const at::Tensor stacked = StackRows({views[0]}, &first_rows);
+  std::vector<SequenceRng> again(2, SequenceRng(5));
+  const std::vector<TreeVerifyJob> jobs = {
+      {.tree = &trees[0], .first_row = 0, .sampling = Sampling(1.0f), .rng = &again[0]},
+      {.tree = &trees[2], .first_row = 2, .sampling = Sampling(1.0f), .rng = &again[1]}};
+  const auto second = VerifyTreesOnTensors(stacked, jobs);
+  ASSERT_TRUE(second[0].ok());
+  EXPECT_EQ(second[1].status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(second[1].status().message(), HasSubstr("rows"));
+  // The same seed and tree give the same tokens.
+  EXPECT_EQ(second[0]->accepted_nodes, results[0]->accepted_nodes);
+  EXPECT_EQ(second[0]->bonus_token, results[0]->bonus_token);
+}
+
+TEST(TensorVerifierTest, MixedBatchKeepsEachJobsOwnSamplingParameters) {
+  // One call with greedy, T = 1 and sharply truncated jobs: top_k 1 must behave as greedy.
+  const std::vector<float> row = TargetRow({});
+  const int32_t argmax = Argmax(row);
+  std::vector<float> data;
+  for (int32_t r = 0; r < 3; ++r) data.insert(data.end(), row.begin(), row.end());
+  const at::Tensor logits = at::tensor(data).view({3, kV});
+  const CandidateTree empty;
+  std::vector<SequenceRng> rngs(3, SequenceRng(3));
+  for (int32_t trial = 0; trial < 50; ++trial) {
+    std::vector<TreeVerifyJob> jobs = {
+        {.tree = &empty, .first_row = 0, .sampling = Sampling(0.0f), .rng = &rngs[0]},
+        {.tree = &empty, .first_row = 1, .sampling = Sampling(1.0f, 1), .rng = &rngs[1]},
+        {.tree = &empty, .first_row = 2, .sampling = Sampling(5.0f, 0, 0.01f), .rng = &rngs[2]}};
+    const auto results = VerifyTreesOnTensors(logits, jobs);
+    for (const auto& r : results) {
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->bonus_token, argmax);
+    }
+  }
+}
+
+TEST(TensorVerifierLosslessnessTest, EveryScenarioKeepsTheTargetDistribution) {
+  struct Scenario {
+    TreeBuilder build;
+    SamplingParams sampling;
+    const char* label;
+  };
+  const std::vector<Scenario> scenarios = {
+      {SampledChain, Sampling(1.0f), "tensors: sampled chain (a)"},
+      {SampledTree, Sampling(1.0f), "tensors: i.i.d. sampled tree (b)"},
+      {TopKTree, Sampling(1.0f), "tensors: deterministic top-k tree (c)"},
+      {MixedTree, Sampling(0.8f, 5, 0.9f), "tensors: mixed tree, T 0.8 k 5 p 0.9"},
+      {SampledChain, Sampling(0.8f, 5, 0.9f), "tensors: chain, T 0.8 k 5 p 0.9"}};
+  uint64_t seed = 21;
+  for (const Scenario& s : scenarios) {
+    const Fit fit = Goodness(s.build, s.sampling, BatchVerifier(OnTensors), seed++, s.label);
+    EXPECT_LT(fit.z2, kMaxZ) << s.label;
+    EXPECT_LT(fit.z3, kMaxZ) << s.label;
+    EXPECT_GT(fit.accepted_per_step, 0.2) << s.label;
+  }
 }
 
 }  // namespace

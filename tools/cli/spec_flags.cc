@@ -14,8 +14,11 @@ StatusOr<SpecEngineOptions> SpecFlags::EngineOptions(int64_t max_batch_size) con
     return InvalidArgumentError(
         StrCat("--max-step-tokens must be at least 1, got ", max_step_tokens));
   }
+  auto placement = ParseVerifyPlacement(verify_placement);
+  if (!placement.ok()) return placement.status().WithContext("--verify-placement");
   return SpecEngineOptions{.max_batch_size = static_cast<int32_t>(max_batch_size),
-                           .max_step_tokens = max_step_tokens};
+                           .max_step_tokens = max_step_tokens,
+                           .verify_placement = *placement};
 }
 
 void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
@@ -40,6 +43,9 @@ void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
   flags.AddString("verify", &verify,
                   "greedy | sample (lossless; default by --temperature) | specdec | typical "
                   "(both LOSSY)");
+  flags.AddString("verify-placement", &verify_placement,
+                  "where lossless verification runs: auto (on the logits tensor on an "
+                  "accelerator, on the host for CPU logits) | host | tensors");
   flags.AddDouble("beta", &beta, "specdec: accept drafts within the target's top-beta");
   flags.AddDouble("tau", &tau, "specdec: largest log-probability gap to the top-1");
   flags.AddDouble("typical-epsilon", &typical_epsilon, "typical: probability threshold");

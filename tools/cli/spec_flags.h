@@ -24,6 +24,7 @@ struct SpecFlags {
       std::make_shared<DrafterRegistry>(BuiltinDrafterRegistry());
   int64_t draft_len = 4;  // draft tokens per step (tree nodes)
   std::string verify;     // greedy | sample | specdec | typical ("" = by temperature)
+  std::string verify_placement = "auto";  // auto | host | tensors (SpecEngineOptions)
   double beta = 3;
   double tau = 1.0;
   double typical_epsilon = 0.09;
@@ -44,7 +45,8 @@ struct SpecFlags {
   StatusOr<std::vector<std::unique_ptr<Drafter>>> LoadDrafters(
       const ModelConfig& target, const ModelFlags& model,
       const ModelRunner* target_runner = nullptr) const;
-  // The engine's options: --max-step-tokens (INVALID_ARGUMENT below 1) and `max_batch_size`.
+  // The engine's options: --max-step-tokens (INVALID_ARGUMENT below 1), --verify-placement and
+  // `max_batch_size`.
   StatusOr<SpecEngineOptions> EngineOptions(int64_t max_batch_size) const;
   // LoadDrafters for the engine's target, added to `engine`.
   Status AddDrafters(SpecEngine& engine, const ModelFlags& model) const;
