@@ -732,19 +732,38 @@ void SpecEngine::VerifyOnTensors(ForwardGroup& group) {
 
 void SpecEngine::CommitGroup(ForwardGroup& group, StepReport* report) {
   if (VerifiesOnTensors(group.out.logits)) VerifyOnTensors(group);
+  // Only the rows the host still reads (prefill samples, lossy rules, host placement) cross to
+  // the host; a member verified on the tensor needs none of its rows there.
+  const std::vector<int64_t>& offset = group.out.logits_offset;
+  std::vector<int64_t> take, host_first(group.members.size(), -1);
+  for (size_t b = 0; b < group.members.size(); ++b) {
+    if (b < group.verified.size() && group.verified[b].has_value()) continue;
+    if (offset[b] == offset[b + 1]) continue;  // a prompt chunk that samples nothing
+    host_first[b] = static_cast<int64_t>(take.size());
+    for (int64_t r = offset[b]; r < offset[b + 1]; ++r) take.push_back(r);
+  }
   at::Tensor logits;
   Status copied = Guarded("logits copy", [&] {
-    logits = group.out.logits.to(at::kCPU).contiguous();
+    const at::Tensor& all = group.out.logits;
+    if (static_cast<int64_t>(take.size()) == all.size(0)) {
+      logits = all.to(at::kCPU).contiguous();
+    } else if (!take.empty()) {
+      const at::Tensor index = at::tensor(take, at::TensorOptions().dtype(at::kLong));
+      logits = all.index_select(0, index.to(all.device())).to(at::kCPU).contiguous();
+    }
     return OkStatus();
   });
   if (!copied.ok()) {
     for (Sequence* s : group.members) Finish(*s, "error", copied, report);
     return;
   }
+  const int64_t vocab = group.out.logits.size(1);
   for (size_t b = 0; b < group.members.size(); ++b) {
     const RequestId id = group.members[b]->id;
     Status committed = Guarded("commit", [&] {
-      CommitSequence(group, b, logits, report);
+      const float* rows =
+          host_first[b] < 0 ? nullptr : logits.data_ptr<float>() + host_first[b] * vocab;
+      CommitSequence(group, b, rows, vocab, report);
       return OkStatus();
     });
     if (committed.ok()) continue;
@@ -777,11 +796,9 @@ void SpecEngine::FlushCommits(ForwardGroup& group, StepReport* report) {
   }
 }
 
-void SpecEngine::CommitSequence(ForwardGroup& group, size_t b, const at::Tensor& logits,
+void SpecEngine::CommitSequence(ForwardGroup& group, size_t b, const float* rows, int64_t vocab,
                                 StepReport* report) {
   Sequence& s = *group.members[b];
-  const int64_t vocab = logits.size(1);
-  const float* rows = logits.data_ptr<float>() + group.out.logits_offset[b] * vocab;
   const bool was_prefill = !s.prefilled;
   std::vector<int32_t> emitted;
   std::vector<int64_t> hidden_rows;  // packed rows whose hidden states the drafter observes

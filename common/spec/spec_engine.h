@@ -119,8 +119,9 @@ class SpecEngine {
   // so that only the failing sequences end.
   void FlushCommits(ForwardGroup& group, StepReport* report);
   // Per member of a forward: a prefill chunk or a verified tree, then stops, then what its drafter
-  // will observe.
-  void CommitSequence(ForwardGroup& group, size_t b, const at::Tensor& logits, StepReport* report);
+  // will observe. `rows`: the member's logits rows on the host (null when verified on the tensor).
+  void CommitSequence(ForwardGroup& group, size_t b, const float* rows, int64_t vocab,
+                      StepReport* report);
   // Keeps the chunk's hidden states; after the last chunk samples the first token (true).
   bool CommitPrefillChunk(ForwardGroup& group, size_t b, const float* rows, int64_t vocab,
                           std::vector<int32_t>* emitted);
