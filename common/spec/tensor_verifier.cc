@@ -77,6 +77,103 @@ at::Tensor SampleRows(const at::Tensor& probs, const at::Tensor& u) {
   return at::minimum(idx, last);
 }
 
+// Every tree is a chain (at most one child per node): Leviathan et al.'s rule for all depths at
+// once. The acceptance tests need only the target's and the proposal's probability of each drafted
+// token, so the only full-vocabulary work is the residual of the one row where each chain stops.
+void VerifyChains(std::span<const TreeVerifyJob> jobs, const std::vector<size_t>& which,
+                  const at::Tensor& P, const at::Tensor& Q, const at::Tensor& uniforms,
+                  const std::vector<double>& bonus_u, int64_t max_slots, int64_t max_dists,
+                  int64_t max_depth, std::vector<StatusOr<VerifyResult>>& results) {
+  const at::Device device = P.device();
+  const int64_t S = static_cast<int64_t>(which.size());
+  const int64_t V = P.size(1);
+  const int64_t D = std::max<int64_t>(max_depth, 1);
+  // Per job and depth d (0-based): the drafted node, the slot of the row that judges it (its
+  // parent's), the flat index of its token in that row and in its proposal, and its uniform.
+  std::vector<std::vector<int32_t>> chain(S);
+  std::vector<int64_t> p_index(S * D, 0), q_index(S * D, 0), u_index(S * D, 0), length(S, 0);
+  std::vector<uint8_t> sampled(S * D, 0), valid(S * D, 0);
+  for (int64_t s = 0; s < S; ++s) {
+    const CandidateTree& tree = *jobs[which[s]].tree;
+    int32_t node = -1;
+    while (true) {  // follow the unique child down
+      int32_t next = -1;
+      for (int32_t i = node + 1; i < tree.size(); ++i) {
+        if (tree.parent(i) == node) {
+          next = i;
+          break;
+        }
+      }
+      if (next < 0) break;
+      chain[s].push_back(next);
+      node = next;
+    }
+    length[s] = static_cast<int64_t>(chain[s].size());
+    for (int64_t d = 0; d < length[s]; ++d) {
+      const int32_t n = chain[s][d];
+      const int64_t parent_slot = d == 0 ? 0 : chain[s][d - 1] + 1;
+      const int64_t k = s * D + d;
+      p_index[k] = (s * max_slots + parent_slot) * V + tree.token(n);
+      sampled[k] = tree.proposal(n) >= 0;
+      q_index[k] = (s * max_dists + std::max(tree.proposal(n), 0)) * V + tree.token(n);
+      u_index[k] = s * max_slots + n + 1;
+      valid[k] = 1;
+    }
+  }
+  const auto i64 = at::TensorOptions().dtype(at::kLong);
+  const auto as_bool = [&](const std::vector<uint8_t>& v, int64_t columns) {
+    return at::tensor(std::vector<int64_t>(v.begin(), v.end()), i64)
+               .to(device)
+               .view({S, columns}) != 0;
+  };
+  const at::Tensor px = P.view({-1}).index_select(0, Int64OnDevice(p_index, device)).view({S, D});
+  const at::Tensor qx =
+      at::where(as_bool(sampled, D),
+                Q.view({-1}).index_select(0, Int64OnDevice(q_index, device)).view({S, D}),
+                at::ones({S, D}, px.options()));
+  const at::Tensor u = uniforms.index_select(0, Int64OnDevice(u_index, device)).view({S, D});
+  // Accept depth d with probability min(1, p[x] / q[x]); the run of acceptances from the root.
+  const at::Tensor accept = as_bool(valid, D) & (u * qx < px);
+  const at::Tensor accepted = accept.to(at::kLong).cumprod(1).sum(1);  // [S]
+  const at::Tensor host_accepted = accepted.cpu();
+  const auto n_accepted = host_accepted.accessor<int64_t, 1>();
+  // The row each chain stops at, and the node it rejected there (if any).
+  std::vector<int64_t> stop_row(S), rejected_q(S, 0);
+  std::vector<uint8_t> rejected(S, 0), rejected_sampled(S, 0);
+  std::vector<int64_t> rejected_token(S, 0);
+  for (int64_t s = 0; s < S; ++s) {
+    const CandidateTree& tree = *jobs[which[s]].tree;
+    const int64_t a = n_accepted[s];
+    stop_row[s] = s * max_slots + (a == 0 ? 0 : chain[s][a - 1] + 1);
+    if (a < length[s]) {
+      const int32_t n = chain[s][a];
+      rejected[s] = 1;
+      rejected_token[s] = tree.token(n);
+      rejected_sampled[s] = tree.proposal(n) >= 0;
+      rejected_q[s] = s * max_dists + std::max(tree.proposal(n), 0);
+    }
+  }
+  // r = max(0, p - q) renormalised after a rejection (p itself if rounding empties it), else p.
+  const at::Tensor p = P.index_select(0, Int64OnDevice(stop_row, device));
+  const at::Tensor token = Int64OnDevice(rejected_token, device).unsqueeze(1);
+  const at::Tensor q =
+      at::where(as_bool(rejected_sampled, 1), Q.index_select(0, Int64OnDevice(rejected_q, device)),
+                at::zeros_like(p).scatter_(1, token, 1.0));
+  const at::Tensor residual = (p - q).clamp_min(0.0);
+  const at::Tensor total = residual.sum(1, /*keepdim=*/true);
+  const at::Tensor use_residual = as_bool(rejected, 1) & (total > 0);
+  const at::Tensor r = at::where(use_residual, residual / total.clamp_min(1e-300), p);
+  const at::Tensor host_bonus =
+      SampleRows(r, at::tensor(bonus_u, at::TensorOptions().dtype(at::kDouble)).to(device)).cpu();
+  const auto bonus = host_bonus.accessor<int64_t, 1>();
+  for (int64_t s = 0; s < S; ++s) {
+    VerifyResult result;
+    result.accepted_nodes.assign(chain[s].begin(), chain[s].begin() + n_accepted[s]);
+    result.bonus_token = static_cast<int32_t>(bonus[s]);
+    results[which[s]] = std::move(result);
+  }
+}
+
 // Sampled: recursive rejection sampling (SpecInfer's multi-candidate rule; Leviathan et al.'s
 // for a chain) over every job's tree in lockstep. State per job: the node it stands at, the
 // residual distribution r of that node's target row, and whether it is still walking.
@@ -145,6 +242,10 @@ void VerifySampledJobs(const at::Tensor& logits, std::span<const TreeVerifyJob> 
   const at::Tensor job_base = at::arange(S, f64.dtype(at::kLong)).to(device) * max_slots;
   const at::Tensor dist_base = at::arange(S, f64.dtype(at::kLong)).to(device) * max_dists;
 
+  if (max_children <= 1) {
+    VerifyChains(jobs, which, P, Q, u_t, bonus_u, max_slots, max_dists, max_depth, results);
+    return;
+  }
   at::Tensor slot = at::zeros({S}, f64.dtype(at::kLong)).to(device);  // where each job stands
   at::Tensor walking = at::ones({S}, f64.dtype(at::kBool)).to(device);
   at::Tensor r = P.index_select(0, job_base);

@@ -1140,6 +1140,45 @@ TEST(TensorVerifierTest, MixedBatchKeepsEachJobsOwnSamplingParameters) {
   }
 }
 
+TEST(TensorVerifierTest, ChainFastPathEqualsTheTreeWalk) {
+  // A batch of chains only takes the all-depths-at-once path; one branching tree in the batch
+  // sends every job through the level-by-level walk. Same uniforms, so the same results.
+  std::mt19937 gen(5);
+  std::vector<CandidateTree> trees;
+  for (int32_t t = 0; t < 300; ++t) {
+    SequenceRng draft(gen());
+    trees.push_back(t % 3 == 0 ? CandidateTree() : SampledChain(draft));
+  }
+  std::vector<std::vector<float>> data;
+  std::vector<TreeLogits> views;
+  for (const CandidateTree& tree : trees) data.push_back(TreeRows(tree));
+  SequenceRng branching_rng(1);
+  const CandidateTree branching = SampledTree(branching_rng);
+  data.push_back(TreeRows(branching));
+  for (size_t i = 0; i < trees.size(); ++i) {
+    views.push_back({.data = data[i].data(), .rows = trees[i].size() + 1, .vocab = kV});
+  }
+  std::vector<SequenceRng> chain_rngs, walk_rngs;
+  for (size_t i = 0; i <= trees.size(); ++i) {
+    chain_rngs.emplace_back(100 + i);
+    walk_rngs.emplace_back(100 + i);
+  }
+  chain_rngs.pop_back();
+  const auto chains = OnTensors(trees, views, Sampling(1.0f), chain_rngs);
+  std::vector<CandidateTree> with_tree = trees;
+  with_tree.push_back(branching);
+  views.push_back({.data = data.back().data(), .rows = branching.size() + 1, .vocab = kV});
+  const auto walked = OnTensors(with_tree, views, Sampling(1.0f), walk_rngs);
+  int64_t accepted = 0;
+  for (size_t i = 0; i < trees.size(); ++i) {
+    ASSERT_TRUE(chains[i].ok() && walked[i].ok());
+    EXPECT_EQ(chains[i]->accepted_nodes, walked[i]->accepted_nodes) << i;
+    EXPECT_EQ(chains[i]->bonus_token, walked[i]->bonus_token) << i;
+    accepted += static_cast<int64_t>(chains[i]->accepted_nodes.size());
+  }
+  EXPECT_GT(accepted, 100);
+}
+
 TEST(TensorVerifierLosslessnessTest, EveryScenarioKeepsTheTargetDistribution) {
   struct Scenario {
     TreeBuilder build;
