@@ -164,7 +164,10 @@ void VerifyChains(std::span<const TreeVerifyJob> jobs, const std::vector<size_t>
   const at::Tensor use_residual = as_bool(rejected, 1) & (total > 0);
   const at::Tensor r = at::where(use_residual, residual / total.clamp_min(1e-300), p);
   const at::Tensor host_bonus =
-      SampleRows(r, at::tensor(bonus_u, at::TensorOptions().dtype(at::kDouble)).to(device)).cpu();
+      SampleRows(
+          r,
+          at::tensor(bonus_u, at::TensorOptions().dtype(at::kDouble)).to(device, r.scalar_type()))
+          .cpu();
   const auto bonus = host_bonus.accessor<int64_t, 1>();
   for (int64_t s = 0; s < S; ++s) {
     VerifyResult result;
@@ -233,12 +236,12 @@ void VerifySampledJobs(const at::Tensor& logits, std::span<const TreeVerifyJob> 
                                            temperature, top_k, top_p);
   // Proposals, normalised to sum 1 (the host verifier's Normalize): [S * max_dists, V].
   at::Tensor Q =
-      at::from_blob(q_host.data(), {S * max_dists, V}, at::kFloat).to(device, at::kDouble);
+      at::from_blob(q_host.data(), {S * max_dists, V}, at::kFloat).to(device, P.scalar_type());
   Q = Q / Q.sum(1, /*keepdim=*/true).clamp_min(std::numeric_limits<double>::min());
   const at::Tensor kids_t = Int64OnDevice(kids, device);
   const at::Tensor tokens_t = Int64OnDevice(tokens, device);
   const at::Tensor proposal_t = Int64OnDevice(proposal, device);
-  const at::Tensor u_t = at::tensor(uniforms, f64).to(device);
+  const at::Tensor u_t = at::tensor(uniforms, f64).to(device, P.scalar_type());
   const at::Tensor job_base = at::arange(S, f64.dtype(at::kLong)).to(device) * max_slots;
   const at::Tensor dist_base = at::arange(S, f64.dtype(at::kLong)).to(device) * max_dists;
 
@@ -285,7 +288,8 @@ void VerifySampledJobs(const at::Tensor& logits, std::span<const TreeVerifyJob> 
     slot = at::where(walking, chosen + 1, slot);
     r = at::where(walking.unsqueeze(1), P.index_select(0, job_base + slot), r);
   }
-  const at::Tensor bonus = SampleRows(final_r, at::tensor(bonus_u, f64).to(device));
+  const at::Tensor bonus =
+      SampleRows(final_r, at::tensor(bonus_u, f64).to(device, P.scalar_type()));
   const at::Tensor host_path = at::stack(path).cpu();  // [levels, S]
   const at::Tensor host_bonus = bonus.cpu();
   const auto path_a = host_path.accessor<int64_t, 2>();
@@ -309,8 +313,11 @@ at::Tensor ShapedProbabilities(const at::Tensor& logits, const std::vector<doubl
   const at::Device device = logits.device();
   const int64_t V = logits.size(1);
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
-  const at::Tensor inv_t = (1.0 / at::tensor(temperature, f64)).to(device).unsqueeze(1);
-  const at::Tensor l = logits.to(at::kDouble);
+  // float64 where the host oracle's arithmetic is matched (CPU); float32 on accelerators, where
+  // [rows, vocab] float64 tensors of a large vocabulary would cost gigabytes.
+  const at::ScalarType type = device.is_cpu() ? at::kDouble : at::kFloat;
+  const at::Tensor inv_t = (1.0 / at::tensor(temperature, f64)).to(device, type).unsqueeze(1);
+  const at::Tensor l = logits.to(type);
   const bool truncates =
       std::any_of(top_k.begin(), top_k.end(), [&](int64_t k) { return k > 0 && k < V; }) ||
       std::any_of(top_p.begin(), top_p.end(), [](double p) { return p < 1.0; });
@@ -327,7 +334,7 @@ at::Tensor ShapedProbabilities(const at::Tensor& logits, const std::vector<doubl
   at::Tensor e = ((sorted - sorted.select(1, 0).unsqueeze(1)) * inv_t).exp() * kept;
   // top-p: keep the smallest prefix whose mass reaches top_p, i.e. the ranks whose mass before
   // them is still below it.
-  const at::Tensor p_limit = at::tensor(top_p, f64).to(device).unsqueeze(1);
+  const at::Tensor p_limit = at::tensor(top_p, f64).to(device, type).unsqueeze(1);
   const at::Tensor cum = (e / e.sum(1, /*keepdim=*/true)).cumsum(1);
   const at::Tensor before =
       at::cat({at::zeros_like(cum.narrow(1, 0, 1)), cum.narrow(1, 0, V - 1)}, 1);
