@@ -6,6 +6,7 @@
 #include <span>
 
 #include "common/drafters/draft_sampling.h"
+#include "common/spec/proposal.h"
 
 namespace specula {
 namespace {
@@ -32,6 +33,7 @@ struct Work {
   int64_t H = 0;          // history length
   int32_t max_nodes = 0;  // tree budget
   int32_t max_depth = 0;
+  int32_t proposal_top_k = 0;  // sampled chains: proposals cut to their top k (0 = dense)
   CandidateTree tree;
   std::vector<double> path_prob;  // per node: product of draft probabilities from the root
   std::vector<int32_t> frontier;  // tree mode: nodes whose children the next forward computes
@@ -89,11 +91,7 @@ void ExtendChain(Work& w, std::span<const float> row) {
     const int32_t token = Argmax(row);
     w.tree.AddNode(parent, token, Softmax(row)[token]);
   } else {
-    std::vector<float> q = Probabilities(row, w.st->sampling);
-    const int32_t token = SampleFrom(q, w.st->rng);
-    const float p = q[token];
-    const int32_t j = w.tree.AddDistribution(std::move(q));
-    w.tree.AddNode(parent, token, p, j);
+    AddSampledNode(w.tree, parent, Probabilities(row, w.st->sampling), w.proposal_top_k, w.st->rng);
   }
 }
 
@@ -289,6 +287,7 @@ StatusOr<std::vector<CandidateTree>> DraftModelDrafter::Propose(
     w.H = H;
     w.max_nodes = r.max_nodes;
     w.max_depth = r.max_depth;
+    w.proposal_top_k = r.proposal_top_k;
     works.push_back(std::move(w));
   }
   if (works.empty()) return trees;

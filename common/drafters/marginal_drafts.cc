@@ -6,29 +6,30 @@
 #include <queue>
 
 #include "common/drafters/draft_sampling.h"
+#include "common/spec/proposal.h"
 #include "common/util/mapped_file.h"
 
 namespace specula {
 
 int32_t AddChainNode(CandidateTree& tree, int32_t parent, std::span<const float> row,
-                     const SamplingParams& sampling, SequenceRng& rng) {
+                     const SamplingParams& sampling, SequenceRng& rng, int32_t proposal_top_k) {
   if (sampling.greedy()) {
     const int32_t token = Argmax(row);
     tree.AddNode(parent, token, Softmax(row)[token]);
     return token;
   }
-  std::vector<float> q = Probabilities(row, sampling);
-  const int32_t token = SampleFrom(q, rng);
-  const float p = q[token];
-  const int32_t dist = tree.AddDistribution(std::move(q));
-  tree.AddNode(parent, token, p, dist);
-  return token;
+  const int32_t node =
+      AddSampledNode(tree, parent, Probabilities(row, sampling), proposal_top_k, rng);
+  return tree.token(node);
 }
 
 CandidateTree DraftMarginalChain(const DepthLogits& rows, int32_t depth,
-                                 const SamplingParams& sampling, SequenceRng& rng) {
+                                 const SamplingParams& sampling, SequenceRng& rng,
+                                 int32_t proposal_top_k) {
   CandidateTree tree;
-  for (int32_t j = 0; j < depth; ++j) AddChainNode(tree, j - 1, rows.Row(j), sampling, rng);
+  for (int32_t j = 0; j < depth; ++j) {
+    AddChainNode(tree, j - 1, rows.Row(j), sampling, rng, proposal_top_k);
+  }
   return tree;
 }
 

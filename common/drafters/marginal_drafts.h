@@ -2,7 +2,8 @@
 // slots, ParallelSpec's real + mask rows): row j of the logits drafts depth j + 1 whatever token
 // was drafted above it. Three shapes:
 //   - a chain: each depth's argmax, or for sampled requests a token sampled from the shaped
-//     distribution with that distribution attached (the lossless rejection verifier needs it);
+//     distribution (cut to its top proposal_top_k tokens, 0 = dense) with that distribution
+//     attached (the lossless rejection verifier needs it);
 //   - a budgeted tree: the `budget` nodes with the highest path probability (best-first);
 //   - a static tree (Medusa's): a fixed list of rank paths, read from JSON.
 // Tree candidates are deterministic, so verification stays lossless for sampled requests too
@@ -32,14 +33,15 @@ struct DepthLogits {
 };
 
 // Adds one chain node below `parent` drafted from `row`: its argmax (greedy), or a token sampled
-// from the shaped distribution with that distribution attached (sampled requests). Returns the
-// node's token.
+// from the shaped distribution cut to its top `proposal_top_k` tokens (0 = dense), with that
+// distribution attached (sampled requests; AddSampledNode). Returns the node's token.
 int32_t AddChainNode(CandidateTree& tree, int32_t parent, std::span<const float> row,
-                     const SamplingParams& sampling, SequenceRng& rng);
+                     const SamplingParams& sampling, SequenceRng& rng, int32_t proposal_top_k);
 
 // A chain of `depth` nodes, one per row (AddChainNode).
 CandidateTree DraftMarginalChain(const DepthLogits& rows, int32_t depth,
-                                 const SamplingParams& sampling, SequenceRng& rng);
+                                 const SamplingParams& sampling, SequenceRng& rng,
+                                 int32_t proposal_top_k);
 
 // The `budget` nodes with the highest products of row probabilities along their paths, no deeper
 // than `depth`. Best-first: the best node overall is row 0's best token; after taking a node, the

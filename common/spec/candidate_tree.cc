@@ -34,7 +34,27 @@ int32_t CandidateTree::AddNode(int32_t parent, int32_t token, float draft_prob, 
 
 int32_t CandidateTree::AddDistribution(std::vector<float> probs) {
   distributions_.push_back(std::move(probs));
+  distribution_ids_.emplace_back();
   return num_distributions() - 1;
+}
+
+int32_t CandidateTree::AddSparseDistribution(std::vector<int32_t> ids, std::vector<float> probs) {
+  distributions_.push_back(std::move(probs));
+  distribution_ids_.push_back(std::move(ids));
+  return num_distributions() - 1;
+}
+
+float CandidateTree::ProposalProbability(int32_t j, int32_t token) const {
+  const std::vector<float>& values = distributions_[j];
+  const std::vector<int32_t>& ids = distribution_ids_[j];
+  if (ids.empty()) {
+    return token >= 0 && static_cast<size_t>(token) < values.size() ? values[token] : 0.0f;
+  }
+  // Validate guarantees strictly increasing ids; on an unvalidated tree this may miss a token.
+  const auto it = std::lower_bound(ids.begin(), ids.end(), token);
+  if (it == ids.end() || *it != token) return 0.0f;
+  const size_t k = static_cast<size_t>(it - ids.begin());
+  return k < values.size() ? values[k] : 0.0f;
 }
 
 int32_t CandidateTree::max_depth() const {
@@ -72,14 +92,11 @@ CandidateTree CandidateTree::Failed(Status why) {
   return tree;
 }
 
-Status CandidateTree::Validate(int32_t vocab_size, int32_t max_nodes, int32_t max_depth) const {
-  RETURN_IF_ERROR(failure_);
-  if (size() > max_nodes) {
-    return InvalidArgumentError(
-        StrCat("candidate tree has ", size(), " nodes, over the budget of ", max_nodes));
-  }
-  for (int32_t j = 0; j < num_distributions(); ++j) {
-    const std::vector<float>& q = distributions_[j];
+Status CandidateTree::ValidateDistribution(int32_t j, int32_t vocab_size) const {
+  const std::vector<float>& q = distributions_[j];
+  const std::vector<int32_t>& ids = distribution_ids_[j];
+  double total = 0.0;
+  if (ids.empty()) {
     if (static_cast<int64_t>(q.size()) != vocab_size) {
       return InvalidArgumentError(StrCat("candidate tree distribution ", j, ": size ", q.size(),
                                          " differs from the vocabulary size ", vocab_size));
@@ -89,7 +106,46 @@ Status CandidateTree::Validate(int32_t vocab_size, int32_t max_nodes, int32_t ma
         return InvalidArgumentError(StrCat("candidate tree distribution ", j, ": entry ", v, " is ",
                                            q[v], ", not a finite probability >= 0"));
       }
+      total += q[v];
     }
+  } else {
+    if (ids.size() != q.size()) {
+      return InvalidArgumentError(StrCat("candidate tree distribution ", j, ": ", ids.size(),
+                                         " ids but ", q.size(), " probs (sparse: one per id)"));
+    }
+    for (size_t k = 0; k < ids.size(); ++k) {
+      if (ids[k] < 0 || ids[k] >= vocab_size) {
+        return InvalidArgumentError(StrCat("candidate tree distribution ", j, ": ids[", k,
+                                           "] = ", ids[k], " is outside the vocabulary [0, ",
+                                           vocab_size, ")"));
+      }
+      if (k > 0 && ids[k] <= ids[k - 1]) {
+        return InvalidArgumentError(StrCat(
+            "candidate tree distribution ", j, ": ids[", k, "] = ", ids[k], " does not follow ids[",
+            k - 1, "] = ", ids[k - 1], " (ids must be strictly increasing)"));
+      }
+      if (!(q[k] >= 0.0f && q[k] <= 1.0f)) {
+        return InvalidArgumentError(StrCat("candidate tree distribution ", j, ": probs[", k,
+                                           "] is ", q[k], ", not a probability in [0, 1]"));
+      }
+      total += q[k];
+    }
+  }
+  if (!(total > 0.0)) {
+    return InvalidArgumentError(
+        StrCat("candidate tree distribution ", j, ": probabilities sum to 0"));
+  }
+  return OkStatus();
+}
+
+Status CandidateTree::Validate(int32_t vocab_size, int32_t max_nodes, int32_t max_depth) const {
+  RETURN_IF_ERROR(failure_);
+  if (size() > max_nodes) {
+    return InvalidArgumentError(
+        StrCat("candidate tree has ", size(), " nodes, over the budget of ", max_nodes));
+  }
+  for (int32_t j = 0; j < num_distributions(); ++j) {
+    RETURN_IF_ERROR(ValidateDistribution(j, vocab_size));
   }
   for (int32_t i = 0; i < size(); ++i) {
     const int32_t parent = parents_[i];
@@ -117,7 +173,7 @@ Status CandidateTree::Validate(int32_t vocab_size, int32_t max_nodes, int32_t ma
                                          " is not -1 (deterministic) or one of the ",
                                          num_distributions(), " distributions"));
     }
-    if (proposal >= 0 && !(distributions_[proposal][token] > 0.0f)) {
+    if (proposal >= 0 && !(ProposalProbability(proposal, token) > 0.0f)) {
       return InvalidArgumentError(StrCat("candidate tree node ", i, ": token ", token,
                                          " was sampled from distribution ", proposal,
                                          ", which gives it probability 0"));

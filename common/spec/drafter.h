@@ -42,6 +42,11 @@ struct DraftRequest {
   SeqId seq = 0;
   int32_t max_nodes = 0;  // tree size budget (the step plan's per-sequence draft budget)
   int32_t max_depth = 0;  // no node deeper than this (context and max_new_tokens limits)
+  // Drafters that sample candidates cut each proposal distribution to its top proposal_top_k
+  // tokens before sampling and attach that sparse distribution (TopKProposal,
+  // common/spec/proposal.h), which keeps verification lossless. 0 = dense. In-process drafters get
+  // 0 (nothing to send); the drafter service sets its --proposal-top-k for the trees it sends.
+  int32_t proposal_top_k = 0;
 };
 
 // The checks every Propose starts with: each request names a sequence the drafter holds

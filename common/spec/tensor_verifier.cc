@@ -203,7 +203,8 @@ void VerifySampledJobs(const at::Tensor& logits, std::span<const TreeVerifyJob> 
       proposal(S * max_slots, -1);
   std::vector<double> uniforms(S * max_slots, 0.0), bonus_u(S), temperature, top_p;
   std::vector<int64_t> top_k;
-  std::vector<float> q_host(static_cast<size_t>(S * max_dists * V), 0.0f);
+  std::vector<int64_t> q_index;  // flat [S * max_dists * V] positions of the proposals' entries
+  std::vector<float> q_value;
   for (int64_t s = 0; s < S; ++s) {
     const TreeVerifyJob& job = jobs[which[s]];
     const CandidateTree& tree = *job.tree;
@@ -221,8 +222,14 @@ void VerifySampledJobs(const at::Tensor& logits, std::span<const TreeVerifyJob> 
     for (int32_t i = 0; i < tree.size(); ++i) uniforms[s * max_slots + i + 1] = job.rng->Uniform();
     bonus_u[s] = job.rng->Uniform();
     for (int32_t d = 0; d < tree.num_distributions(); ++d) {
+      // Dense proposals bring every entry, sparse ones (top-k over the wire) only their support.
       const std::span<const float> q = tree.distribution(d);
-      std::copy(q.begin(), q.end(), q_host.begin() + (s * max_dists + d) * V);
+      const std::span<const int32_t> ids = tree.distribution_ids(d);
+      const int64_t row = (s * max_dists + d) * V;
+      for (size_t e = 0; e < q.size(); ++e) {
+        q_index.push_back(row + (ids.empty() ? static_cast<int64_t>(e) : ids[e]));
+        q_value.push_back(q[e]);
+      }
     }
     for (int64_t slot = 0; slot < max_slots; ++slot) {
       temperature.push_back(job.sampling.temperature);
@@ -235,8 +242,14 @@ void VerifySampledJobs(const at::Tensor& logits, std::span<const TreeVerifyJob> 
   const at::Tensor P = ShapedProbabilities(logits.index_select(0, Int64OnDevice(rows, device)),
                                            temperature, top_k, top_p);
   // Proposals, normalised to sum 1 (the host verifier's Normalize): [S * max_dists, V].
-  at::Tensor Q =
-      at::from_blob(q_host.data(), {S * max_dists, V}, at::kFloat).to(device, P.scalar_type());
+  // Only the proposals' entries cross to the device; the dense rows are built there.
+  at::Tensor Q = at::zeros({S * max_dists * V}, P.options());
+  if (!q_index.empty()) {
+    Q.index_put_(
+        {Int64OnDevice(q_index, device)},
+        at::tensor(q_value, at::TensorOptions().dtype(at::kFloat)).to(device, Q.scalar_type()));
+  }
+  Q = Q.view({S * max_dists, V});
   Q = Q / Q.sum(1, /*keepdim=*/true).clamp_min(std::numeric_limits<double>::min());
   const at::Tensor kids_t = Int64OnDevice(kids, device);
   const at::Tensor tokens_t = Int64OnDevice(tokens, device);

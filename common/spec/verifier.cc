@@ -99,6 +99,48 @@ bool Normalize(std::vector<double>& v) {
   return true;
 }
 
+// A proposal distribution normalised to sum 1: dense ([vocab]) or sparse (a value per id of the
+// tree's distribution_ids, strictly increasing).
+struct NormalisedProposal {
+  std::span<const int32_t> ids;  // empty = dense
+  std::vector<double> probs;
+
+  double At(int32_t token) const {
+    if (ids.empty()) return probs[token];
+    const auto it = std::lower_bound(ids.begin(), ids.end(), token);
+    return it != ids.end() && *it == token ? probs[static_cast<size_t>(it - ids.begin())] : 0.0;
+  }
+};
+
+// r = max(0, r - q) renormalised, touching only q's support when q is sparse. The sum runs over
+// every token in id order whatever q's form, so a sparse q and the same q stored densely give
+// bit-identical residuals (and the same draws from one random stream).
+void SubtractProposal(std::vector<double>& r, const NormalisedProposal& q) {
+  double total = 0.0;
+  if (q.ids.empty()) {
+    for (size_t v = 0; v < r.size(); ++v) total += std::max(0.0, r[v] - q.probs[v]);
+  } else {
+    size_t k = 0;
+    for (size_t v = 0; v < r.size(); ++v) {
+      if (k < q.ids.size() && static_cast<size_t>(q.ids[k]) == v) {
+        total += std::max(0.0, r[v] - q.probs[k++]);
+      } else {
+        total += r[v];
+      }
+    }
+  }
+  // A zero residual cannot happen with exact arithmetic (a rejection implies r != q); with
+  // rounding, keep r.
+  if (!(total > 0.0) || !std::isfinite(total)) return;
+  const double inv = 1.0 / total;
+  if (q.ids.empty()) {
+    for (size_t v = 0; v < r.size(); ++v) r[v] = std::max(0.0, r[v] - q.probs[v]) * inv;
+  } else {
+    for (size_t k = 0; k < q.ids.size(); ++k) r[q.ids[k]] = std::max(0.0, r[q.ids[k]] - q.probs[k]);
+    for (double& x : r) x *= inv;
+  }
+}
+
 // Sampled requests, lossless: recursive rejection sampling over each node's children.
 //
 // r starts as the target's distribution at the node (exactly as plain sampling shapes it). Each
@@ -107,18 +149,20 @@ bool Normalize(std::vector<double>& v) {
 // max(0, r - q) renormalised. If every child is rejected the bonus token is drawn from the final r.
 // By induction over the children, the token that leaves the node (accepted child or bonus) has
 // distribution r exactly, so the output has the distribution of plain sampling (SpecInfer's
-// multi-candidate rule; for a chain it is Leviathan et al.'s).
+// multi-candidate rule; for a chain it is Leviathan et al.'s). A sparse q (top-k truncated) is an
+// exact proposal like any other: q is 0 off its support, so the residual changes only there.
 VerifyResult VerifySampled(const CandidateTree& tree, const TreeLogits& logits,
                            const std::vector<std::vector<int32_t>>& children,
                            const SamplingParams& sampling, SequenceRng& rng) {
   VerifyResult result;
   // Proposal distributions normalised to sum 1, computed on first use.
-  std::vector<std::optional<std::vector<double>>> proposals(tree.num_distributions());
-  auto proposal = [&](int32_t j) -> const std::vector<double>& {
+  std::vector<std::optional<NormalisedProposal>> proposals(tree.num_distributions());
+  auto proposal = [&](int32_t j) -> const NormalisedProposal& {
     if (!proposals[j]) {
       const std::span<const float> q = tree.distribution(j);
-      std::vector<double> normalised(q.begin(), q.end());
-      Normalize(normalised);  // Validate guarantees a positive entry for every used proposal
+      NormalisedProposal normalised{.ids = tree.distribution_ids(j),
+                                    .probs = std::vector<double>(q.begin(), q.end())};
+      Normalize(normalised.probs);  // Validate guarantees a positive total for every distribution
       proposals[j] = std::move(normalised);
     }
     return *proposals[j];
@@ -150,20 +194,14 @@ VerifyResult VerifySampled(const CandidateTree& tree, const TreeLogits& logits,
         r[x] = 0.0;
         if (!Normalize(r)) r[x] = kept;  // cannot happen: r[x] < 1 leaves mass elsewhere
       } else {
-        const std::vector<double>& q = proposal(j);
+        const NormalisedProposal& q = proposal(j);
+        const double qx = q.At(x);  // > 0: Validate checks the sampled token is in q's support
         // Accept with probability min(1, r[x] / q[x]).
-        if (r[x] >= q[x] || rng.Uniform() * q[x] < r[x]) {
+        if (r[x] >= qx || rng.Uniform() * qx < r[x]) {
           accepted = child;
           break;
         }
-        double total = 0.0;
-        for (size_t v = 0; v < r.size(); ++v) total += std::max(0.0, r[v] - q[v]);
-        // A zero residual cannot happen with exact arithmetic (a rejection implies r != q); with
-        // rounding, keep r.
-        if (total > 0.0 && std::isfinite(total)) {
-          const double inv = 1.0 / total;
-          for (size_t v = 0; v < r.size(); ++v) r[v] = std::max(0.0, r[v] - q[v]) * inv;
-        }
+        SubtractProposal(r, q);
       }
     }
     if (accepted < 0) {

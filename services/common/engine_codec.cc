@@ -1,5 +1,6 @@
 #include "services/common/engine_codec.h"
 
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -249,14 +250,64 @@ Status ToProto(const CandidateTree& tree, v1::CandidateTree* out) {
     out->add_proposals(tree.proposal(i));
   }
   for (int32_t j = 0; j < tree.num_distributions(); ++j) {
-    std::span<const float> d = tree.distribution(j);
-    v1::Tensor* t = out->add_distributions();
-    t->set_dtype(v1::DTYPE_FLOAT32);
-    t->add_shape(static_cast<int64_t>(d.size()));
-    t->set_data(d.data(), d.size() * sizeof(float));
+    const std::span<const int32_t> ids = tree.distribution_ids(j);
+    const std::span<const float> probs = tree.distribution(j);
+    v1::ProposalDistribution* d = out->add_proposal_distributions();
+    d->mutable_ids()->Assign(ids.begin(), ids.end());
+    d->mutable_probs()->Assign(probs.begin(), probs.end());
   }
   return OkStatus();
 }
+
+namespace {
+
+// One ProposalDistribution (drafter.proto's rules), added to `out`. `name` is its field.
+Status AddProposalDistribution(const v1::ProposalDistribution& d, int32_t vocab_size,
+                               const std::string& name, CandidateTree& out) {
+  const bool dense = d.ids_size() == 0;
+  if (dense && d.probs_size() != vocab_size) {
+    return InvalidArgumentError(StrCat(name, ".probs: ", d.probs_size(),
+                                       " entries with no ids; a dense distribution has one per "
+                                       "token of the vocabulary (",
+                                       vocab_size, ")"));
+  }
+  if (!dense && d.probs_size() != d.ids_size()) {
+    return InvalidArgumentError(StrCat(name, ": ", d.ids_size(), " ids but ", d.probs_size(),
+                                       " probs (a sparse distribution has one prob per id)"));
+  }
+  for (int k = 0; k < d.ids_size(); ++k) {
+    const int32_t id = d.ids(k);
+    if (id < 0 || id >= vocab_size) {
+      return InvalidArgumentError(
+          StrCat(name, ".ids[", k, "] = ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    if (k > 0 && id <= d.ids(k - 1)) {
+      return InvalidArgumentError(StrCat(name, ".ids[", k, "] = ", id,
+                                         id == d.ids(k - 1) ? " repeats" : " is out of order",
+                                         " (ids must be strictly increasing)"));
+    }
+  }
+  double total = 0.0;
+  for (int k = 0; k < d.probs_size(); ++k) {
+    const float p = d.probs(k);
+    if (!(p >= 0.0f) || !std::isfinite(p) || (!dense && p > 1.0f)) {
+      return InvalidArgumentError(StrCat(name, ".probs[", k, "] = ", p, " is not a probability (",
+                                         dense ? "finite and >= 0" : "in [0, 1]", ")"));
+    }
+    total += p;
+  }
+  if (!(total > 0.0)) return InvalidArgumentError(StrCat(name, ".probs sum to 0"));
+  std::vector<float> probs(d.probs().begin(), d.probs().end());
+  if (dense) {
+    out.AddDistribution(std::move(probs));
+  } else {
+    out.AddSparseDistribution(std::vector<int32_t>(d.ids().begin(), d.ids().end()),
+                              std::move(probs));
+  }
+  return OkStatus();
+}
+
+}  // namespace
 
 StatusOr<CandidateTree> FromProto(const v1::CandidateTree& tree, int32_t vocab_size,
                                   const std::string& field) {
@@ -268,7 +319,19 @@ StatusOr<CandidateTree> FromProto(const v1::CandidateTree& tree, int32_t vocab_s
                                        n, ", ", tree.parents_size(), ", ", tree.draft_probs_size(),
                                        ", ", tree.proposals_size()));
   }
+  if (tree.distributions_size() > 0 && tree.proposal_distributions_size() > 0) {
+    return InvalidArgumentError(StrCat(field, ": both distributions (", tree.distributions_size(),
+                                       ") and proposal_distributions (",
+                                       tree.proposal_distributions_size(),
+                                       ") are set; send only proposal_distributions"));
+  }
   CandidateTree out;
+  for (int j = 0; j < tree.proposal_distributions_size(); ++j) {
+    RETURN_IF_ERROR(AddProposalDistribution(tree.proposal_distributions(j), vocab_size,
+                                            StrCat(field, ".proposal_distributions[", j, "]"),
+                                            out));
+  }
+  // The dense tensors of older drafters.
   for (int j = 0; j < tree.distributions_size(); ++j) {
     const v1::Tensor& t = tree.distributions(j);
     const std::string name = StrCat(field, ".distributions[", j, "]");

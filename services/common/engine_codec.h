@@ -31,11 +31,14 @@ StepOutcome FromProto(const v1::StepResult& result);
 void ToProto(const TargetInfo& info, v1::TargetInfo* out);
 TargetInfo FromProto(const v1::TargetInfo& info);
 
-// Distributions travel as float32 [vocab] tensors.
+// Distributions travel as ProposalDistribution, sparse or dense as the tree holds them.
 Status ToProto(const CandidateTree& tree, v1::CandidateTree* out);
-// INVALID_ARGUMENT naming the field when the arrays disagree in length or a distribution is not
-// float32 [vocab_size]; the tree's own rules (parents, tokens, budget) are
-// CandidateTree::Validate's.
+// INVALID_ARGUMENT naming the field when the node arrays disagree in length, or a proposal
+// distribution breaks drafter.proto's rules: ids and probs of different lengths (dense: probs not
+// one per token), an id outside [0, vocab_size), repeated or out of order, a prob that is negative
+// or not finite (sparse: above 1), probs summing to 0; or when both it and the old dense
+// `distributions` (float32 [vocab_size] tensors, still read) are set. The tree's own rules
+// (parents, tokens, budget, sampled tokens inside their proposal) are CandidateTree::Validate's.
 StatusOr<CandidateTree> FromProto(const v1::CandidateTree& tree, int32_t vocab_size,
                                   const std::string& field);
 

@@ -221,8 +221,10 @@ Status DrafterService::Handle(SessionState& session, const v1::DrafterCall& call
           return InvalidArgumentError(StrCat(field, ".max_depth must be in [0, ", kMaxDraftTokens,
                                              "], got ", r.max_depth()));
         }
-        requests.push_back(
-            {.seq = seq->second.id, .max_nodes = r.max_nodes(), .max_depth = r.max_depth()});
+        requests.push_back({.seq = seq->second.id,
+                            .max_nodes = r.max_nodes(),
+                            .max_depth = r.max_depth(),
+                            .proposal_top_k = options_.proposal_top_k});
       }
       ASSIGN_OR_RETURN(std::vector<CandidateTree> trees, drafter.Propose(requests));
       for (const CandidateTree& tree : trees) {

@@ -20,11 +20,18 @@
 
 namespace specula::drafter {
 
+// The cut-off for the proposal distributions of sampled candidates sent over the wire: each is
+// cut to its top k tokens before the drafter samples (DraftRequest::proposal_top_k,
+// common/spec/proposal.h), so a sampled node costs O(k) bytes instead of O(vocab).
+inline constexpr int32_t kDefaultProposalTopK = 64;
+
 struct DrafterServiceOptions {
   int32_t vocab_size = 0;         // the target's
   int32_t hidden_size = 0;        // the target's
   std::string dtype = "float32";  // the target's hidden-state dtype
   int64_t context_length = 0;     // the target's; 0 = unchecked
+  // DraftRequest::proposal_top_k of every Propose this service runs (0 = dense proposals).
+  int32_t proposal_top_k = kDefaultProposalTopK;
 };
 
 class DrafterService final : public v1::Drafter::Service {

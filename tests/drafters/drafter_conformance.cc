@@ -351,11 +351,13 @@ TEST_F(DrafterConformance, TreesRespectEveryBudgetAndBatchingChangesNothing) {
 }
 
 // Sampled requests (plain and shaped) get valid trees; where a node carries the proposal it was
-// drawn from, the proposal is a distribution that gives the node's token positive probability.
+// drawn from, the proposal is a distribution (dense, or sparse with at most the drafter service's
+// top-k tokens when remote) that gives the node's token positive probability.
 TEST_F(DrafterConformance, SampledTreesCarryTheirProposals) {
   const std::vector<SamplingParams> samplings = {
       {.temperature = 1.0f, .seed = 3},
       {.temperature = 0.7f, .top_k = 4, .top_p = 0.9f, .seed = 4}};
+  int64_t sampled_nodes = 0;  // over every case: the chains sample
   for (const ConformanceCase& c : Cases()) {
     SCOPED_TRACE(c.label);
     Subject s = Make(c, *provider_);
@@ -373,20 +375,33 @@ TEST_F(DrafterConformance, SampledTreesCarryTheirProposals) {
         Status valid = tree->Validate(kVocab, 6, 4);
         ASSERT_TRUE(valid.ok()) << valid;
         for (int32_t n = 0; n < tree->size(); ++n) {
-          if (tree->proposal(n) < 0) continue;
-          auto q = tree->distribution(tree->proposal(n));
-          ASSERT_EQ(q.size(), static_cast<size_t>(kVocab));
+          const int32_t j = tree->proposal(n);
+          if (j < 0) continue;
+          auto q = tree->distribution(j);
+          auto ids = tree->distribution_ids(j);
+          if (provider_->proposal_top_k() == 0) {
+            EXPECT_TRUE(ids.empty()) << "node " << n << ": a sparse proposal nobody asked for";
+            ASSERT_EQ(q.size(), static_cast<size_t>(kVocab));
+          } else {
+            // Cut to the top k (below kVocab) before sampling: sparse, at most k tokens.
+            EXPECT_FALSE(ids.empty()) << "node " << n << ": a dense proposal, expected top-k";
+            EXPECT_LE(ids.size(), static_cast<size_t>(provider_->proposal_top_k())) << "node " << n;
+            ASSERT_EQ(q.size(), ids.size());
+          }
           double total = 0;
           for (float p : q) {
             EXPECT_GE(p, 0.0f);
             total += p;
           }
           EXPECT_NEAR(total, 1.0, 1e-4) << "node " << n;
-          EXPECT_GT(q[tree->token(n)], 0.0f) << "node " << n << " drew a token of probability 0";
+          EXPECT_GT(tree->ProposalProbability(j, tree->token(n)), 0.0f)
+              << "node " << n << " drew a token of probability 0";
+          ++sampled_nodes;
         }
       }
     }
   }
+  EXPECT_GT(sampled_nodes, 0) << "no drafter proposed a sampled node";
 }
 
 // Sampled speculative decoding keeps the target's distribution: the first 3 generated tokens of

@@ -35,6 +35,8 @@ class DrafterProvider {
  public:
   virtual ~DrafterProvider() = default;
   virtual bool remote() const = 0;
+  // The top-k cut-off sampled proposals arrive with (0 = dense): the drafter service's.
+  virtual int32_t proposal_top_k() const { return 0; }
   // `drafter`, for a target of `target`'s config, as the engine will call it.
   virtual std::unique_ptr<Drafter> Provide(std::unique_ptr<Drafter> drafter,
                                            const ModelRunner& target) = 0;

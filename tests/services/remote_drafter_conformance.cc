@@ -45,9 +45,14 @@ class ServedDrafter : public Drafter {
   std::unique_ptr<target::RemoteDrafter> remote_;
 };
 
+// The service's proposal cut-off: below the suite's vocabulary of 8, so sampled proposals cross the
+// wire sparse, as with the default of 64 on a real vocabulary.
+constexpr int32_t kProposalTopK = 3;
+
 class RemoteProvider : public DrafterProvider {
  public:
   bool remote() const override { return true; }
+  int32_t proposal_top_k() const override { return kProposalTopK; }
   std::unique_ptr<Drafter> Provide(std::unique_ptr<Drafter> drafter,
                                    const ModelRunner& target) override {
     const ModelConfig& c = target.config();
@@ -58,7 +63,8 @@ class RemoteProvider : public DrafterProvider {
         drafter::DrafterServiceOptions{.vocab_size = static_cast<int32_t>(c.vocab_size),
                                        .hidden_size = static_cast<int32_t>(c.hidden_size),
                                        .dtype = "float32",
-                                       .context_length = c.max_position_embeddings});
+                                       .context_length = c.max_position_embeddings,
+                                       .proposal_top_k = kProposalTopK});
     auto server = services::ServiceServer::Start("127.0.0.1", 0, service.get(),
                                                  v1::Drafter::service_full_name());
     EXPECT_TRUE(server.ok()) << server.status();

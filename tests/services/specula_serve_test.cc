@@ -329,6 +329,7 @@ TEST(SpeculaServeFlagsTest, HelpIsGroupedByRole) {
   EXPECT_STREQ(section_of("kv-memory-mb"), "target");
   EXPECT_STREQ(section_of("ngram-max"), "drafter");
   EXPECT_STREQ(section_of("drafter"), "drafter");
+  EXPECT_STREQ(section_of("proposal-top-k"), "drafter");
 }
 
 TEST(SpeculaServeFlagsTest, ClearErrors) {
@@ -350,6 +351,11 @@ TEST(SpeculaServeFlagsTest, ClearErrors) {
   r = RunServe("--role target --model " + dirs.target +
                " --drafter-address 127.0.0.1:1 --connect-timeout-s 0.3 --port 0");
   EXPECT_NE(r.err.find("drafter service at 127.0.0.1:1 (--drafter-address)"), std::string::npos)
+      << r.err;
+  r = RunServe("--model " + dirs.target + " --proposal-top-k 8");
+  EXPECT_NE(r.err.find("--proposal-top-k is for --role drafter"), std::string::npos) << r.err;
+  r = RunServe("--role drafter --model " + dirs.target + " --proposal-top-k -1");
+  EXPECT_NE(r.err.find("--proposal-top-k must be >= 0 (0 = dense), got -1"), std::string::npos)
       << r.err;
   r = RunServe("--role drafter --model " + dirs.target + " --drafter none --port 0");
   EXPECT_NE(r.err.find("--role drafter needs --drafter"), std::string::npos) << r.err;

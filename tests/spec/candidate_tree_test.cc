@@ -218,6 +218,78 @@ TEST(CandidateTreeTest, ValidateRejectsASampledTokenItsDistributionCannotProduce
   EXPECT_TRUE(deterministic.Validate(3, 10, 10).ok());
 }
 
+TEST(CandidateTreeTest, SparseDistributionsKeepTheirIdsAndLookUpProbabilities) {
+  CandidateTree tree;
+  EXPECT_EQ(tree.AddDistribution({0.5f, 0.5f, 0.0f, 0.0f, 0.0f}), 0);
+  EXPECT_EQ(tree.AddSparseDistribution({1, 3}, {0.25f, 0.75f}), 1);
+  EXPECT_EQ(tree.num_distributions(), 2);
+  EXPECT_TRUE(tree.distribution_is_dense(0));
+  EXPECT_THAT(tree.distribution_ids(0), IsEmpty());
+  EXPECT_EQ(tree.distribution(0).size(), 5u);
+  EXPECT_FALSE(tree.distribution_is_dense(1));
+  EXPECT_THAT(
+      std::vector<int32_t>(tree.distribution_ids(1).begin(), tree.distribution_ids(1).end()),
+      ElementsAre(1, 3));
+  EXPECT_THAT(std::vector<float>(tree.distribution(1).begin(), tree.distribution(1).end()),
+              ElementsAre(0.25f, 0.75f));
+  EXPECT_EQ(tree.ProposalProbability(0, 1), 0.5f);
+  EXPECT_EQ(tree.ProposalProbability(0, 7), 0.0f);  // out of range
+  EXPECT_EQ(tree.ProposalProbability(1, 3), 0.75f);
+  EXPECT_EQ(tree.ProposalProbability(1, 2), 0.0f);  // off the support
+  EXPECT_EQ(tree.ProposalProbability(1, 4), 0.0f);
+  tree.AddNode(-1, 3, 0.75f, 1);
+  tree.AddNode(0, 0, 0.5f, 0);
+  tree.AddNode(0, 1, 0.25f, 1);
+  EXPECT_TRUE(tree.Validate(5, 10, 10).ok());
+}
+
+TEST(CandidateTreeTest, ValidateRejectsMalformedSparseDistributionsNamingTheField) {
+  struct Case {
+    std::vector<int32_t> ids;
+    std::vector<float> probs;
+    const char* fragment;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const Case& c : std::vector<Case>{
+           {{1, 2}, {0.5f}, "distribution 1: 2 ids but 1 probs"},
+           {{1, 2}, {0.5f, 0.2f, 0.3f}, "distribution 1: 2 ids but 3 probs"},
+           {{-1, 2}, {0.5f, 0.5f}, "distribution 1: ids[0] = -1 is outside the vocabulary [0, 5)"},
+           {{1, 5}, {0.5f, 0.5f}, "distribution 1: ids[1] = 5 is outside the vocabulary [0, 5)"},
+           {{2, 2}, {0.5f, 0.5f}, "distribution 1: ids[1] = 2 does not follow ids[0] = 2"},
+           {{3, 1}, {0.5f, 0.5f}, "distribution 1: ids[1] = 1 does not follow ids[0] = 3"},
+           {{1, 2}, {0.5f, -0.1f}, "distribution 1: probs[1] is -0.1, not a probability in [0, 1]"},
+           {{1, 2}, {1.5f, 0.5f}, "distribution 1: probs[0] is 1.5"},
+           {{1, 2}, {nan, 0.5f}, "distribution 1: probs[0] is nan"},
+           {{1, 2}, {0.5f, inf}, "distribution 1: probs[1] is inf"},
+           {{1, 2}, {0.0f, 0.0f}, "distribution 1: probabilities sum to 0"},
+       }) {
+    CandidateTree tree;
+    tree.AddDistribution({0.2f, 0.2f, 0.2f, 0.2f, 0.2f});
+    tree.AddSparseDistribution(c.ids, c.probs);
+    tree.AddNode(-1, 0, 0.2f, 0);
+    ExpectInvalid(tree.Validate(5, 10, 10), StrCat("candidate tree ", c.fragment));
+  }
+  // A dense distribution of zeros is no distribution either.
+  CandidateTree zeros;
+  zeros.AddDistribution({0.0f, 0.0f, 0.0f});
+  ExpectInvalid(zeros.Validate(3, 10, 10), "candidate tree distribution 0: probabilities sum to 0");
+}
+
+TEST(CandidateTreeTest, ValidateRejectsASampledTokenOffItsSparseDistribution) {
+  CandidateTree tree;
+  tree.AddSparseDistribution({0, 2}, {0.5f, 0.5f});
+  tree.AddNode(-1, 2, 0.5f, 0);
+  tree.AddNode(0, 1, 0.0f, 0);
+  ExpectInvalid(tree.Validate(3, 10, 10),
+                "candidate tree node 1: token 1 was sampled from distribution 0, which gives it "
+                "probability 0");
+  CandidateTree zero_entry;
+  zero_entry.AddSparseDistribution({0, 2}, {1.0f, 0.0f});
+  zero_entry.AddNode(-1, 2, 0.0f, 0);
+  ExpectInvalid(zero_entry.Validate(3, 10, 10), "node 0: token 2 was sampled from distribution 0");
+}
+
 TEST(CandidateTreeTest, FailedTreeIsEmptyAndValidateReturnsWhy) {
   const CandidateTree tree = CandidateTree::Failed(UnavailableError("drafter lost sequence 3"));
   EXPECT_TRUE(tree.empty());

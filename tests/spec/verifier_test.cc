@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "common/spec/proposal.h"
 #include "common/spec/tensor_verifier.h"
 #include "tests/spec/chi_square.h"
 
@@ -310,6 +311,69 @@ TEST(VerifySampledTest, CertainTokensAreAlwaysAcceptedAndImpossibleOnesNever) {
     EXPECT_THAT(r.accepted_nodes, ElementsAre(1)) << seed;
     EXPECT_EQ(r.bonus_token, 4) << seed;
   }
+}
+
+// The same tree with every sparse distribution stored densely.
+CandidateTree Densified(const CandidateTree& tree, int32_t vocab) {
+  CandidateTree dense;
+  for (int32_t j = 0; j < tree.num_distributions(); ++j) {
+    std::vector<float> q(vocab, 0.0f);
+    for (int32_t v = 0; v < vocab; ++v) q[v] = tree.ProposalProbability(j, v);
+    dense.AddDistribution(std::move(q));
+  }
+  for (int32_t i = 0; i < tree.size(); ++i) {
+    dense.AddNode(tree.parent(i), tree.token(i), tree.draft_prob(i), tree.proposal(i));
+  }
+  return dense;
+}
+
+TEST(VerifySampledTest, SparseProposalsVerifyExactlyAsTheSameProposalsStoredDensely) {
+  // A tree of i.i.d. sampled siblings and chains below them, every proposal cut to its top 3 of 7
+  // tokens, against random target rows: the same random stream gives the same accepted nodes and
+  // bonus token whichever form the proposals take.
+  constexpr int32_t kVocab = 7;
+  int64_t accepted = 0, rejected_all = 0;
+  for (uint64_t seed = 0; seed < 2000; ++seed) {
+    SequenceRng gen(seed * 7919 + 3);
+    auto random_probs = [&] {
+      std::vector<float> p(kVocab);
+      for (float& x : p) x = static_cast<float>(0.05 + gen.Uniform());
+      const float total = std::accumulate(p.begin(), p.end(), 0.0f);
+      for (float& x : p) x /= total;
+      return p;
+    };
+    CandidateTree tree;
+    const Proposal root = TopKProposal(random_probs(), 3);
+    const int32_t j = AddProposal(tree, root);
+    for (int32_t c = 0; c < 3; ++c) {
+      const int32_t t = SampleProposal(root, gen);
+      const int32_t node = tree.AddNode(-1, t, ProposalProbability(root, t), j);
+      AddSampledNode(tree, node, random_probs(), 3, gen);
+    }
+    ASSERT_FALSE(tree.distribution_is_dense(0));
+    const CandidateTree dense = Densified(tree, kVocab);
+    std::vector<std::vector<float>> rows;
+    for (int32_t r = 0; r <= tree.size(); ++r) {
+      std::vector<float> row(kVocab);
+      for (float& x : row) x = static_cast<float>(3.0 * gen.Uniform() - 1.5);
+      rows.push_back(row);
+    }
+    const Rows logits(rows);
+    for (const SamplingParams& s : {Sampling(1.0f), Sampling(0.7f, 4, 0.9f)}) {
+      SequenceRng a(seed), b(seed);
+      const VerifyResult sparse_result = MustVerify(tree, logits, s, {}, a);
+      const VerifyResult dense_result = MustVerify(dense, logits, s, {}, b);
+      ASSERT_EQ(sparse_result.accepted_nodes, dense_result.accepted_nodes) << "seed " << seed;
+      ASSERT_EQ(sparse_result.bonus_token, dense_result.bonus_token) << "seed " << seed;
+      // Both streams are at the same place afterwards.
+      ASSERT_EQ(a.Uniform(), b.Uniform()) << "seed " << seed;
+      accepted += static_cast<int64_t>(sparse_result.accepted_nodes.size());
+      rejected_all += sparse_result.accepted_nodes.empty() ? 1 : 0;
+    }
+  }
+  // Both acceptance and full rejection (the sparse residual) were exercised.
+  EXPECT_GT(accepted, 1000);
+  EXPECT_GT(rejected_all, 100);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -613,16 +677,17 @@ std::vector<int32_t> TokensTo(const CandidateTree& tree, int32_t node) {
   return path;
 }
 
-// Adds `count` children of `parent` drawn i.i.d. from the drafter's proposal at that node.
+// Adds `count` children of `parent` drawn i.i.d. from the drafter's proposal at that node, cut to
+// its top `top_k` tokens first (0 = dense) as a remote drafter cuts it (TopKProposal).
 std::vector<int32_t> AddSampled(CandidateTree& tree, int32_t parent, int32_t count,
-                                SequenceRng& rng) {
-  const std::vector<float> q =
-      DraftProbs(parent < 0 ? std::vector<int32_t>{} : TokensTo(tree, parent));
-  const int32_t j = tree.AddDistribution(q);
+                                SequenceRng& rng, int32_t top_k = 0) {
+  const Proposal q =
+      TopKProposal(DraftProbs(parent < 0 ? std::vector<int32_t>{} : TokensTo(tree, parent)), top_k);
+  const int32_t j = AddProposal(tree, q);
   std::vector<int32_t> nodes;
   for (int32_t c = 0; c < count; ++c) {
-    const int32_t t = SampleFrom(q, rng);
-    nodes.push_back(tree.AddNode(parent, t, q[t], j));
+    const int32_t t = SampleProposal(q, rng);
+    nodes.push_back(tree.AddNode(parent, t, ProposalProbability(q, t), j));
   }
   return nodes;
 }
@@ -649,6 +714,26 @@ CandidateTree SampledTree(SequenceRng& rng) {
   CandidateTree tree;
   for (int32_t a : AddSampled(tree, -1, 3, rng)) {
     for (int32_t b : AddSampled(tree, a, 2, rng)) AddSampled(tree, b, 1, rng);
+  }
+  return tree;
+}
+
+// (a) and (b) with every proposal cut to the drafter's top 3 of the 8 tokens (sparse).
+constexpr int32_t kSparseTopK = 3;
+
+CandidateTree SparseSampledChain(SequenceRng& rng) {
+  CandidateTree tree;
+  int32_t parent = -1;
+  for (int32_t d = 0; d < 3; ++d) parent = AddSampled(tree, parent, 1, rng, kSparseTopK)[0];
+  return tree;
+}
+
+CandidateTree SparseSampledTree(SequenceRng& rng) {
+  CandidateTree tree;
+  for (int32_t a : AddSampled(tree, -1, 3, rng, kSparseTopK)) {
+    for (int32_t b : AddSampled(tree, a, 2, rng, kSparseTopK)) {
+      AddSampled(tree, b, 1, rng, kSparseTopK);
+    }
   }
   return tree;
 }
@@ -713,7 +798,7 @@ StatusOr<VerifyResult> Broken(Bug bug, const CandidateTree& tree, const TreeLogi
       if (j < 0) {
         q[x] = 1.0;
       } else {
-        for (int32_t v = 0; v < kV; ++v) q[v] = tree.distribution(j)[v];
+        for (int32_t v = 0; v < kV; ++v) q[v] = tree.ProposalProbability(j, v);
       }
       if (rng.Uniform() * q[x] < r[x]) {
         accepted = child;
@@ -921,6 +1006,31 @@ TEST(VerifyLosslessnessTest, TemperatureTopKTopP) {
   const Fit chain = Goodness(SampledChain, s, Lossless, 5, "sampled chain, T 0.8 k 5 p 0.9");
   EXPECT_LT(chain.z2, kMaxZ);
   EXPECT_LT(chain.z3, kMaxZ);
+}
+
+TEST(VerifyLosslessnessTest, TopKSparseProposals) {
+  // Proposals cut to 3 of 8 tokens: the drafter never proposes the other 5, and the target's
+  // distribution is still reproduced exactly (the residual keeps their mass). Acceptance drops
+  // (the drafter's top 3 are mostly not the target's; about 0.35 accepted per step against 0.78
+  // and 1.14 dense) but stays well above zero, so acceptance is exercised.
+  const Fit chain =
+      Goodness(SparseSampledChain, Sampling(1.0f), Lossless, 7, "top-3 sparse sampled chain");
+  EXPECT_LT(chain.z2, kMaxZ);
+  EXPECT_LT(chain.z3, kMaxZ);
+  EXPECT_GT(chain.accepted_per_step, 0.25);
+  const Fit tree =
+      Goodness(SparseSampledTree, Sampling(1.0f), Lossless, 8, "top-3 sparse sampled tree");
+  EXPECT_LT(tree.z2, kMaxZ);
+  EXPECT_LT(tree.z3, kMaxZ);
+  EXPECT_GT(tree.accepted_per_step, 0.25);
+  const Fit shaped = Goodness(SparseSampledTree, Sampling(0.8f, 5, 0.9f), Lossless, 9,
+                              "top-3 sparse tree, T 0.8 k 5 p 0.9");
+  EXPECT_LT(shaped.z2, kMaxZ);
+  EXPECT_LT(shaped.z3, kMaxZ);
+  // The same statistic catches a broken verifier with sparse proposals.
+  const Fit broken = Goodness(SparseSampledTree, Sampling(1.0f),
+                              BrokenVerifier(Bug::kBonusFromTarget), 8, "BROKEN bonus, top-3 tree");
+  EXPECT_GT(broken.z2, kMaxZ);
 }
 
 TEST(VerifyLosslessnessTest, BrokenVerifiersFail) {
@@ -1179,6 +1289,38 @@ TEST(TensorVerifierTest, ChainFastPathEqualsTheTreeWalk) {
   EXPECT_GT(accepted, 100);
 }
 
+TEST(TensorVerifierTest, SparseProposalsVerifyExactlyAsTheSameProposalsStoredDensely) {
+  // Top-k proposals (the wire form) reach the tensors through their support only.
+  for (const TreeBuilder& build :
+       {TreeBuilder(SparseSampledChain), TreeBuilder(SparseSampledTree)}) {
+    SequenceRng draft(3);
+    std::vector<CandidateTree> sparse, dense;
+    std::vector<std::vector<float>> data;
+    std::vector<TreeLogits> views;
+    for (int32_t t = 0; t < 200; ++t) {
+      sparse.push_back(build(draft));
+      dense.push_back(Densified(sparse.back(), kV));
+      data.push_back(TreeRows(sparse.back()));
+    }
+    for (size_t i = 0; i < sparse.size(); ++i) {
+      views.push_back({.data = data[i].data(), .rows = sparse[i].size() + 1, .vocab = kV});
+    }
+    std::vector<SequenceRng> a, b;
+    for (size_t i = 0; i < sparse.size(); ++i) {
+      a.emplace_back(7 + i);
+      b.emplace_back(7 + i);
+    }
+    const auto from_sparse = OnTensors(sparse, views, Sampling(1.0f), a);
+    const auto from_dense = OnTensors(dense, views, Sampling(1.0f), b);
+    for (size_t i = 0; i < sparse.size(); ++i) {
+      ASSERT_TRUE(from_sparse[i].ok()) << from_sparse[i].status();
+      ASSERT_TRUE(from_dense[i].ok()) << from_dense[i].status();
+      EXPECT_EQ(from_sparse[i]->accepted_nodes, from_dense[i]->accepted_nodes) << i;
+      EXPECT_EQ(from_sparse[i]->bonus_token, from_dense[i]->bonus_token) << i;
+    }
+  }
+}
+
 TEST(TensorVerifierLosslessnessTest, EveryScenarioKeepsTheTargetDistribution) {
   struct Scenario {
     TreeBuilder build;
@@ -1190,7 +1332,9 @@ TEST(TensorVerifierLosslessnessTest, EveryScenarioKeepsTheTargetDistribution) {
       {SampledTree, Sampling(1.0f), "tensors: i.i.d. sampled tree (b)"},
       {TopKTree, Sampling(1.0f), "tensors: deterministic top-k tree (c)"},
       {MixedTree, Sampling(0.8f, 5, 0.9f), "tensors: mixed tree, T 0.8 k 5 p 0.9"},
-      {SampledChain, Sampling(0.8f, 5, 0.9f), "tensors: chain, T 0.8 k 5 p 0.9"}};
+      {SampledChain, Sampling(0.8f, 5, 0.9f), "tensors: chain, T 0.8 k 5 p 0.9"},
+      {SparseSampledChain, Sampling(1.0f), "tensors: top-3 sparse chain"},
+      {SparseSampledTree, Sampling(1.0f), "tensors: top-3 sparse tree"}};
   uint64_t seed = 21;
   for (const Scenario& s : scenarios) {
     const Fit fit = Goodness(s.build, s.sampling, BatchVerifier(OnTensors), seed++, s.label);

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -61,10 +62,10 @@ const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSection
      {"tls-cert", "tls-key", "tls-ca", "api-token-file", "peer-tls-cert", "peer-tls-key",
       "peer-tls-ca"}},
     {"drafter flags (--role drafter; target and all with local drafters)",
-     {"drafter", "drafter-model", "specformer-model", "specformer-tree", "parallelspec-model",
-      "parallelspec-static-tree", "specdec-model", "beagle-model", "beagle-depth", "beagle-top-k",
-      "beagle-total-tokens", "beagle-concat", "beagle-rank-temperature", "tree-width", "ngram-min",
-      "ngram-max"}},
+     {"drafter", "proposal-top-k", "drafter-model", "specformer-model", "specformer-tree",
+      "parallelspec-model", "parallelspec-static-tree", "specdec-model", "beagle-model",
+      "beagle-depth", "beagle-top-k", "beagle-total-tokens", "beagle-concat",
+      "beagle-rank-temperature", "tree-width", "ngram-min", "ngram-max"}},
 };
 
 struct ServeFlags {
@@ -83,6 +84,7 @@ struct ServeFlags {
   std::string drafter_address;
   double connect_timeout_s = 60;
   int64_t drafter_deadline_ms = target::DrafterConnection::kDefaultCallDeadline.count();
+  int64_t proposal_top_k = drafter::kDefaultProposalTopK;
   double target_step_deadline_s =
       router::RemoteTargetBackend::kDefaultStepDeadline.count() / 1000.0;
   int64_t max_prompt_bytes = router::kDefaultMaxPromptBytes;
@@ -105,6 +107,14 @@ Status CheckRole(const ServeFlags& f) {
   }
   if (f.role != "target" && !f.drafter_address.empty()) {
     return InvalidArgumentError("--drafter-address is for --role target");
+  }
+  if (f.role != "drafter" && f.proposal_top_k != drafter::kDefaultProposalTopK) {
+    return InvalidArgumentError(
+        "--proposal-top-k is for --role drafter (in-process drafters keep proposals dense)");
+  }
+  if (f.proposal_top_k < 0 || f.proposal_top_k > std::numeric_limits<int32_t>::max()) {
+    return InvalidArgumentError(
+        StrCat("--proposal-top-k must be >= 0 (0 = dense), got ", f.proposal_top_k));
   }
   if (f.drafter_deadline_ms < 1) {
     return InvalidArgumentError(
@@ -244,7 +254,8 @@ Status RunInternalService(ServeFlags& f) {
         drafter::DrafterServiceOptions{.vocab_size = static_cast<int32_t>(config.vocab_size),
                                        .hidden_size = static_cast<int32_t>(config.hidden_size),
                                        .dtype = f.model.dtype,
-                                       .context_length = config.max_position_embeddings},
+                                       .context_length = config.max_position_embeddings,
+                                       .proposal_top_k = static_cast<int32_t>(f.proposal_top_k)},
         drafter_metrics.get());
     service_name = v1::Drafter::service_full_name();
     what = StrCat("drafters ", Join(names));
@@ -411,6 +422,10 @@ int RunServe(const std::vector<std::string>& args) {
   flags.AddInt("drafter-deadline-ms", &f.drafter_deadline_ms,
                "target: deadline of each call to the drafter service; a late drafter costs only "
                "that step's speculation (counted in draft_errors)");
+  flags.AddInt("proposal-top-k", &f.proposal_top_k,
+               "drafter: sampled candidates are drawn from their proposal cut to its top k tokens "
+               "and sent with that sparse proposal (lossless; ~6 bytes per kept token instead of 4 "
+               "per vocabulary entry); 0 = dense");
   flags.AddDouble("target-step-deadline-s", &f.target_step_deadline_s,
                   "router: deadline of each engine step on the target; a hung target fails its "
                   "requests with DEADLINE_EXCEEDED");

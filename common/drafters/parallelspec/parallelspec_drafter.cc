@@ -243,7 +243,8 @@ StatusOr<std::vector<at::Tensor>> ParallelSpecDrafter::RowLogits(
 }
 
 StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::DraftAutoregressive(
-    const std::vector<State*>& states, const std::vector<int64_t>& depths) {
+    const std::vector<State*>& states, const std::vector<int64_t>& depths,
+    const std::vector<int32_t>& proposal_top_k) {
   BlockAllocator& alloc = kv_->allocator();
   const int64_t S = static_cast<int64_t>(states.size());
   std::vector<CandidateTree> trees(S);
@@ -279,8 +280,8 @@ StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::DraftAutoregressive(
         State& st = *states[s];
         const std::span<const float> row(logits.data_ptr<float>() + a * vocab,
                                          static_cast<size_t>(vocab));
-        drafted[s] =
-            AddChainNode(trees[s], static_cast<int32_t>(depth) - 2, row, st.sampling, st.rng);
+        drafted[s] = AddChainNode(trees[s], static_cast<int32_t>(depth) - 2, row, st.sampling,
+                                  st.rng, proposal_top_k[s]);
         if (depth < depths[s]) {
           next.push_back(s);
           rows.push_back(static_cast<int64_t>(a));
@@ -336,8 +337,10 @@ StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::Propose(
   if (work.empty()) return trees;
   if (options_.shape == ParallelSpecShape::kAutoregressive) {
     std::vector<int64_t> depths;
+    std::vector<int32_t> top_k;
     for (int64_t m : masks) depths.push_back(m + 1);
-    ASSIGN_OR_RETURN(std::vector<CandidateTree> chains, DraftAutoregressive(states, depths));
+    for (size_t i : work) top_k.push_back(requests[i].proposal_top_k);
+    ASSIGN_OR_RETURN(std::vector<CandidateTree> chains, DraftAutoregressive(states, depths, top_k));
     for (size_t w = 0; w < work.size(); ++w) trees[work[w]] = std::move(chains[w]);
     return trees;
   }
@@ -349,7 +352,7 @@ StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::Propose(
     const int32_t depth = static_cast<int32_t>(logits[w].size(0));
     switch (options_.shape) {
       case ParallelSpecShape::kChain:
-        trees[work[w]] = DraftMarginalChain(rows, depth, st.sampling, st.rng);
+        trees[work[w]] = DraftMarginalChain(rows, depth, st.sampling, st.rng, r.proposal_top_k);
         break;
       case ParallelSpecShape::kMarginalTree:
         trees[work[w]] = DraftMarginalTree(rows, depth, r.max_nodes, st.sampling);

@@ -116,9 +116,11 @@ class ParallelSpecDrafter : public Drafter {
   StatusOr<std::vector<at::Tensor>> RowLogits(const std::vector<State*>& states,
                                               const std::vector<int64_t>& masks);
   // kAutoregressive: a chain of depths[s] nodes per state, one batched single-row forward per
-  // depth; the drafted rows' keys/values sit in the cache only during the call.
-  StatusOr<std::vector<CandidateTree>> DraftAutoregressive(const std::vector<State*>& states,
-                                                           const std::vector<int64_t>& depths);
+  // depth; the drafted rows' keys/values sit in the cache only during the call. Sampled proposals
+  // are cut to proposal_top_k[s] tokens (0 = dense).
+  StatusOr<std::vector<CandidateTree>> DraftAutoregressive(
+      const std::vector<State*>& states, const std::vector<int64_t>& depths,
+      const std::vector<int32_t>& proposal_top_k);
 
   std::shared_ptr<ParallelSpecImpl> module_;
   std::shared_ptr<CausalLMImpl> target_module_;  // keeps the shared weights alive

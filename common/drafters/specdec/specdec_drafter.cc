@@ -219,7 +219,8 @@ StatusOr<std::vector<CandidateTree>> SpecDecDrafter::Propose(
     State& st = *states[w];
     const DepthLogits rows{logits.data_ptr<float>() + static_cast<int64_t>(w) * k * vocab, vocab};
     const int64_t depth = std::min<int64_t>({k, r.max_nodes, r.max_depth});
-    trees[work[w]] = DraftMarginalChain(rows, static_cast<int32_t>(depth), st.sampling, st.rng);
+    trees[work[w]] = DraftMarginalChain(rows, static_cast<int32_t>(depth), st.sampling, st.rng,
+                                        r.proposal_top_k);
   }
   return trees;
 }

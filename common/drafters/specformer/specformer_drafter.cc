@@ -133,13 +133,13 @@ Status SpecFormerDrafter::Observe(const std::vector<DrafterObservation>& observa
 }
 
 StatusOr<at::Tensor> SpecFormerDrafter::DraftLogits(const std::vector<State*>& states,
-                                                     int64_t slots) {
+                                                    int64_t slots) {
   try {
     c10::InferenceMode inference;
     std::vector<torch::Tensor> rows;
     for (State* st : states) rows.push_back(st->last);
     torch::Tensor c = torch::stack(rows, 0);  // [M, d]
-    torch::Tensor s = module_->Slots(c);       // [M, l_d, d]
+    torch::Tensor s = module_->Slots(c);      // [M, l_d, d]
     if (slots < s.size(1)) s = s.narrow(1, 0, slots).contiguous();
     return module_->Logits(s).to(torch::kFloat).to(torch::kCPU).contiguous();
   } catch (const c10::Error& e) {
@@ -173,7 +173,7 @@ StatusOr<std::vector<CandidateTree>> SpecFormerDrafter::Propose(
     const int32_t depth = static_cast<int32_t>(std::min<int64_t>(l, r.max_depth));
     trees[work[w]] = options_.tree ? DraftMarginalTree(slots, depth, r.max_nodes, st.sampling)
                                    : DraftMarginalChain(slots, std::min(depth, r.max_nodes),
-                                                        st.sampling, st.rng);
+                                                        st.sampling, st.rng, r.proposal_top_k);
   }
   return trees;
 }

@@ -1,0 +1,178 @@
+// The engine codec for candidate trees (drafter.proto): sparse and dense proposal distributions
+// round-trip exactly, a malformed one from a peer is INVALID_ARGUMENT naming the field, and the
+// sparse form is what makes a sampled node cheap on the wire.
+#include "services/common/engine_codec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/spec/proposal.h"
+
+namespace specula::services {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+std::vector<int32_t> Ids(const CandidateTree& t, int32_t j) {
+  return {t.distribution_ids(j).begin(), t.distribution_ids(j).end()};
+}
+std::vector<float> Values(const CandidateTree& t, int32_t j) {
+  return {t.distribution(j).begin(), t.distribution(j).end()};
+}
+
+TEST(EngineCodecTest, SparseAndDenseDistributionsRoundTrip) {
+  CandidateTree tree;
+  const int32_t dense = tree.AddDistribution({0.1f, 0.2f, 0.3f, 0.4f, 0.0f});
+  const int32_t sparse = tree.AddSparseDistribution({1, 4}, {0.25f, 0.75f});
+  tree.AddNode(-1, 4, 0.75f, sparse);
+  tree.AddNode(0, 2, 0.3f, dense);
+  tree.AddNode(0, 0, 0.5f);
+  v1::CandidateTree m;
+  ASSERT_TRUE(ToProto(tree, &m).ok());
+  EXPECT_EQ(m.distributions_size(), 0) << "the old dense tensors are never written";
+  ASSERT_EQ(m.proposal_distributions_size(), 2);
+  EXPECT_THAT(m.proposal_distributions(0).ids(), IsEmpty());
+  EXPECT_THAT(m.proposal_distributions(1).ids(), ElementsAre(1, 4));
+
+  auto back = FromProto(m, 5, "tree");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE(back->Validate(5, 10, 10).ok()) << back->Validate(5, 10, 10);
+  EXPECT_EQ(back->tokens(), tree.tokens());
+  EXPECT_EQ(back->parents(), tree.parents());
+  ASSERT_EQ(back->num_distributions(), 2);
+  EXPECT_THAT(Ids(*back, 0), IsEmpty());
+  EXPECT_THAT(Values(*back, 0), ElementsAre(0.1f, 0.2f, 0.3f, 0.4f, 0.0f));
+  EXPECT_THAT(Ids(*back, 1), ElementsAre(1, 4));
+  EXPECT_THAT(Values(*back, 1), ElementsAre(0.25f, 0.75f));
+  for (int32_t i = 0; i < tree.size(); ++i) {
+    EXPECT_EQ(back->proposal(i), tree.proposal(i));
+    EXPECT_EQ(back->draft_prob(i), tree.draft_prob(i));
+  }
+}
+
+TEST(EngineCodecTest, OldDenseTensorsAreStillRead) {
+  v1::CandidateTree m;
+  m.add_tokens(1);
+  m.add_parents(-1);
+  m.add_draft_probs(0.5f);
+  m.add_proposals(0);
+  const std::vector<float> q = {0.5f, 0.5f, 0.0f};
+  v1::Tensor* t = m.add_distributions();
+  t->set_dtype(v1::DTYPE_FLOAT32);
+  t->add_shape(3);
+  t->set_data(q.data(), q.size() * sizeof(float));
+  auto back = FromProto(m, 3, "tree");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->num_distributions(), 1);
+  EXPECT_THAT(Ids(*back, 0), IsEmpty());
+  EXPECT_THAT(Values(*back, 0), ElementsAreArray(q));
+  EXPECT_TRUE(back->Validate(3, 1, 1).ok());
+
+  // Both forms at once is ambiguous.
+  m.add_proposal_distributions()->add_probs(1.0f);
+  auto both = FromProto(m, 3, "tree");
+  EXPECT_EQ(both.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(both.status().message(),
+              HasSubstr("tree: both distributions (1) and proposal_distributions (1) are set"));
+}
+
+TEST(EngineCodecTest, MalformedProposalDistributionsAreInvalidArgumentNamingTheField) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    std::vector<int32_t> ids;
+    std::vector<float> probs;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{1, 2}, {0.5f}, "t.proposal_distributions[1]: 2 ids but 1 probs"},
+           {{}, {0.5f, 0.5f}, "t.proposal_distributions[1].probs: 2 entries with no ids"},
+           {{1, 8},
+            {0.5f, 0.5f},
+            "t.proposal_distributions[1].ids[1] = 8 is outside the vocabulary [0, 8)"},
+           {{-3}, {1.0f}, "t.proposal_distributions[1].ids[0] = -3 is outside"},
+           {{2, 2}, {0.5f, 0.5f}, "t.proposal_distributions[1].ids[1] = 2 repeats"},
+           {{4, 2}, {0.5f, 0.5f}, "t.proposal_distributions[1].ids[1] = 2 is out of order"},
+           {{1, 2},
+            {0.5f, -0.5f},
+            "t.proposal_distributions[1].probs[1] = -0.5 is not a probability"},
+           {{1, 2}, {nan, 0.5f}, "t.proposal_distributions[1].probs[0] = nan"},
+           {{1, 2}, {0.5f, inf}, "t.proposal_distributions[1].probs[1] = inf"},
+           {{1, 2},
+            {1.5f, 0.5f},
+            "t.proposal_distributions[1].probs[0] = 1.5 is not a probability "
+            "(in [0, 1])"},
+           {{1, 2}, {0.0f, 0.0f}, "t.proposal_distributions[1].probs sum to 0"},
+           {{}, std::vector<float>(8, 0.0f), "t.proposal_distributions[1].probs sum to 0"},
+           {{},
+            {0.5f, 0.5f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, -1.0f},
+            "t.proposal_distributions[1].probs[7] = -1 is not a probability (finite and >= 0)"},
+       }) {
+    v1::CandidateTree m;
+    m.add_tokens(1);
+    m.add_parents(-1);
+    m.add_draft_probs(0.5f);
+    m.add_proposals(0);
+    v1::ProposalDistribution* good = m.add_proposal_distributions();
+    good->add_ids(1);
+    good->add_probs(1.0f);
+    v1::ProposalDistribution* bad = m.add_proposal_distributions();
+    bad->mutable_ids()->Assign(c.ids.begin(), c.ids.end());
+    bad->mutable_probs()->Assign(c.probs.begin(), c.probs.end());
+    auto out = FromProto(m, 8, "t");
+    EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument) << c.message;
+    EXPECT_THAT(out.status().message(), HasSubstr(c.message));
+  }
+}
+
+// Bytes of one sampled node's proposal on the wire, dense (the old float32 tensor and the dense
+// ProposalDistribution) against top-k sparse, for the bundled models' vocabulary (4096) and a
+// Llama-3-sized one. Printed for docs/BENCHMARKS.md.
+TEST(EngineCodecTest, TopKSparseProposalsAreSmallOnTheWire) {
+  for (const int32_t vocab : {4096, 128256}) {
+    // Probabilities decaying with a rank that scatters the likeliest tokens over the vocabulary
+    // (7919 is prime to both sizes), so ids take their realistic varint sizes.
+    std::vector<float> p(static_cast<size_t>(vocab));
+    double total = 0.0;
+    for (int32_t v = 0; v < vocab; ++v) {
+      const int64_t rank = (int64_t{v} * 7919) % vocab;
+      total += p[v] = static_cast<float>(std::exp(-0.01 * static_cast<double>(rank)));
+    }
+    for (float& x : p) x = static_cast<float>(x / total);
+    auto node_bytes = [&](int32_t k) {
+      CandidateTree tree;
+      SequenceRng rng(1);
+      AddSampledNode(tree, -1, p, k, rng);
+      v1::CandidateTree m;
+      EXPECT_TRUE(ToProto(tree, &m).ok());
+      return static_cast<int64_t>(m.ByteSizeLong());
+    };
+    v1::Tensor old;
+    old.set_dtype(v1::DTYPE_FLOAT32);
+    old.add_shape(vocab);
+    old.set_data(p.data(), p.size() * sizeof(float));
+    const int64_t old_bytes = static_cast<int64_t>(old.ByteSizeLong());
+    const int64_t dense = node_bytes(0), k64 = node_bytes(64), k16 = node_bytes(16);
+    std::printf(
+        "[ wire bytes ] vocab %6d: sampled node dense %7lld (old Tensor %7lld), top-64 %5lld, "
+        "top-16 %5lld\n",
+        vocab, static_cast<long long>(dense), static_cast<long long>(old_bytes),
+        static_cast<long long>(k64), static_cast<long long>(k16));
+    EXPECT_GT(dense, int64_t{4} * vocab);
+    EXPECT_LT(k64, 64 * 8 + 32);  // 4 bytes a prob, at most 3 a varint id, small framing
+    EXPECT_LT(k16, k64);
+  }
+}
+
+}  // namespace
+}  // namespace specula::services
