@@ -262,7 +262,7 @@ int32_t SpecEngine::num_running() const {
 
 int32_t SpecEngine::num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
 
-void SpecEngine::Finish(Sequence& s, const std::string& reason, Status error, StepReport* report) {
+void SpecEngine::Finish(Sequence& s, FinishReason reason, Status error, StepReport* report) {
   // Only an admitted sequence was added to the target: a failed AddSequence (the id in use) must
   // not release someone else's cache.
   if (s.running && target_->HasSequence(s.seq)) (void)target_->ReleaseSequence(s.seq);
@@ -300,7 +300,7 @@ void SpecEngine::AdmitWaiting(StepReport* report) {
     if (reserved_blocks_ + s.reserved_blocks > num_blocks) break;  // FIFO: no overtaking
     Status added = target_->AddSequence(s.seq);
     if (!added.ok()) {
-      Finish(s, "error", added, report);
+      Finish(s, FinishReason::kError, added, report);  // leaves the queue; the next one may fit
       continue;
     }
     s.running = true;
@@ -363,7 +363,7 @@ StatusOr<StepReport> SpecEngine::Step() {
     for (auto& [id, s] : sequences_) {
       if (s->running) running.push_back(s.get());
     }
-    for (Sequence* s : running) Finish(*s, "error", error, &report);
+    for (Sequence* s : running) Finish(*s, FinishReason::kError, error, &report);
   }
   return report;
 }
@@ -422,7 +422,7 @@ std::vector<SpecEngine::Sequence*> SpecEngine::PlanChunks(
 void SpecEngine::FinishCancelled(StepReport* report) {
   for (RequestId id : cancelled_) {
     auto it = sequences_.find(id);
-    if (it != sequences_.end()) Finish(*it->second, "cancelled", OkStatus(), report);
+    if (it != sequences_.end()) Finish(*it->second, FinishReason::kCancelled, OkStatus(), report);
   }
   cancelled_.clear();
 }
@@ -667,7 +667,7 @@ std::vector<SpecEngine::ForwardGroup> SpecEngine::ForwardIsolating(std::vector<S
       if (!(*it)->tree.empty()) {
         DropDraft(**it, error);
       } else {
-        Finish(**it, "error", error, report);
+        Finish(**it, FinishReason::kError, error, report);
         members.erase(it);
       }
       continue;
@@ -683,7 +683,7 @@ std::vector<SpecEngine::ForwardGroup> SpecEngine::ForwardIsolating(std::vector<S
     }
     if (dropped) continue;
     if (members.size() == 1) {
-      Finish(*members[0], "error", error, report);
+      Finish(*members[0], FinishReason::kError, error, report);
       return groups;
     }
     for (Sequence* s : members) {
@@ -754,7 +754,7 @@ void SpecEngine::CommitGroup(ForwardGroup& group, StepReport* report) {
     return OkStatus();
   });
   if (!copied.ok()) {
-    for (Sequence* s : group.members) Finish(*s, "error", copied, report);
+    for (Sequence* s : group.members) Finish(*s, FinishReason::kError, copied, report);
     return;
   }
   const int64_t vocab = group.out.logits.size(1);
@@ -769,7 +769,7 @@ void SpecEngine::CommitGroup(ForwardGroup& group, StepReport* report) {
     if (committed.ok()) continue;
     auto it = sequences_.find(id);
     if (it == sequences_.end()) continue;
-    Finish(*it->second, "error", committed, report);
+    Finish(*it->second, FinishReason::kError, committed, report);
   }
   FlushCommits(group, report);
 }
@@ -792,7 +792,7 @@ void SpecEngine::FlushCommits(ForwardGroup& group, StepReport* report) {
       return target_->KeepOnly(commits[i].seq, commits[i].start, commits[i].offsets);
     });
     if (one.ok()) continue;
-    Finish(*owners[i], "error", one.WithContext("KV commit"), report);
+    Finish(*owners[i], FinishReason::kError, one.WithContext("KV commit"), report);
   }
 }
 
@@ -807,20 +807,20 @@ void SpecEngine::CommitSequence(ForwardGroup& group, size_t b, const float* rows
   } else {
     Status accepted = AcceptTree(group, b, rows, vocab, &emitted, &hidden_rows);
     if (!accepted.ok()) {
-      Finish(s, "error", accepted, report);
+      Finish(s, FinishReason::kError, accepted, report);
       return;
     }
   }
-  const std::string reason = ApplyStops(s, &emitted);
+  const std::optional<FinishReason> reason = ApplyStops(s, &emitted);
   RequestUpdate update{.id = s.id, .new_tokens = emitted, .stats = s.stats};
   if (!was_prefill && !s.tree.empty()) {
     update.draft_nodes = s.tree.size();
     update.draft_depth = s.tree.max_depth();
     update.draft_accepted = s.accepted;
   }
-  if (!reason.empty()) {
+  if (reason) {
     report->updates.push_back(std::move(update));
-    Finish(s, reason, OkStatus(), report);
+    Finish(s, *reason, OkStatus(), report);
     return;
   }
   if (s.drafter) QueueObservation(group, b, was_prefill, emitted, hidden_rows);
@@ -891,20 +891,20 @@ Status SpecEngine::AcceptTree(ForwardGroup& group, size_t b, const float* rows, 
   return OkStatus();
 }
 
-std::string SpecEngine::ApplyStops(Sequence& s, std::vector<int32_t>* emitted) {
+std::optional<FinishReason> SpecEngine::ApplyStops(Sequence& s, std::vector<int32_t>* emitted) {
   // Stop conditions apply token by token: nothing after a stop token or past max_new_tokens.
   const GenerationRequest& g = s.request.generation;
-  std::string reason;
+  std::optional<FinishReason> reason;
   size_t keep = 0;
   for (; keep < emitted->size(); ++keep) {
     const int32_t t = (*emitted)[keep];
     s.generated.push_back(t);
     if (std::find(g.stop_token_ids.begin(), g.stop_token_ids.end(), t) != g.stop_token_ids.end()) {
-      reason = "stop";
+      reason = FinishReason::kStop;
     } else if (static_cast<int64_t>(s.generated.size()) >= g.max_new_tokens) {
-      reason = "length";
+      reason = FinishReason::kLength;
     }
-    if (!reason.empty()) {
+    if (reason) {
       ++keep;
       break;
     }

@@ -398,7 +398,7 @@ void EngineLoop::ProcessStep() {
       a.last_delivery = now;
     }
     if (!a.stops.matched() && u.finished &&
-        (u.finish_reason == "stop" || u.finish_reason == "length")) {
+        (u.finish_reason == FinishReason::kStop || u.finish_reason == FinishReason::kLength)) {
       event.text += a.stops.Push(a.decoder.Flush());
       if (!a.stops.matched()) event.text += a.stops.Flush();
     }
@@ -419,20 +419,24 @@ void EngineLoop::ProcessStep() {
       if (!event.token_ids.empty() || !event.text.empty()) a.channel->Push(std::move(event));
       continue;
     }
-    if (u.finish_reason == "stop") {
-      event.finish_reason = FinishReason::kStop;
-    } else if (u.finish_reason == "length") {
-      event.finish_reason = FinishReason::kLength;
-    } else if (u.finish_reason == "cancelled") {
-      event.finish_reason = FinishReason::kCancelled;
-      event.status =
-          a.cancel_status.ok() ? CancelledError("the request was cancelled") : a.cancel_status;
-    } else {
-      event.finish_reason = FinishReason::kError;
-      event.status =
-          u.error.ok()
-              ? InternalError(StrCat("the engine ended the request with '", u.finish_reason, "'"))
-              : u.error;
+    switch (u.finish_reason) {
+      case FinishReason::kStop:
+      case FinishReason::kLength:
+        event.finish_reason = u.finish_reason;
+        break;
+      case FinishReason::kCancelled:
+        event.finish_reason = FinishReason::kCancelled;
+        event.status =
+            a.cancel_status.ok() ? CancelledError("the request was cancelled") : a.cancel_status;
+        break;
+      case FinishReason::kError:
+      case FinishReason::kStopString:  // stop strings are the router's; the engine never ends one
+        event.finish_reason = FinishReason::kError;
+        event.status =
+            u.error.ok()
+                ? InternalError(StrCat("the engine ended the request with '", u.finish_reason, "'"))
+                : u.error;
+        break;
     }
     Deliver(a, std::move(event));
     Erase(u.id);
