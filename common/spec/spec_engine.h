@@ -19,6 +19,7 @@
 #include "common/engine/plain_decoder.h"
 #include "common/model/model_runner.h"
 #include "common/spec/budget_planner.h"
+#include "common/spec/capacity_scheduler.h"
 #include "common/spec/drafter.h"
 #include "common/spec/step_contract.h"
 #include "common/spec/verifier.h"
@@ -151,10 +152,9 @@ class SpecEngine {
   SpecEngineOptions options_;
   std::map<std::string, std::unique_ptr<Drafter>> drafters_;
   std::map<RequestId, std::unique_ptr<Sequence>> sequences_;  // waiting and running
-  std::vector<RequestId> waiting_;                            // FIFO
+  CapacityScheduler capacity_;  // the waiting queue (FIFO), the running batch, their KV blocks
   std::vector<RequestId> cancelled_;
   RequestId next_id_ = 1;
-  int64_t reserved_blocks_ = 0;
   std::map<const Drafter*, int64_t> drafter_blocks_;  // reserved in each drafter's cache
 };
 
