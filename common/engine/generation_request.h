@@ -3,9 +3,9 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
+#include "common/engine/finish_reason.h"
 #include "common/sampling/sampler.h"
 
 namespace specula {
@@ -19,7 +19,7 @@ struct GenerationRequest {
 
 struct GenerationResult {
   std::vector<int32_t> tokens;  // generated tokens (including a final stop token)
-  std::string finish_reason;    // "stop" or "length"
+  FinishReason finish_reason = FinishReason::kLength;  // kStop or kLength
 };
 
 }  // namespace specula

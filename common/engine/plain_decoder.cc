@@ -83,10 +83,10 @@ StatusOr<std::vector<GenerationResult>> DecodeBatch(ModelRunner& runner,
       if (on_token) on_token(i, token);
       const auto& stops = requests[i].stop_token_ids;
       if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
-        results[i].finish_reason = "stop";
+        results[i].finish_reason = FinishReason::kStop;
         running[i] = false;
       } else if (static_cast<int64_t>(results[i].tokens.size()) >= requests[i].max_new_tokens) {
-        results[i].finish_reason = "length";
+        results[i].finish_reason = FinishReason::kLength;
         running[i] = false;
       }
     }

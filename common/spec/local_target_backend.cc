@@ -52,7 +52,7 @@ StatusOr<StepOutcome> LocalTargetBackend::Step(const StepPlan& plan) {
     if (!engine_id.ok()) {
       refused.push_back({.id = a.id,
                          .finished = true,
-                         .finish_reason = "error",
+                         .finish_reason = FinishReason::kError,
                          .error = engine_id.status().WithContext(StrCat("request ", a.id))});
       continue;
     }

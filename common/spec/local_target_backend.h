@@ -22,9 +22,9 @@ class LocalTargetBackend : public TargetBackend {
   const ModelRunner& target() const { return *target_; }
 
   TargetInfo info() const override;
-  // Cancels first, then admissions (a refused one finishes in the report with "error"), then
-  // budgets, then one SpecEngine::Step. INVALID_ARGUMENT (nothing run) if the plan admits an id
-  // the backend already holds or names the same id twice.
+  // Cancels first, then admissions (a refused one finishes in the report with
+  // FinishReason::kError), then budgets, then one SpecEngine::Step. INVALID_ARGUMENT (nothing run)
+  // if the plan admits an id the backend already holds or names the same id twice.
   StatusOr<StepOutcome> Step(const StepPlan& plan) override;
 
   // Cancels every request and runs steps until their KV blocks are freed (a router that went

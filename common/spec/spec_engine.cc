@@ -120,8 +120,7 @@ struct SpecEngine::Sequence {
   std::vector<int32_t> generated;
   Drafter* drafter = nullptr;  // null: no speculation (off, or the drafter failed)
   int64_t drafter_blocks = 0;  // reserved in the drafter's cache (Drafter::capacity)
-  int64_t reserved_blocks = 0;
-  int32_t draft_budget = 0;  // tree nodes per step (the step plan's budget)
+  int32_t draft_budget = 0;    // tree nodes per step (the step plan's budget)
   SpecRequestStats stats;
   // This step's draft, and what verification kept of it.
   CandidateTree tree;
@@ -149,7 +148,12 @@ StatusOr<VerifyPlacement> ParseVerifyPlacement(const std::string& name) {
 }
 
 SpecEngine::SpecEngine(ModelRunner* target, SpecEngineOptions options)
-    : target_(target), options_(options) {
+    : target_(target),
+      options_(options),
+      capacity_({.max_batch_size = options.max_batch_size,
+                 .kv_cache_blocks = target->kv_stats().num_blocks,
+                 .kv_block_size = target->kv_stats().block_size,
+                 .context_length = target->config().max_position_embeddings}) {
   options_.max_step_tokens = std::max<int64_t>(options_.max_step_tokens, 1);
 }
 
@@ -203,16 +207,7 @@ Status SpecEngine::Validate(const SpecRequest& r) const {
                                        known.empty() ? "" : ", ", known, ")"));
   }
   RETURN_IF_ERROR(spec.verify.Validate());
-  const int64_t need = KvBlocksReserved(r, target_->kv_stats().block_size,
-                                        target_->config().max_position_embeddings);
-  const int64_t have = target_->kv_stats().num_blocks;
-  if (need > have) {
-    return ResourceExhaustedError(StrCat("the request needs ", need,
-                                         " KV blocks (prompt + max_new_tokens + draft) but the "
-                                         "cache has ",
-                                         have));
-  }
-  return OkStatus();
+  return capacity_.CheckFits(r);
 }
 
 StatusOr<RequestId> SpecEngine::Submit(SpecRequest request) {
@@ -223,12 +218,10 @@ StatusOr<RequestId> SpecEngine::Submit(SpecRequest request) {
   s->rng = SequenceRng(request.generation.sampling.seed);
   s->stats.lossy = request.speculation.enabled() && request.speculation.verify.lossy();
   s->request = std::move(request);
-  s->reserved_blocks = KvBlocksReserved(s->request, target_->kv_stats().block_size,
-                                        target_->config().max_position_embeddings);
   s->draft_budget = s->request.speculation.enabled() ? s->request.speculation.max_draft_tokens : 0;
   const RequestId id = s->id;
+  RETURN_IF_ERROR(capacity_.Enqueue(id, s->request));
   sequences_[id] = std::move(s);
-  waiting_.push_back(id);
   return id;
 }
 
@@ -254,21 +247,17 @@ Status SpecEngine::SetDraftBudget(RequestId id, int32_t max_draft_tokens) {
 
 bool SpecEngine::HasWork() const { return !sequences_.empty(); }
 
-int32_t SpecEngine::num_running() const {
-  int32_t n = 0;
-  for (const auto& [id, s] : sequences_) n += s->running;
-  return n;
-}
+int32_t SpecEngine::num_running() const { return capacity_.num_running(); }
 
-int32_t SpecEngine::num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+int32_t SpecEngine::num_waiting() const { return capacity_.num_waiting(); }
 
-void SpecEngine::Finish(Sequence& s, const std::string& reason, Status error, StepReport* report) {
+void SpecEngine::Finish(Sequence& s, FinishReason reason, Status error, StepReport* report) {
   // Only an admitted sequence was added to the target: a failed AddSequence (the id in use) must
   // not release someone else's cache.
   if (s.running && target_->HasSequence(s.seq)) (void)target_->ReleaseSequence(s.seq);
   ReleaseDrafter(s);
-  if (s.running) reserved_blocks_ -= s.reserved_blocks;
-  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), s.id), waiting_.end());
+  // Every sequence is waiting or running in the scheduler until here, so this cannot fail.
+  (void)capacity_.Release(s.id);
   // The last update for this request carries the finish; tokens of this step are already in it.
   RequestUpdate* update = nullptr;
   for (auto& u : report->updates) {
@@ -286,27 +275,18 @@ void SpecEngine::Finish(Sequence& s, const std::string& reason, Status error, St
 }
 
 void SpecEngine::AdmitWaiting(StepReport* report) {
-  // Admission needs batch room and the request's worst-case KV blocks only: prompts are prefilled
-  // in chunks within the step's token budget (PlanChunks), so a long prompt never has to wait
-  // for a step of its own.
-  const int64_t num_blocks = target_->kv_stats().num_blocks;
-  int32_t running = num_running();
-  std::vector<RequestId> admitted;
-  // A copy: Finish removes a failed request from waiting_ while we walk the queue.
-  const std::vector<RequestId> queue = waiting_;
-  for (RequestId id : queue) {
-    Sequence& s = *sequences_.at(id);
-    if (running >= options_.max_batch_size) break;
-    if (reserved_blocks_ + s.reserved_blocks > num_blocks) break;  // FIFO: no overtaking
+  // Admission needs batch room and the request's worst-case KV blocks only (CapacityScheduler,
+  // FIFO without overtaking): prompts are prefilled in chunks within the step's token budget
+  // (PlanChunks), so a long prompt never has to wait for a step of its own.
+  while (const std::optional<RequestId> id = capacity_.NextAdmissible()) {
+    Sequence& s = *sequences_.at(*id);
     Status added = target_->AddSequence(s.seq);
     if (!added.ok()) {
-      Finish(s, "error", added, report);
+      Finish(s, FinishReason::kError, added, report);  // leaves the queue; the next one may fit
       continue;
     }
+    (void)capacity_.Admit(*id);  // cannot fail: the admissible head
     s.running = true;
-    reserved_blocks_ += s.reserved_blocks;
-    ++running;
-    admitted.push_back(id);
     if (s.request.speculation.enabled()) {
       Status st = AttachDrafter(s, drafters_.at(s.request.speculation.drafter).get());
       if (!st.ok()) {  // the request runs without speculation
@@ -314,9 +294,6 @@ void SpecEngine::AdmitWaiting(StepReport* report) {
         s.stats.last_draft_error = st.ToString();
       }
     }
-  }
-  for (RequestId id : admitted) {
-    waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
   }
 }
 
@@ -363,7 +340,7 @@ StatusOr<StepReport> SpecEngine::Step() {
     for (auto& [id, s] : sequences_) {
       if (s->running) running.push_back(s.get());
     }
-    for (Sequence* s : running) Finish(*s, "error", error, &report);
+    for (Sequence* s : running) Finish(*s, FinishReason::kError, error, &report);
   }
   return report;
 }
@@ -422,7 +399,7 @@ std::vector<SpecEngine::Sequence*> SpecEngine::PlanChunks(
 void SpecEngine::FinishCancelled(StepReport* report) {
   for (RequestId id : cancelled_) {
     auto it = sequences_.find(id);
-    if (it != sequences_.end()) Finish(*it->second, "cancelled", OkStatus(), report);
+    if (it != sequences_.end()) Finish(*it->second, FinishReason::kCancelled, OkStatus(), report);
   }
   cancelled_.clear();
 }
@@ -667,7 +644,7 @@ std::vector<SpecEngine::ForwardGroup> SpecEngine::ForwardIsolating(std::vector<S
       if (!(*it)->tree.empty()) {
         DropDraft(**it, error);
       } else {
-        Finish(**it, "error", error, report);
+        Finish(**it, FinishReason::kError, error, report);
         members.erase(it);
       }
       continue;
@@ -683,7 +660,7 @@ std::vector<SpecEngine::ForwardGroup> SpecEngine::ForwardIsolating(std::vector<S
     }
     if (dropped) continue;
     if (members.size() == 1) {
-      Finish(*members[0], "error", error, report);
+      Finish(*members[0], FinishReason::kError, error, report);
       return groups;
     }
     for (Sequence* s : members) {
@@ -754,7 +731,7 @@ void SpecEngine::CommitGroup(ForwardGroup& group, StepReport* report) {
     return OkStatus();
   });
   if (!copied.ok()) {
-    for (Sequence* s : group.members) Finish(*s, "error", copied, report);
+    for (Sequence* s : group.members) Finish(*s, FinishReason::kError, copied, report);
     return;
   }
   const int64_t vocab = group.out.logits.size(1);
@@ -769,7 +746,7 @@ void SpecEngine::CommitGroup(ForwardGroup& group, StepReport* report) {
     if (committed.ok()) continue;
     auto it = sequences_.find(id);
     if (it == sequences_.end()) continue;
-    Finish(*it->second, "error", committed, report);
+    Finish(*it->second, FinishReason::kError, committed, report);
   }
   FlushCommits(group, report);
 }
@@ -792,7 +769,7 @@ void SpecEngine::FlushCommits(ForwardGroup& group, StepReport* report) {
       return target_->KeepOnly(commits[i].seq, commits[i].start, commits[i].offsets);
     });
     if (one.ok()) continue;
-    Finish(*owners[i], "error", one.WithContext("KV commit"), report);
+    Finish(*owners[i], FinishReason::kError, one.WithContext("KV commit"), report);
   }
 }
 
@@ -807,20 +784,20 @@ void SpecEngine::CommitSequence(ForwardGroup& group, size_t b, const float* rows
   } else {
     Status accepted = AcceptTree(group, b, rows, vocab, &emitted, &hidden_rows);
     if (!accepted.ok()) {
-      Finish(s, "error", accepted, report);
+      Finish(s, FinishReason::kError, accepted, report);
       return;
     }
   }
-  const std::string reason = ApplyStops(s, &emitted);
+  const std::optional<FinishReason> reason = ApplyStops(s, &emitted);
   RequestUpdate update{.id = s.id, .new_tokens = emitted, .stats = s.stats};
   if (!was_prefill && !s.tree.empty()) {
     update.draft_nodes = s.tree.size();
     update.draft_depth = s.tree.max_depth();
     update.draft_accepted = s.accepted;
   }
-  if (!reason.empty()) {
+  if (reason) {
     report->updates.push_back(std::move(update));
-    Finish(s, reason, OkStatus(), report);
+    Finish(s, *reason, OkStatus(), report);
     return;
   }
   if (s.drafter) QueueObservation(group, b, was_prefill, emitted, hidden_rows);
@@ -891,20 +868,20 @@ Status SpecEngine::AcceptTree(ForwardGroup& group, size_t b, const float* rows, 
   return OkStatus();
 }
 
-std::string SpecEngine::ApplyStops(Sequence& s, std::vector<int32_t>* emitted) {
+std::optional<FinishReason> SpecEngine::ApplyStops(Sequence& s, std::vector<int32_t>* emitted) {
   // Stop conditions apply token by token: nothing after a stop token or past max_new_tokens.
   const GenerationRequest& g = s.request.generation;
-  std::string reason;
+  std::optional<FinishReason> reason;
   size_t keep = 0;
   for (; keep < emitted->size(); ++keep) {
     const int32_t t = (*emitted)[keep];
     s.generated.push_back(t);
     if (std::find(g.stop_token_ids.begin(), g.stop_token_ids.end(), t) != g.stop_token_ids.end()) {
-      reason = "stop";
+      reason = FinishReason::kStop;
     } else if (static_cast<int64_t>(s.generated.size()) >= g.max_new_tokens) {
-      reason = "length";
+      reason = FinishReason::kLength;
     }
-    if (!reason.empty()) {
+    if (reason) {
       ++keep;
       break;
     }

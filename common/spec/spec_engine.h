@@ -12,12 +12,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/engine/plain_decoder.h"
 #include "common/model/model_runner.h"
 #include "common/spec/budget_planner.h"
+#include "common/spec/capacity_scheduler.h"
 #include "common/spec/drafter.h"
 #include "common/spec/step_contract.h"
 #include "common/spec/verifier.h"
@@ -71,7 +73,7 @@ class SpecEngine {
   Status Validate(const SpecRequest& request) const;
   // Validates and queues the request.
   StatusOr<RequestId> Submit(SpecRequest request);
-  // Finishes the request with reason "cancelled" in the next report and frees its KV blocks.
+  // Finishes the request with FinishReason::kCancelled in the next report and frees its KV blocks.
   // NOT_FOUND if unknown or already finished.
   Status Cancel(RequestId id);
   // The step plan's per-sequence draft budget: tree nodes for the request's next steps, clamped to
@@ -84,9 +86,9 @@ class SpecEngine {
   // batch is retried per sequence, so only the failing ones lose their drafts. A request whose
   // worst case does not fit its drafter's cache (Drafter::capacity) runs without speculation. A
   // target forward that fails because of one sequence drops that sequence's draft (or ends that
-  // request with reason "error") and runs again without it; an unattributable failure drops the
-  // drafts, then runs each sequence alone. Exceptions (LibTorch, bad_alloc) become a Status of the
-  // requests affected.
+  // request with FinishReason::kError) and runs again without it; an unattributable failure drops
+  // the drafts, then runs each sequence alone. Exceptions (LibTorch, bad_alloc) become a Status of
+  // the requests affected.
   StatusOr<StepReport> Step();
 
   bool HasWork() const;
@@ -127,8 +129,8 @@ class SpecEngine {
                           std::vector<int32_t>* emitted);
   Status AcceptTree(ForwardGroup& group, size_t b, const float* rows, int64_t vocab,
                     std::vector<int32_t>* emitted, std::vector<int64_t>* hidden_rows);
-  // Appends the emitted tokens up to the first stop; returns "stop", "length" or "".
-  std::string ApplyStops(Sequence& s, std::vector<int32_t>* emitted);
+  // Appends the emitted tokens up to the first stop; returns kStop, kLength or nothing.
+  std::optional<FinishReason> ApplyStops(Sequence& s, std::vector<int32_t>* emitted);
   // Appends the committed tokens (and their hidden states) to what the drafter has not observed.
   void QueueObservation(const ForwardGroup& group, size_t b, bool was_prefill,
                         const std::vector<int32_t>& emitted,
@@ -144,16 +146,15 @@ class SpecEngine {
   // Speculation off for the rest of the request (its drafter's state is released).
   void Detach(Sequence& s);
   void DropDraft(Sequence& s, const Status& error);
-  void Finish(Sequence& s, const std::string& reason, Status error, StepReport* report);
+  void Finish(Sequence& s, FinishReason reason, Status error, StepReport* report);
 
   ModelRunner* target_;
   SpecEngineOptions options_;
   std::map<std::string, std::unique_ptr<Drafter>> drafters_;
   std::map<RequestId, std::unique_ptr<Sequence>> sequences_;  // waiting and running
-  std::vector<RequestId> waiting_;                            // FIFO
+  CapacityScheduler capacity_;  // the waiting queue (FIFO), the running batch, their KV blocks
   std::vector<RequestId> cancelled_;
   RequestId next_id_ = 1;
-  int64_t reserved_blocks_ = 0;
   std::map<const Drafter*, int64_t> drafter_blocks_;  // reserved in each drafter's cache
 };
 

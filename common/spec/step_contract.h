@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/engine/finish_reason.h"
 #include "common/engine/generation_request.h"
 #include "common/spec/draft_budget.h"
 #include "common/spec/verifier.h"
@@ -55,9 +56,10 @@ struct RequestUpdate {
   RequestId id = 0;
   std::vector<int32_t> new_tokens;  // generated this step (after stop/length truncation)
   bool finished = false;
-  std::string finish_reason;  // "stop", "length", "cancelled", "error"
-  Status error;               // set when finish_reason is "error"
-  SpecRequestStats stats;     // running totals
+  // When finished: kStop, kLength, kCancelled or kError (the engine never sees stop strings).
+  FinishReason finish_reason = FinishReason::kLength;
+  Status error;            // set when finish_reason is kError
+  SpecRequestStats stats;  // running totals
   // This step's draft: tree nodes verified, the tree's depth, nodes accepted (0s: no draft).
   int32_t draft_nodes = 0;
   int32_t draft_depth = 0;

@@ -21,7 +21,7 @@ class TargetBackend {
 
   virtual TargetInfo info() const = 0;
   // Runs one step. A request the target refuses (e.g. a drafter it does not have) finishes in
-  // the report with reason "error". A non-OK status means the step did not run: the target is
+  // the report with FinishReason::kError. A non-OK status means the step did not run: the target is
   // unreachable (UNAVAILABLE) or broken, and every request it held is lost.
   virtual StatusOr<StepOutcome> Step(const StepPlan& plan) = 0;
 };

@@ -122,7 +122,7 @@ void ToProto(const StepOutcome& outcome, v1::StepResult* out) {
     m->set_request_id(u.id);
     m->mutable_new_tokens()->Assign(u.new_tokens.begin(), u.new_tokens.end());
     m->set_finished(u.finished);
-    m->set_finish_reason(u.finish_reason);
+    if (u.finished) m->set_finish_reason(FinishReasonName(u.finish_reason));
     m->set_error_code(static_cast<int32_t>(u.error.code()));
     m->set_error_message(u.error.message());
     v1::EngineStats* s = m->mutable_stats();
@@ -166,13 +166,25 @@ void ToProto(const StepOutcome& outcome, v1::StepResult* out) {
 StepOutcome FromProto(const v1::StepResult& result) {
   StepOutcome out;
   StepReport& r = out.report;
-  for (const v1::EngineUpdate& m : result.updates()) {
+  for (int i = 0; i < result.updates_size(); ++i) {
+    const v1::EngineUpdate& m = result.updates(i);
     RequestUpdate u;
     u.id = m.request_id();
     u.new_tokens.assign(m.new_tokens().begin(), m.new_tokens().end());
     u.finished = m.finished();
-    u.finish_reason = m.finish_reason();
     u.error = StatusFromCode(m.error_code(), m.error_message());
+    if (u.finished) {
+      // An unknown name (a newer or broken peer) ends that request alone, as an error.
+      StatusOr<FinishReason> reason = ParseFinishReason(m.finish_reason());
+      if (reason.ok()) {
+        u.finish_reason = *reason;
+      } else {
+        u.finish_reason = FinishReason::kError;
+        if (u.error.ok()) {
+          u.error = reason.status().WithContext(StrCat("updates[", i, "].finish_reason"));
+        }
+      }
+    }
     const v1::EngineStats& s = m.stats();
     u.stats.steps = s.steps();
     u.stats.draft_steps = s.draft_steps();

@@ -1,6 +1,7 @@
 #include "services/router/engine_loop.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "common/engine/plain_decoder.h"
@@ -42,7 +43,6 @@ struct EngineLoop::Active {
   // The last event is delivered (a stop string matched); the target still has to drop the request.
   bool delivered = false;
   bool admitted = false;  // in the target's batch
-  int64_t reserved_blocks = 0;
 };
 
 StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Create(ServedModel model,
@@ -102,6 +102,10 @@ EngineLoop::EngineLoop(ServedModel model, EngineLoopOptions options, RouterMetri
   info_.max_batch_size = options_.max_batch_size;
   info_.kv_cache_blocks = target.kv_cache_blocks;
   info_.kv_block_size = target.kv_block_size;
+  capacity_ = CapacityScheduler({.max_batch_size = options_.max_batch_size,
+                                 .kv_cache_blocks = target.kv_cache_blocks,
+                                 .kv_block_size = target.kv_block_size,
+                                 .context_length = target.context_length});
   limits_.vocab_size = target.vocab_size;
   limits_.max_position_embeddings = target.context_length;
   if (metrics_) metrics_->DeclareDraftPositions(std::max(options_.default_max_draft_tokens, 1));
@@ -250,19 +254,11 @@ void EngineLoop::AdmitInbox(std::vector<Pending> incoming) {
                    .status = CancelledError("the request was cancelled")});
       continue;
     }
-    a->reserved_blocks =
-        KvBlocksReserved(a->request.spec, info_.kv_block_size, info_.context_length);
-    if (a->reserved_blocks > info_.kv_cache_blocks) {
-      Deliver(*a, {.finish_reason = FinishReason::kError,
-                   .status = ResourceExhaustedError(
-                       StrCat("the request needs ", a->reserved_blocks,
-                              " KV blocks (prompt + max_new_tokens + draft) but the cache has ",
-                              info_.kv_cache_blocks))});
+    if (Status fits = capacity_.Enqueue(next_id_, a->request.spec); !fits.ok()) {
+      Deliver(*a, {.finish_reason = FinishReason::kError, .status = fits});  // never fits the cache
       continue;
     }
-    const RequestId id = next_id_++;
-    waiting_.push_back(id);
-    active_[id] = std::move(a);
+    active_[next_id_++] = std::move(a);
   }
 }
 
@@ -292,27 +288,24 @@ void EngineLoop::CheckCancellations() {
 StepPlan EngineLoop::PlanStep() {
   StepPlan plan;
   plan.cancel.swap(to_cancel_);
-  // Admission needs batch room and the worst-case KV blocks (the engine's rule, KvBlocksReserved);
-  // prompt tokens are budgeted by the target's engine, which prefills prompts in chunks
-  // (SpecEngineOptions::max_step_tokens), so the router does not budget them again.
-  while (!waiting_.empty()) {
-    auto it = active_.find(waiting_.front());
-    if (it == active_.end()) {  // cannot happen (Erase dequeues); never abort the server for it
-      waiting_.pop_front();
+  // Admission needs batch room and the worst-case KV blocks (CapacityScheduler, the engine's rule:
+  // FIFO, no overtaking); prompt tokens are budgeted by the target's engine, which prefills
+  // prompts in chunks (SpecEngineOptions::max_step_tokens), so the router does not budget them
+  // again.
+  while (const std::optional<RequestId> id = capacity_.NextAdmissible()) {
+    auto it = active_.find(*id);
+    if (it == active_.end()) {  // cannot happen (Erase releases); never abort the server for it
+      (void)capacity_.Release(*id);
       continue;
     }
     Active& a = *it->second;
     const int64_t prompt = static_cast<int64_t>(a.request.spec.generation.prompt.size());
-    if (admitted_ >= options_.max_batch_size) break;
-    if (reserved_blocks_ + a.reserved_blocks > info_.kv_cache_blocks) break;  // FIFO: no overtaking
-    plan.admit.push_back({.id = waiting_.front(), .request = a.request.spec});
-    if (planner_) planner_->Admit(waiting_.front(), a.request.spec);
+    plan.admit.push_back({.id = *id, .request = a.request.spec});
+    if (planner_) planner_->Admit(*id, a.request.spec);
+    (void)capacity_.Admit(*id);  // cannot fail: the admissible head
     a.admitted = true;
     a.admitted_at = Clock::now();
-    ++admitted_;
-    reserved_blocks_ += a.reserved_blocks;
     if (metrics_) metrics_->Admitted(prompt, a.stats.lossy);
-    waiting_.pop_front();
   }
   // The draft budget is per sequence and per step: the adaptive policy's, or each request's own
   // draft length.
@@ -336,21 +329,16 @@ void EngineLoop::Erase(RequestId id) {
   auto it = active_.find(id);
   if (it == active_.end()) return;
   if (planner_) planner_->Forget(id);
-  if (it->second->admitted) {
-    --admitted_;
-    reserved_blocks_ -= it->second->reserved_blocks;
-  } else {
-    // A request that leaves while queued (cancelled, deadline, shutdown) must leave the queue
-    // too: PlanStep looks up every queued id in active_.
-    std::erase(waiting_, id);
-  }
+  // Frees its batch slot and KV blocks, or takes it out of the queue (cancelled, deadline,
+  // shutdown while waiting: PlanStep looks up every queued id in active_).
+  (void)capacity_.Release(id);
   active_.erase(it);
 }
 
 void EngineLoop::ProcessStep() {
   const Clock::time_point planned = Clock::now();
   StepPlan plan = PlanStep();
-  if (admitted_ == 0 && plan.empty()) return;
+  if (capacity_.num_running() == 0 && plan.empty()) return;
   const Clock::time_point started = Clock::now();
   auto outcome = model_.backend->Step(plan);
   if (!outcome.ok()) {
@@ -398,7 +386,7 @@ void EngineLoop::ProcessStep() {
       a.last_delivery = now;
     }
     if (!a.stops.matched() && u.finished &&
-        (u.finish_reason == "stop" || u.finish_reason == "length")) {
+        (u.finish_reason == FinishReason::kStop || u.finish_reason == FinishReason::kLength)) {
       event.text += a.stops.Push(a.decoder.Flush());
       if (!a.stops.matched()) event.text += a.stops.Flush();
     }
@@ -419,20 +407,24 @@ void EngineLoop::ProcessStep() {
       if (!event.token_ids.empty() || !event.text.empty()) a.channel->Push(std::move(event));
       continue;
     }
-    if (u.finish_reason == "stop") {
-      event.finish_reason = FinishReason::kStop;
-    } else if (u.finish_reason == "length") {
-      event.finish_reason = FinishReason::kLength;
-    } else if (u.finish_reason == "cancelled") {
-      event.finish_reason = FinishReason::kCancelled;
-      event.status =
-          a.cancel_status.ok() ? CancelledError("the request was cancelled") : a.cancel_status;
-    } else {
-      event.finish_reason = FinishReason::kError;
-      event.status =
-          u.error.ok()
-              ? InternalError(StrCat("the engine ended the request with '", u.finish_reason, "'"))
-              : u.error;
+    switch (u.finish_reason) {
+      case FinishReason::kStop:
+      case FinishReason::kLength:
+        event.finish_reason = u.finish_reason;
+        break;
+      case FinishReason::kCancelled:
+        event.finish_reason = FinishReason::kCancelled;
+        event.status =
+            a.cancel_status.ok() ? CancelledError("the request was cancelled") : a.cancel_status;
+        break;
+      case FinishReason::kError:
+      case FinishReason::kStopString:  // stop strings are the router's; the engine never ends one
+        event.finish_reason = FinishReason::kError;
+        event.status =
+            u.error.ok()
+                ? InternalError(StrCat("the engine ended the request with '", u.finish_reason, "'"))
+                : u.error;
+        break;
     }
     Deliver(a, std::move(event));
     Erase(u.id);
@@ -522,7 +514,7 @@ void EngineLoop::FailAll(const Status& status, bool include_waiting) {
   }
   for (RequestId id : failed) Erase(id);
   to_cancel_.clear();
-  if (admitted_ == 0) kv_blocks_used_now_ = 0;
+  if (capacity_.num_running() == 0) kv_blocks_used_now_ = 0;
 }
 
 void EngineLoop::PublishLoad() {
@@ -531,8 +523,8 @@ void EngineLoop::PublishLoad() {
     std::lock_guard<std::mutex> lock(mu_);
     inbox = static_cast<int32_t>(inbox_.size());
   }
-  running_.store(admitted_);
-  waiting_count_.store(static_cast<int32_t>(waiting_.size()) + inbox);
+  running_.store(capacity_.num_running());
+  waiting_count_.store(capacity_.num_waiting() + inbox);
   kv_blocks_used_.store(kv_blocks_used_now_);
   if (metrics_) {
     metrics_->SetLoad(running_.load(), waiting_count_.load(),

@@ -8,7 +8,8 @@
 //   2. ends waiting requests whose handler cancelled them (client gone) or whose deadline passed,
 //      and plans the cancellation of running ones (the target frees their KV blocks);
 //   3. admits waiting requests in FIFO order while the batch has room (max_batch_size) and the
-//      target's KV cache can hold each one's worst case (KvBlocksReserved); the target's engine
+//      target's KV cache can hold each one's worst case (CapacityScheduler, the rule SpecEngine
+//      applies too: KvBlocksReserved, no overtaking); the target's engine
 //      prefills their prompts in chunks within its per-step token budget (max_step_tokens);
 //      gives every running speculative request its draft budget for the step;
 //   4. runs the step (TargetBackend::Step) and turns each request's new tokens into a LoopEvent on
@@ -33,10 +34,9 @@
 #include <thread>
 #include <vector>
 
-#include <deque>
-
 #include "common/model/model_config.h"
 #include "common/spec/budget_planner.h"
+#include "common/spec/capacity_scheduler.h"
 #include "common/spec/target_backend.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/util/status.h"
@@ -186,11 +186,10 @@ class EngineLoop {
   // Loop thread only.
   ModelConfig limits_;  // vocabulary and context, for request validation
   std::map<RequestId, std::unique_ptr<Active>> active_;  // waiting and admitted
-  std::deque<RequestId> waiting_;                        // FIFO, not yet admitted
-  std::vector<RequestId> to_cancel_;                     // admitted; cancel in the next plan
+  // The waiting queue (FIFO) and the admitted batch with their KV block reservations.
+  CapacityScheduler capacity_{CapacityLimits{}};
+  std::vector<RequestId> to_cancel_;  // admitted; cancel in the next plan
   RequestId next_id_ = 1;
-  int32_t admitted_ = 0;
-  int64_t reserved_blocks_ = 0;
   int64_t kv_blocks_used_now_ = 0;
 
   std::unique_ptr<BudgetPlanner> planner_;  // null: fixed budgets

@@ -62,8 +62,7 @@ struct RouterMetrics::Impl {
                                           : prometheus::Labels{{"model_name", options.model_name}}),
         token_buckets(OneTwoFiveBuckets(options.max_model_len)) {
     // Every finish reason is listed from the start, so dashboards see zeros rather than gaps.
-    for (FinishReason r : {FinishReason::kStop, FinishReason::kLength, FinishReason::kStopString,
-                           FinishReason::kCancelled, FinishReason::kError}) {
+    for (FinishReason r : kAllFinishReasons) {
       success.Add(
           {{"finished_reason", VllmFinishReason(r)}, {"specula_reason", FinishReasonName(r)}});
     }

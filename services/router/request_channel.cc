@@ -2,22 +2,6 @@
 
 namespace specula::router {
 
-const char* FinishReasonName(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kStopString:
-      return "stop_string";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kError:
-      return "error";
-  }
-  return "unknown";
-}
-
 void RequestChannel::Push(LoopEvent event) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -11,21 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "common/engine/finish_reason.h"
 #include "common/spec/step_contract.h"
 #include "common/util/status.h"
 
 namespace specula::router {
-
-enum class FinishReason {
-  kStop,        // an end-of-sequence token or a requested stop token id
-  kLength,      // max_new_tokens or the context length
-  kStopString,  // a stop string appeared in the text
-  kCancelled,   // the client cancelled, the deadline passed, or the server shut down
-  kError,       // the engine failed
-};
-
-// "stop", "length", "stop_string", "cancelled", "error" (metric labels, logs).
-const char* FinishReasonName(FinishReason reason);
 
 // What one engine step produced for a request; the last event of a request has `finished` set.
 struct LoopEvent {

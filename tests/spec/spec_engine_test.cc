@@ -311,8 +311,8 @@ TEST_F(SpecEngineTest, WithoutSpeculationEqualsPlainDecodingGreedyAndSampled) {
   auto results = GenerateAll(engine, WithDrafter(requests, "none", 0));
   ASSERT_TRUE(results.ok()) << results.status();
   EXPECT_EQ(Tokens(*results), plain);
-  EXPECT_EQ((*results)[1].result.finish_reason, "stop");
-  EXPECT_EQ((*results)[0].result.finish_reason, "length");
+  EXPECT_EQ((*results)[1].result.finish_reason, FinishReason::kStop);
+  EXPECT_EQ((*results)[0].result.finish_reason, FinishReason::kLength);
 }
 
 TEST_F(SpecEngineTest, OracleDraftsAreAllAcceptedAndOutputIsUnchanged) {
@@ -611,11 +611,11 @@ TEST_F(SpecEngineTest, AForwardErrorNamingOneSequenceEndsOnlyThatRequest) {
     }
   }
   ASSERT_EQ(last.size(), requests.size());
-  EXPECT_EQ(last[ids[1]].finish_reason, "error");
+  EXPECT_EQ(last[ids[1]].finish_reason, FinishReason::kError);
   EXPECT_EQ(last[ids[1]].error.code(), StatusCode::kNotFound) << last[ids[1]].error;
   EXPECT_GT(last[ids[1]].stats.draft_errors, 0) << "the draft is dropped first";
   for (size_t i : {0, 2, 3}) {
-    EXPECT_EQ(last[ids[i]].finish_reason, "length") << i << ": " << last[ids[i]].error;
+    EXPECT_EQ(last[ids[i]].finish_reason, FinishReason::kLength) << i << ": " << last[ids[i]].error;
     EXPECT_EQ(got[ids[i]], plain[i]) << i;
     EXPECT_EQ(last[ids[i]].stats.draft_errors, 0) << i;
   }
@@ -670,11 +670,11 @@ TEST_F(SpecEngineTest, AnUnattributableForwardErrorDropsDraftsThenIsolatesSequen
     const std::vector<int32_t>& tokens = got[ids[i]];
     ASSERT_LE(tokens.size(), plain[i].size());
     EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), plain[i].begin())) << i;
-    if (u.finish_reason == "length") {
+    if (u.finish_reason == FinishReason::kLength) {
       EXPECT_EQ(tokens, plain[i]) << i;
       ++completed;
     } else {
-      EXPECT_EQ(u.finish_reason, "error") << i;
+      EXPECT_EQ(u.finish_reason, FinishReason::kError) << i;
       EXPECT_EQ(u.error.code(), StatusCode::kResourceExhausted) << i << ": " << u.error;
     }
   }
@@ -698,7 +698,7 @@ TEST_F(SpecEngineTest, StopTokenInsideAcceptedDraftEndsTheOutput) {
   auto results = GenerateAll(engine, WithDrafter(requests, "oracle", 8));
   ASSERT_TRUE(results.ok()) << results.status();
   EXPECT_EQ(Tokens(*results), plain);
-  for (const auto& r : *results) EXPECT_EQ(r.result.finish_reason, "stop");
+  for (const auto& r : *results) EXPECT_EQ(r.result.finish_reason, FinishReason::kStop);
 }
 
 TEST_F(SpecEngineTest, CancelFreesKvBlocksAndLeavesOthersIntact) {
@@ -712,7 +712,7 @@ TEST_F(SpecEngineTest, CancelFreesKvBlocksAndLeavesOthersIntact) {
   std::vector<RequestId> ids;
   for (const auto& r : WithDrafter(requests, "oracle", 2)) ids.push_back(*engine.Submit(r));
   std::map<RequestId, std::vector<int32_t>> got;
-  std::map<RequestId, std::string> reasons;
+  std::map<RequestId, FinishReason> reasons;
   for (int step = 0; engine.HasWork(); ++step) {
     if (step == 2) ASSERT_TRUE(engine.Cancel(ids[1]).ok());
     auto report = engine.Step();
@@ -722,7 +722,7 @@ TEST_F(SpecEngineTest, CancelFreesKvBlocksAndLeavesOthersIntact) {
       if (u.finished) reasons[u.id] = u.finish_reason;
     }
   }
-  EXPECT_EQ(reasons[ids[1]], "cancelled");
+  EXPECT_EQ(reasons[ids[1]], FinishReason::kCancelled);
   EXPECT_LT(got[ids[1]].size(), plain[1].size());
   EXPECT_EQ(got[ids[0]], plain[0]);
   EXPECT_EQ(got[ids[2]], plain[2]);
@@ -754,11 +754,11 @@ TEST_F(SpecEngineTest, AFailedAdmissionEndsOnlyThatRequest) {
     }
   }
   ASSERT_EQ(last.size(), requests.size());
-  EXPECT_EQ(last[ids[1]].finish_reason, "error");
+  EXPECT_EQ(last[ids[1]].finish_reason, FinishReason::kError);
   EXPECT_EQ(last[ids[1]].error.code(), StatusCode::kAlreadyExists) << last[ids[1]].error;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i == 1) continue;
-    EXPECT_EQ(last[ids[i]].finish_reason, "length") << i << ": " << last[ids[i]].error;
+    EXPECT_EQ(last[ids[i]].finish_reason, FinishReason::kLength) << i << ": " << last[ids[i]].error;
     EXPECT_EQ(got[ids[i]], plain[i]) << i;
   }
   ASSERT_TRUE(target_->ReleaseSequence(taken).ok());
@@ -772,7 +772,7 @@ TEST_F(SpecEngineTest, CancellingWaitingRequestsLeavesTheQueueConsistent) {
   std::vector<RequestId> ids;
   for (const auto& r : WithDrafter(requests, "none", 0)) ids.push_back(*engine.Submit(r));
   std::map<RequestId, std::vector<int32_t>> got;
-  std::map<RequestId, std::string> reasons;
+  std::map<RequestId, FinishReason> reasons;
   for (int step = 0; engine.HasWork() && step < 200; ++step) {
     if (step == 1) {  // ids[0] runs; cancel queued ones, including the queue's head and tail
       for (size_t i : {1, 3, 5}) ASSERT_TRUE(engine.Cancel(ids[i]).ok());
@@ -789,10 +789,10 @@ TEST_F(SpecEngineTest, CancellingWaitingRequestsLeavesTheQueueConsistent) {
   }
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i % 2) {
-      EXPECT_EQ(reasons[ids[i]], "cancelled") << i;
+      EXPECT_EQ(reasons[ids[i]], FinishReason::kCancelled) << i;
       EXPECT_TRUE(got[ids[i]].empty()) << i;
     } else {
-      EXPECT_EQ(reasons[ids[i]], "length") << i;
+      EXPECT_EQ(reasons[ids[i]], FinishReason::kLength) << i;
       EXPECT_EQ(got[ids[i]], plain[i]) << i;
     }
   }

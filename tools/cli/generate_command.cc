@@ -120,7 +120,8 @@ Status Run(const GenerateFlags& f) {
   if (stream) {
     std::cout << stream->Flush() << std::endl;  // flush before the stats line on stderr
     std::fprintf(stderr, "[%zu prompt tokens, %zu generated, %.1f tokens/s, finish: %s",
-                 prompt.size(), result.tokens.size(), tokens_per_s, result.finish_reason.c_str());
+                 prompt.size(), result.tokens.size(), tokens_per_s,
+                 FinishReasonName(result.finish_reason));
     if (speculating) {
       std::fprintf(
           stderr, ", drafter %s: %lld steps, %lld/%lld drafts accepted, %.2f tokens/step%s",
@@ -142,7 +143,7 @@ Status Run(const GenerateFlags& f) {
   j["token_ids"] = result.tokens;
   j["prompt_tokens"] = prompt.size();
   j["completion_tokens"] = result.tokens.size();
-  j["finish_reason"] = result.finish_reason;
+  j["finish_reason"] = FinishReasonName(result.finish_reason);
   j["tokens_per_s"] = tokens_per_s;
   j["seconds"] = seconds;
   j["drafter"] = drafters[0];

@@ -56,7 +56,7 @@ const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSection
       "draft-len", "draft-cap", "cost-profile", "verify", "beta", "tau", "typical-epsilon",
       "typical-delta", "log-stats-interval-s"}},
     {"target flags (--role target, all)",
-     {"kv-memory-mb", "kv-block-size", "max-step-tokens", "drafter-address",
+     {"kv-memory-mb", "kv-block-size", "max-step-tokens", "verify-placement", "drafter-address",
       "drafter-deadline-ms"}},
     {"security flags (TLS on the public API, mutual TLS between the services, bearer token)",
      {"tls-cert", "tls-key", "tls-ca", "api-token-file", "peer-tls-cert", "peer-tls-key",
