@@ -18,30 +18,7 @@ double SecondsSince(Clock::time_point t) {
 }  // namespace
 
 Status ValidateRequest(const ModelConfig& config, const GenerationRequest& r) {
-  if (r.prompt.empty()) return InvalidArgumentError("prompt is empty");
-  for (size_t i = 0; i < r.prompt.size(); ++i) {
-    if (r.prompt[i] < 0 || r.prompt[i] >= config.vocab_size) {
-      return InvalidArgumentError(StrCat("prompt token ", i, " = ", r.prompt[i],
-                                         " is outside the vocabulary [0, ", config.vocab_size,
-                                         ")"));
-    }
-  }
-  if (r.max_new_tokens <= 0) {
-    return InvalidArgumentError(StrCat("max_new_tokens must be positive, got ", r.max_new_tokens));
-  }
-  const int64_t context = config.max_position_embeddings;
-  if (static_cast<int64_t>(r.prompt.size()) >= context) {
-    return OutOfRangeError(StrCat("prompt of ", r.prompt.size(),
-                                  " tokens is longer than the context length of ", context,
-                                  " (leave room for at least one new token)"));
-  }
-  const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
-  if (total > config.max_position_embeddings) {
-    return OutOfRangeError(StrCat("prompt of ", r.prompt.size(), " tokens plus max_new_tokens ",
-                                  r.max_new_tokens, " exceeds the context length of ",
-                                  config.max_position_embeddings));
-  }
-  return r.sampling.Validate();
+  return ValidateGenerationRequest(r, config.vocab_size, config.max_position_embeddings);
 }
 
 StatusOr<std::vector<GenerationResult>> DecodeBatch(ModelRunner& runner,

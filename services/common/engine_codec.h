@@ -1,35 +1,16 @@
-// The engine's types <-> the internal services' messages (target.proto, drafter.proto). Decoding
-// validates what a peer could get wrong (array lengths, enum values) and names the field.
+// The drafter's candidate trees <-> drafter.proto's messages, plus (step_codec.h) the router <->
+// target contract's. Decoding validates what a peer could get wrong (array lengths, enum values)
+// and names the field.
 #pragma once
 
 #include <string>
 
 #include "common/spec/candidate_tree.h"
-#include "common/spec/drafter.h"
-#include "common/spec/target_backend.h"
 #include "common/util/status.h"
+#include "services/common/step_codec.h"
 #include "specula/v1/drafter.pb.h"
-#include "specula/v1/target.pb.h"
 
 namespace specula::services {
-
-v1::VerifyMode ToProto(VerifyMode mode);
-StatusOr<VerifyMode> FromProto(v1::VerifyMode mode, const std::string& field);
-
-void ToProto(const SamplingParams& params, v1::SamplingParams* out);
-SamplingParams FromProto(const v1::SamplingParams& params);
-
-void ToProto(const SpecRequest& request, v1::EngineRequest* out);
-StatusOr<SpecRequest> FromProto(const v1::EngineRequest& request, const std::string& field);
-
-void ToProto(const StepPlan& plan, v1::StepPlan* out);
-StatusOr<StepPlan> FromProto(const v1::StepPlan& plan);
-
-void ToProto(const StepOutcome& outcome, v1::StepResult* out);
-StepOutcome FromProto(const v1::StepResult& result);
-
-void ToProto(const TargetInfo& info, v1::TargetInfo* out);
-TargetInfo FromProto(const v1::TargetInfo& info);
 
 // Distributions travel as ProposalDistribution, sparse or dense as the tree holds them.
 Status ToProto(const CandidateTree& tree, v1::CandidateTree* out);

@@ -4,7 +4,6 @@
 #include <optional>
 #include <utility>
 
-#include "common/engine/plain_decoder.h"
 #include "common/tokenizer/stream_decoder.h"
 #include "common/util/log.h"
 #include "services/router/server_log.h"
@@ -106,8 +105,8 @@ EngineLoop::EngineLoop(ServedModel model, EngineLoopOptions options, RouterMetri
                                  .kv_cache_blocks = target.kv_cache_blocks,
                                  .kv_block_size = target.kv_block_size,
                                  .context_length = target.context_length});
-  limits_.vocab_size = target.vocab_size;
-  limits_.max_position_embeddings = target.context_length;
+  vocab_size_ = target.vocab_size;
+  context_length_ = target.context_length;
   if (metrics_) metrics_->DeclareDraftPositions(std::max(options_.default_max_draft_tokens, 1));
   PublishLoad();
   thread_ = std::thread([this] { Run(); });
@@ -119,7 +118,7 @@ StatusOr<std::shared_ptr<RequestChannel>> EngineLoop::Submit(LoopRequest request
   // Everything here is a pure function of the request and fixed facts, so it is safe on the
   // caller's thread while the loop thread drives the engine.
   const SpecRequest& spec = request.spec;
-  RETURN_IF_ERROR(ValidateRequest(limits_, spec.generation));
+  RETURN_IF_ERROR(ValidateGenerationRequest(spec.generation, vocab_size_, context_length_));
   if (spec.speculation.max_draft_tokens < 0 ||
       spec.speculation.max_draft_tokens > kMaxDraftTokens) {
     return InvalidArgumentError(StrCat("speculation.max_draft_tokens must be in [0, ",

@@ -34,7 +34,6 @@
 #include <thread>
 #include <vector>
 
-#include "common/model/model_config.h"
 #include "common/spec/budget_planner.h"
 #include "common/spec/capacity_scheduler.h"
 #include "common/spec/target_backend.h"
@@ -184,7 +183,8 @@ class EngineLoop {
   std::atomic<int32_t> in_flight_{0};
 
   // Loop thread only.
-  ModelConfig limits_;  // vocabulary and context, for request validation
+  int64_t vocab_size_ = 0;  // the target's, for request validation
+  int64_t context_length_ = 0;
   std::map<RequestId, std::unique_ptr<Active>> active_;  // waiting and admitted
   // The waiting queue (FIFO) and the admitted batch with their KV block reservations.
   CapacityScheduler capacity_{CapacityLimits{}};

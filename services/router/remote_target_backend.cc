@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "services/common/channel.h"
-#include "services/common/engine_codec.h"
+#include "services/common/step_codec.h"
 #include "services/common/grpc_status.h"
 
 namespace specula::router {

@@ -10,7 +10,7 @@
 
 #include "common/tokenizer/tokenizer.h"
 #include "common/util/status.h"
-#include "services/common/engine_codec.h"
+#include "services/common/step_codec.h"
 #include "services/common/grpc_status.h"
 #include "services/router/engine_loop.h"
 #include "specula/v1/generation.pb.h"
