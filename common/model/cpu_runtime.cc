@@ -3,6 +3,11 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <malloc.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
 
 #include <atomic>
 #include <mutex>
@@ -43,6 +48,48 @@ int ConfigureCpuThreads(int64_t threads) {
     g_pool = n > 1 ? std::make_shared<WorkSharingPool>(n) : nullptr;
   }
   return n;
+}
+
+CpuVectorFeatures DetectCpuVectorFeatures() {
+  CpuVectorFeatures f;
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  f.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vl");
+#endif
+  return f;
+}
+
+std::string BetterBlasCore(const std::string& loaded, const CpuVectorFeatures& cpu) {
+  std::string core = loaded;
+  std::transform(core.begin(), core.end(), core.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  // Cores whose sgemm uses AVX-512, then AVX2 + FMA (OpenBLAS 0.3.x names).
+  const bool has_avx512 = core == "skylakex" || core == "cooperlake" || core == "sapphirerapids";
+  const bool has_avx2 = has_avx512 || core == "haswell" || core == "zen";
+  if (cpu.avx512 && !has_avx512) return "SkylakeX";
+  if (cpu.avx2_fma && !has_avx2) return "Haswell";
+  return "";
+}
+
+std::string LoadedBlasCore() {
+  using CoreNameFn = char* (*)();
+  auto core_name = reinterpret_cast<CoreNameFn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  const char* name = core_name ? core_name() : nullptr;
+  return name ? name : "";
+}
+
+void RelaunchForFasterBlas(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;  // the user's choice, or relaunched
+  const std::string loaded = LoadedBlasCore();
+  if (loaded.empty()) return;  // not OpenBLAS
+  const std::string better = BetterBlasCore(loaded, DetectCpuVectorFeatures());
+  if (better.empty()) return;
+  setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
+  execv("/proc/self/exe", argv);
+  // exec failed: carry on with the kernels OpenBLAS has.
 }
 
 void ConfigureAllocatorForServing() {

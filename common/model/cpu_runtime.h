@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace specula {
 
@@ -21,6 +22,25 @@ int KernelThreads();
 // (the caller alone before ConfigureCpuThreads). Shared so that a kernel running while the pool
 // is resized keeps the one it started with.
 std::shared_ptr<WorkSharingPool> KernelPool();
+
+// OpenBLAS chooses its kernels from the CPU model when it loads, before main. On virtual machines
+// that hide the model (e.g. "Intel(R) Xeon(R) Processor") it falls back to its SSE3 "Prescott"
+// kernels although the CPU has AVX2 or AVX-512: measured 2-3x slower matmuls above 256 rows
+// (docs/BENCHMARKS.md). The OpenBLAS core to ask for instead (OPENBLAS_CORETYPE), or "" when
+// `loaded` (openblas_get_corename) is already as good as the CPU allows or the CPU has neither.
+struct CpuVectorFeatures {
+  bool avx2_fma = false;
+  bool avx512 = false;  // F, CD, BW, DQ and VL: what OpenBLAS's SkylakeX kernels use
+};
+CpuVectorFeatures DetectCpuVectorFeatures();
+// The kernels OpenBLAS loaded (openblas_get_corename), or "" when the BLAS is not OpenBLAS.
+std::string LoadedBlasCore();
+std::string BetterBlasCore(const std::string& loaded, const CpuVectorFeatures& cpu);
+
+// Call first in main(): when OpenBLAS loaded weaker kernels than the CPU supports and the user did
+// not set OPENBLAS_CORETYPE, re-executes the process once (/proc/self/exe, same arguments) with it
+// set to BetterBlasCore's choice. Returns (doing nothing) otherwise, or if the exec fails.
+void RelaunchForFasterBlas(char** argv);
 
 // glibc malloc: serve large tensors from the heap and keep them (no mmap/munmap per forward, so no
 // page faults re-zeroing fresh pages on every step). Call once at startup, before threads start.

@@ -9,6 +9,7 @@
 #include <regex>
 
 #include "common/engine/plain_decoder.h"
+#include "common/model/cpu_runtime.h"
 #include "common/tokenizer/bpe_trainer.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/util/mapped_file.h"
@@ -379,9 +380,41 @@ TEST(SpeculaVersionTest, PrintsTheVersion) {
     ASSERT_EQ(std::system(cmd.c_str()), 0) << arg;
     const std::string text = ReadFileToString(out).value();
     EXPECT_TRUE(std::regex_match(
-        text, std::regex("specula \\d+\\.\\d+\\.\\d+( \\(commit [0-9a-f]{7,}(-dirty)?\\))?\n")))
+        text, std::regex("specula \\d+\\.\\d+\\.\\d+( \\(commit [0-9a-f]{7,}(-dirty)?\\))?\n"
+                         "(matmuls: OpenBLAS \\w+ kernels\n)?")))
         << arg << ": " << text;
   }
+}
+
+TEST(BetterBlasCoreTest, AsksForTheBestCoreTheCpuHas) {
+  const CpuVectorFeatures none, avx2{.avx2_fma = true}, avx512{.avx2_fma = true, .avx512 = true};
+  EXPECT_EQ(BetterBlasCore("Prescott", avx512), "SkylakeX");
+  EXPECT_EQ(BetterBlasCore("Prescott", avx2), "Haswell");
+  EXPECT_EQ(BetterBlasCore("Haswell", avx512), "SkylakeX");
+  EXPECT_EQ(BetterBlasCore("SkylakeX", avx512), "");
+  EXPECT_EQ(BetterBlasCore("Zen", avx2), "");
+  EXPECT_EQ(BetterBlasCore("haswell", avx2), "");
+  EXPECT_EQ(BetterBlasCore("Prescott", none), "");
+  EXPECT_EQ(BetterBlasCore("", avx2), "Haswell");
+}
+
+// OpenBLAS picks its kernels from the CPU model; on virtual machines that hide it, it falls back to
+// SSE3 "Prescott" kernels (2-3x slower matmuls). `specula` relaunches itself with the best core the
+// CPU supports unless OPENBLAS_CORETYPE says otherwise.
+TEST(SpeculaBlasTest, RunsTheBestMatmulKernelsTheCpuSupports) {
+  TempDir dir;
+  const std::string out = dir.File("out.txt");
+  const std::string bin = std::string(SPECULA_BINARY_DIR) + "/bin/specula --version > " + out;
+  ASSERT_EQ(std::system(("env -u OPENBLAS_CORETYPE " + bin).c_str()), 0);
+  const std::string text = ReadFileToString(out).value();
+  if (text.find("matmuls: OpenBLAS") == std::string::npos) GTEST_SKIP() << "not OpenBLAS";
+  const CpuVectorFeatures cpu = DetectCpuVectorFeatures();
+  std::smatch core;
+  ASSERT_TRUE(std::regex_search(text, core, std::regex("OpenBLAS (\\w+) kernels"))) << text;
+  EXPECT_EQ(BetterBlasCore(core[1], cpu), "") << "still on " << core[1] << " kernels";
+  // The user's choice stands.
+  ASSERT_EQ(std::system(("OPENBLAS_CORETYPE=Prescott " + bin).c_str()), 0);
+  EXPECT_NE(ReadFileToString(out).value().find("OpenBLAS Prescott kernels"), std::string::npos);
 }
 
 TEST_F(SpeculaCliTest, BadFlags) {

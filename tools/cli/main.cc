@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "common/model/cpu_runtime.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/version.h"  // generated (tools/cli/version.h.in)
 
@@ -23,7 +24,8 @@ constexpr char kUsage[] =
     "  train-target    train-lm --preset target (the bundled target's shape)\n"
     "  eval-lm         perplexity of a model on a token file (e.g. the held-out split)\n"
     "  distill         self-distillation dataset: target continuations of training-split prompts\n"
-    "  train-drafter   train a drafter for a frozen target (--kind specformer|beagle|parallelspec)\n"
+    "  train-drafter   train a drafter for a frozen target (--kind "
+    "specformer|beagle|parallelspec)\n"
     "                  on the distill dataset\n"
     "  serve           gRPC server: the Generation API with speculative decoding, health checks,\n"
     "                  reflection and Prometheus metrics (builds with -DSPECULA_WITH_GRPC=ON)\n"
@@ -38,11 +40,15 @@ void PrintVersion() {
   } else {
     std::printf("specula %s\n", specula::cli::kVersion);
   }
+  // Which matmul kernels this process runs (RelaunchForFasterBlas may have chosen them).
+  const std::string blas = specula::LoadedBlasCore();
+  if (!blas.empty()) std::printf("matmuls: OpenBLAS %s kernels\n", blas.c_str());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  specula::RelaunchForFasterBlas(argv);
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
