@@ -87,8 +87,13 @@ void RelaunchForFasterBlas(char** argv) {
   if (loaded.empty()) return;  // not OpenBLAS
   const std::string better = BetterBlasCore(loaded, DetectCpuVectorFeatures());
   if (better.empty()) return;
+  // The binary's own path, not /proc/self/exe: the process would be named "exe" in ps and top.
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return;
+  self[n] = '\0';
   setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
-  execv("/proc/self/exe", argv);
+  execv(self, argv);
   // exec failed: carry on with the kernels OpenBLAS has.
 }
 

@@ -38,7 +38,7 @@ std::string LoadedBlasCore();
 std::string BetterBlasCore(const std::string& loaded, const CpuVectorFeatures& cpu);
 
 // Call first in main(): when OpenBLAS loaded weaker kernels than the CPU supports and the user did
-// not set OPENBLAS_CORETYPE, re-executes the process once (/proc/self/exe, same arguments) with it
+// not set OPENBLAS_CORETYPE, re-executes the process once (its own binary, same arguments) with it
 // set to BetterBlasCore's choice. Returns (doing nothing) otherwise, or if the exec fails.
 void RelaunchForFasterBlas(char** argv);
 

@@ -326,9 +326,10 @@ at::Tensor ShapedProbabilities(const at::Tensor& logits, const std::vector<doubl
   const at::Device device = logits.device();
   const int64_t V = logits.size(1);
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
-  // float64 where the host oracle's arithmetic is matched (CPU); float32 on accelerators, where
-  // [rows, vocab] float64 tensors of a large vocabulary would cost gigabytes.
-  const at::ScalarType type = device.is_cpu() ? at::kDouble : at::kFloat;
+  // float32: [rows, vocab] float64 tensors of a large vocabulary would cost gigabytes on a device,
+  // and on a CPU float32's vectorised exp is what makes this cheaper than the host loops
+  // (docs/BENCHMARKS.md). Probabilities agree with the host oracle's float64 to ~1e-7.
+  const at::ScalarType type = at::kFloat;
   const at::Tensor inv_t = (1.0 / at::tensor(temperature, f64)).to(device, type).unsqueeze(1);
   const at::Tensor l = logits.to(type);
   const bool truncates =

@@ -43,8 +43,8 @@ struct TreeVerifyJob {
 std::vector<StatusOr<VerifyResult>> VerifyTreesOnTensors(const at::Tensor& logits,
                                                          std::span<const TreeVerifyJob> jobs);
 
-// The sampling distribution of each row as Probabilities() computes it per row, [rows, vocab] on
-// the logits' device (float64 on a CPU, float32 on accelerators). temperature > 0 required;
+// The sampling distribution of each row as Probabilities() computes it per row, float32
+// [rows, vocab] on the logits' device. temperature > 0 required;
 // top_k 0 = off, top_p 1 = off; ties in top-k / top-p go to the lower token id. `temperature`,
 // `top_k` and `top_p` hold one value per row.
 at::Tensor ShapedProbabilities(const at::Tensor& logits, const std::vector<double>& temperature,

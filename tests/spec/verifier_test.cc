@@ -1183,7 +1183,7 @@ TEST(TensorVerifierTest, ShapedProbabilitiesEqualProbabilities) {
   const at::Tensor logits = at::tensor(rows).view({n, kVocab});
   const at::Tensor shaped = ShapedProbabilities(logits, temperature, top_k, top_p);
   ASSERT_EQ(shaped.size(0), n);
-  const auto a = shaped.accessor<double, 2>();
+  const auto a = shaped.accessor<float, 2>();
   for (int64_t r = 0; r < n; ++r) {
     const std::vector<float> expected =
         Probabilities(std::span<const float>(rows.data() + r * kVocab, kVocab), params[r]);
