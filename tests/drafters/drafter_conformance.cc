@@ -55,8 +55,8 @@ void Sharpen(torch::nn::Module& m, double scale) {
 class World {
  public:
   static World& Get() {
-    static World* world = new World();  // outlives the tests; its directory goes with the process
-    return *world;
+    static World world;  // built on first use; its directory is removed when the process exits
+    return world;
   }
 
   const std::string& target_dir() const { return target_dir_; }
