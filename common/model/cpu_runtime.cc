@@ -83,6 +83,7 @@ std::string LoadedBlasCore() {
 
 void RelaunchForFasterBlas(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;  // the user's choice, or relaunched
+  if (std::getenv("SPECULA_NO_BLAS_RELAUNCH") != nullptr) return;
   const std::string loaded = LoadedBlasCore();
   if (loaded.empty()) return;  // not OpenBLAS
   const std::string better = BetterBlasCore(loaded, DetectCpuVectorFeatures());

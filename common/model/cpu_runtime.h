@@ -39,7 +39,9 @@ std::string BetterBlasCore(const std::string& loaded, const CpuVectorFeatures& c
 
 // Call first in main(): when OpenBLAS loaded weaker kernels than the CPU supports and the user did
 // not set OPENBLAS_CORETYPE, re-executes the process once (its own binary, same arguments) with it
-// set to BetterBlasCore's choice. Returns (doing nothing) otherwise, or if the exec fails.
+// set to BetterBlasCore's choice. Returns (doing nothing) otherwise, when SPECULA_NO_BLAS_RELAUNCH
+// is set (the relaunch loads LibTorch's libraries twice: ~0.9 s more start-up where it happens),
+// or if the exec fails.
 void RelaunchForFasterBlas(char** argv);
 
 // glibc malloc: serve large tensors from the heap and keep them (no mmap/munmap per forward, so no

@@ -336,7 +336,9 @@ TEST_F(SpecEngineTest, OracleDraftsAreAllAcceptedAndOutputIsUnchanged) {
       EXPECT_FALSE(r.stats.lossy);
       // Every step drafts, except a last one with a single token left to generate.
       EXPECT_GE(r.stats.draft_steps, r.stats.steps - 1);
-      if (k == 1) EXPECT_EQ(r.stats.accepted_tokens, r.stats.draft_steps);
+      if (k == 1) {
+        EXPECT_EQ(r.stats.accepted_tokens, r.stats.draft_steps);
+      }
     }
     EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
   }
@@ -714,7 +716,9 @@ TEST_F(SpecEngineTest, CancelFreesKvBlocksAndLeavesOthersIntact) {
   std::map<RequestId, std::vector<int32_t>> got;
   std::map<RequestId, FinishReason> reasons;
   for (int step = 0; engine.HasWork(); ++step) {
-    if (step == 2) ASSERT_TRUE(engine.Cancel(ids[1]).ok());
+    if (step == 2) {
+      ASSERT_TRUE(engine.Cancel(ids[1]).ok());
+    }
     auto report = engine.Step();
     ASSERT_TRUE(report.ok());
     for (const auto& u : report->updates) {
