@@ -709,20 +709,23 @@ void SpecEngine::VerifyOnTensors(ForwardGroup& group) {
 
 void SpecEngine::CommitGroup(ForwardGroup& group, StepReport* report) {
   if (VerifiesOnTensors(group.out.logits)) VerifyOnTensors(group);
-  // Only the rows the host still reads (prefill samples, lossy rules, host placement) cross to
-  // the host; a member verified on the tensor needs none of its rows there.
+  // Host placement copies every row. Otherwise only the rows the host still reads (prefill
+  // samples, lossy rules) cross to the host; a member verified on the tensor needs none there.
   const std::vector<int64_t>& offset = group.out.logits_offset;
-  std::vector<int64_t> take, host_first(group.members.size(), -1);
-  for (size_t b = 0; b < group.members.size(); ++b) {
-    if (b < group.verified.size() && group.verified[b].has_value()) continue;
-    if (offset[b] == offset[b + 1]) continue;  // a prompt chunk that samples nothing
-    host_first[b] = static_cast<int64_t>(take.size());
-    for (int64_t r = offset[b]; r < offset[b + 1]; ++r) take.push_back(r);
+  std::vector<int64_t> host_first(offset.begin(), offset.end() - 1);
+  std::vector<int64_t> take;
+  if (!group.verified.empty()) {
+    for (size_t b = 0; b < group.members.size(); ++b) {
+      host_first[b] = -1;
+      if (group.verified[b].has_value() || offset[b] == offset[b + 1]) continue;
+      host_first[b] = static_cast<int64_t>(take.size());
+      for (int64_t r = offset[b]; r < offset[b + 1]; ++r) take.push_back(r);
+    }
   }
   at::Tensor logits;
   Status copied = Guarded("logits copy", [&] {
     const at::Tensor& all = group.out.logits;
-    if (static_cast<int64_t>(take.size()) == all.size(0)) {
+    if (group.verified.empty()) {
       logits = all.to(at::kCPU).contiguous();
     } else if (!take.empty()) {
       const at::Tensor index = at::tensor(take, at::TensorOptions().dtype(at::kLong));

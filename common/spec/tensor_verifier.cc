@@ -46,9 +46,9 @@ void VerifyGreedyJobs(const at::Tensor& logits, std::span<const TreeVerifyJob> j
     while (true) {
       const int32_t target = argmax[node + 1];
       int32_t next = -1;
-      for (int32_t i = node + 1; i < tree.size(); ++i) {  // children follow their parent
-        if (tree.parent(i) == node && tree.token(i) == target) {
-          next = i;
+      for (int32_t child : tree.Children(node)) {
+        if (tree.token(child) == target) {
+          next = child;
           break;
         }
       }
@@ -96,17 +96,11 @@ void VerifyChains(std::span<const TreeVerifyJob> jobs, const std::vector<size_t>
   for (int64_t s = 0; s < S; ++s) {
     const CandidateTree& tree = *jobs[which[s]].tree;
     int32_t node = -1;
-    while (true) {  // follow the unique child down
-      int32_t next = -1;
-      for (int32_t i = node + 1; i < tree.size(); ++i) {
-        if (tree.parent(i) == node) {
-          next = i;
-          break;
-        }
-      }
-      if (next < 0) break;
-      chain[s].push_back(next);
-      node = next;
+    // Follow the unique child down.
+    for (std::vector<int32_t> kids = tree.Children(node); !kids.empty();
+         kids = tree.Children(node)) {
+      node = kids[0];
+      chain[s].push_back(node);
     }
     length[s] = static_cast<int64_t>(chain[s].size());
     for (int64_t d = 0; d < length[s]; ++d) {
