@@ -173,6 +173,9 @@ std::string ModelRunner::dtype_name() const {
       return "float32";
   }
 }
+void ModelRunner::Synchronize() const {
+  if (impl_->device.is_cuda()) torch::cuda::synchronize(impl_->device.index());
+}
 std::shared_ptr<CausalLMImpl> ModelRunner::module() const { return impl_->module; }
 
 Status ModelRunner::AddSequence(SeqId seq) { return impl_->kv->allocator().AddSequence(seq); }

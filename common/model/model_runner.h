@@ -54,6 +54,9 @@ class ModelRunner {
   std::string device_name() const;
   // The weights' (and hidden states') dtype: "float32", "bfloat16" or "float16".
   std::string dtype_name() const;
+  // Waits for the work queued on the device (CUDA runs asynchronously; a no-op on the CPU), so a
+  // timer read afterwards measures the work, not its launch.
+  void Synchronize() const;
 
   // ALREADY_EXISTS if the id is in use.
   Status AddSequence(SeqId seq);

@@ -14,6 +14,7 @@
 #include "common/model/paged_attention_layout.h"
 #include "common/model/rope.h"
 #include "common/model/transformer.h"
+#include "tests/testing/test_device.h"
 
 namespace specula {
 namespace {
@@ -127,6 +128,21 @@ class PagedAttentionTest : public ::testing::Test {
     }
     auto reference = torch::stack(ref_rows, 0);
 
+    if (padded && !TestDevice().is_cpu()) {
+      // The padded LibTorch path where it really runs: on the test device (a GPU), which
+      // MakePagedInputs lays out padded by itself.
+      const c10::Device device = TestDevice();
+      auto dev_keys = key_cache.to(device), dev_values = value_cache.to(device);
+      AttentionInputs in = MakePagedInputs(layout, cos.to(device), sin.to(device));
+      EXPECT_TRUE(in.padded());
+      auto out =
+          PagedSelfAttention(q.to(device), k.to(device), v.to(device), in, dev_keys, dev_values)
+              .cpu();
+      EXPECT_EQ(out.sizes(), reference.sizes());
+      EXPECT_LT((dev_keys.cpu() - ref_keys).abs().max().item<double>(), 1e-5);
+      EXPECT_LT((dev_values.cpu() - ref_values).abs().max().item<double>(), 1e-6);
+      return (out - reference).abs().max().item<double>();
+    }
     AttentionInputs in = MakePagedInputs(layout, cos, sin);
     if (padded) {
       // The fallback's padded form, forced on CPU float32.
@@ -235,6 +251,7 @@ TEST_F(PagedAttentionTest, RandomBatchesMatchTheReference) {
       c.seqs.push_back(s);
     }
     EXPECT_LT(MaxError(c, false, 100 + trial), kTolerance) << "trial " << trial;
+    EXPECT_LT(MaxError(c, true, 100 + trial), kTolerance) << "padded, trial " << trial;
   }
 }
 

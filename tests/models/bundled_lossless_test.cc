@@ -1,7 +1,7 @@
 // Greedy speculative decoding on the bundled target equals plain greedy decoding token for token:
 // held-out prompts of mixed lengths, every drafter (n-gram, the draft LM as a chain and as a tree,
 // the trained SpecFormer as a chain and as a budgeted tree), draft lengths 1-8, batch sizes 1
-// and 8.
+// and 8. On the device SPECULA_TEST_DEVICE names (the CPU in CI; a GPU where there is one).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include "common/spec/spec_engine.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/util/mapped_file.h"
+#include "tests/testing/test_device.h"
 
 namespace specula {
 namespace {
@@ -31,10 +32,16 @@ const std::string kHeldOut = "/usr/lib/python3.11/test";
 constexpr int kPrompts = 16;
 constexpr int64_t kMaxNewTokens = 40;
 
+ModelRunnerOptions DeviceOptions() {
+  ModelRunnerOptions options;
+  options.device = TestDeviceName();
+  return options;
+}
+
 class BundledLosslessTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto target = ModelRunner::Load(kTarget, {});
+    auto target = ModelRunner::Load(kTarget, DeviceOptions());
     ASSERT_TRUE(target.ok()) << target.status();
     target_ = target->release();
     auto tok = Tokenizer::FromFile(kTarget + "/tokenizer.json");
@@ -97,7 +104,7 @@ class BundledLosslessTest : public ::testing::Test {
     }
     Status parsed = flags.Parse(args);
     EXPECT_TRUE(parsed.ok()) << parsed;
-    DrafterLoadContext context(*target_, {});
+    DrafterLoadContext context(*target_, DeviceOptions());
     auto loaded = registry.Load(name, context);
     EXPECT_TRUE(loaded.ok()) << loaded.status();
     if (loaded.ok()) {
@@ -114,14 +121,15 @@ class BundledLosslessTest : public ::testing::Test {
     size_t j = 0;
     while (j < plain.size() && j < got.size() && plain[j] == got[j]) ++j;
     ASSERT_LT(j, std::min(plain.size(), got.size())) << what << ": one output is a prefix";
-    auto runner = ModelRunner::Load(kTarget, {});
+    auto runner = ModelRunner::Load(kTarget, DeviceOptions());
     ASSERT_TRUE(runner.ok());
     std::vector<int32_t> context = request.prompt;
     context.insert(context.end(), plain.begin(), plain.begin() + static_cast<int64_t>(j));
     ASSERT_TRUE((*runner)->AddSequence(1).ok());
     auto out = (*runner)->Forward({.seqs = {{.seq = 1, .tokens = context}}});
     ASSERT_TRUE(out.ok());
-    const float* row = out->logits.data_ptr<float>();
+    const at::Tensor logits = out->logits.to(at::kCPU, at::kFloat).contiguous();
+    const float* row = logits.data_ptr<float>();
     const float a = row[plain[j]];
     const float b = row[got[j]];
     ++ties_;

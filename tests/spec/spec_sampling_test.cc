@@ -14,6 +14,7 @@
 #include "common/engine/plain_decoder.h"
 #include "common/spec/spec_engine.h"
 #include "tests/spec/chi_square.h"
+#include "tests/testing/test_device.h"
 #include "tests/testing/tiny_model.h"
 
 namespace specula {
@@ -30,6 +31,7 @@ class SpecSamplingTest : public ::testing::Test {
     config_.vocab_size = kVocab;
     ModelRunnerOptions options;
     options.kv.memory_mb = 64;
+    options.device = TestDeviceName();  // SPECULA_TEST_DEVICE: a GPU checks the CUDA paths
     auto target = ModelRunner::FromModule(MakeTinyModel(config_, 21, 3.0), options);
     ASSERT_TRUE(target.ok()) << target.status();
     target_ = std::move(*target);
@@ -38,6 +40,7 @@ class SpecSamplingTest : public ::testing::Test {
   std::unique_ptr<Drafter> DraftModel(int32_t tree_width) {
     ModelRunnerOptions options;
     options.kv.memory_mb = 64;
+    options.device = TestDeviceName();  // SPECULA_TEST_DEVICE: a GPU checks the CUDA paths
     // Another random model: its distribution q is far from the target's p.
     auto draft = ModelRunner::FromModule(MakeTinyModel(config_, 99, 3.0), options);
     EXPECT_TRUE(draft.ok());

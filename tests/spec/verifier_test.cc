@@ -17,6 +17,7 @@
 #include "common/spec/proposal.h"
 #include "common/spec/tensor_verifier.h"
 #include "tests/spec/chi_square.h"
+#include "tests/testing/test_device.h"
 
 namespace specula {
 namespace {
@@ -1084,7 +1085,8 @@ at::Tensor StackRows(const std::vector<TreeLogits>& logits, std::vector<int64_t>
     first_rows->push_back(static_cast<int64_t>(all.size()) / vocab);
     all.insert(all.end(), l.data, l.data + l.rows * l.vocab);
   }
-  return at::tensor(all).view({-1, vocab});
+  // On the test device (SPECULA_TEST_DEVICE): on a GPU machine the same oracles check CUDA.
+  return at::tensor(all).view({-1, vocab}).to(TestDevice());
 }
 
 std::vector<StatusOr<VerifyResult>> OnTensors(const std::vector<CandidateTree>& trees,
@@ -1180,8 +1182,8 @@ TEST(TensorVerifierTest, ShapedProbabilitiesEqualProbabilities) {
     }
   }
   const int64_t n = static_cast<int64_t>(params.size());
-  const at::Tensor logits = at::tensor(rows).view({n, kVocab});
-  const at::Tensor shaped = ShapedProbabilities(logits, temperature, top_k, top_p);
+  const at::Tensor logits = at::tensor(rows).view({n, kVocab}).to(TestDevice());
+  const at::Tensor shaped = ShapedProbabilities(logits, temperature, top_k, top_p).cpu();
   ASSERT_EQ(shaped.size(0), n);
   const auto a = shaped.accessor<float, 2>();
   for (int64_t r = 0; r < n; ++r) {
@@ -1234,7 +1236,7 @@ TEST(TensorVerifierTest, MixedBatchKeepsEachJobsOwnSamplingParameters) {
   const int32_t argmax = Argmax(row);
   std::vector<float> data;
   for (int32_t r = 0; r < 3; ++r) data.insert(data.end(), row.begin(), row.end());
-  const at::Tensor logits = at::tensor(data).view({3, kV});
+  const at::Tensor logits = at::tensor(data).view({3, kV}).to(TestDevice());
   const CandidateTree empty;
   std::vector<SequenceRng> rngs(3, SequenceRng(3));
   for (int32_t trial = 0; trial < 50; ++trial) {

@@ -77,9 +77,10 @@ struct Timing {
   int64_t ops = 0;  // of the first (warm-up) call
 };
 
-// Calls `call` repeats + 1 times (the first warms up and counts ops); min and median of the rest.
+// Calls `call` repeats + 1 times (the first warms up and counts ops); min and median of the rest,
+// each up to the end of the work it queued on the runner's device.
 template <typename Call>
-StatusOr<Timing> TimeCalls(int64_t repeats, const Call& call) {
+StatusOr<Timing> TimeCalls(const ModelRunner& runner, int64_t repeats, const Call& call) {
   std::vector<double> ms;
   Timing t;
   for (int64_t r = 0; r <= repeats; ++r) {
@@ -87,6 +88,7 @@ StatusOr<Timing> TimeCalls(int64_t repeats, const Call& call) {
     if (r == 0) counter.emplace();
     const auto t0 = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(call());
+    runner.Synchronize();
     const double elapsed = ElapsedMs(t0);
     if (counter) t.ops = counter->count();
     if (r > 0) ms.push_back(elapsed);
@@ -138,13 +140,13 @@ Status RunDrafters(const BenchFlags& f, ModelRunner& runner, std::mt19937& rng,
         // The target's step these calls are measured against: one token per sequence.
         ForwardBatch step;
         for (SeqId s : seqs) step.seqs.push_back({.seq = s, .tokens = {token(rng)}});
-        ASSIGN_OR_RETURN(Timing target_step, TimeCalls(f.repeats, [&]() -> Status {
+        ASSIGN_OR_RETURN(Timing target_step, TimeCalls(runner, f.repeats, [&]() -> Status {
                            RETURN_IF_ERROR(runner.Forward(step).status());
                            for (SeqId s : seqs) RETURN_IF_ERROR(runner.Truncate(s, context));
                            return OkStatus();
                          }));
         // One committed token per sequence per call (its hidden state: the last prefill row's).
-        ASSIGN_OR_RETURN(Timing observe, TimeCalls(f.repeats, [&]() -> Status {
+        ASSIGN_OR_RETURN(Timing observe, TimeCalls(runner, f.repeats, [&]() -> Status {
                            std::vector<DrafterObservation> next(B);
                            for (int64_t b = 0; b < B; ++b) {
                              next[b] = {.seq = seqs[b], .tokens = {token(rng)}};
@@ -161,7 +163,7 @@ Status RunDrafters(const BenchFlags& f, ModelRunner& runner, std::mt19937& rng,
                                 .max_nodes = static_cast<int32_t>(depth),
                                 .max_depth = static_cast<int32_t>(depth)});
           }
-          ASSIGN_OR_RETURN(Timing propose, TimeCalls(f.repeats, [&]() -> Status {
+          ASSIGN_OR_RETURN(Timing propose, TimeCalls(runner, f.repeats, [&]() -> Status {
                              return drafter->Propose(requests).status();
                            }));
           const double vs_step =
