@@ -15,6 +15,7 @@
 # Usage: scripts/gpu_check.sh OUT_DIR [DEPS_DIR]   (DEPS_DIR: from scripts/gpu_deps.sh)
 # A dry run of the steps after the build on a CPU machine, with its own build:
 #   SKIP_BUILD=1 BUILD_DIR=build DEVICE=cpu scripts/gpu_check.sh /tmp/gpu-dry
+# ONLY="outputs bench_place_host_t0.8 ..." runs only the named steps after the build.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR [DEPS_DIR]}
 deps=$(realpath -m "${2:-.devdeps}")
@@ -35,6 +36,9 @@ step() {
   local name=$1 limit=$2
   shift 2
   local l
+  if [[ -n ${ONLY:-} && $name != configure && $name != build && " $ONLY " != *" $name "* ]]; then
+    return 1
+  fi
   l=$(left)
   if ((l < 15)); then
     echo "=== SKIP $name (deadline)"
@@ -103,7 +107,7 @@ grep -E "z =|OK|FAILED|PASSED" "$r/test_spec_sampling.txt" | tail -14
 # Greedy outputs, CPU float32 vs cuda float32 and bfloat16: 8 held-out prompts, 64 tokens.
 compare_outputs() {
   local same32=0 same16=0 n=0
-  for f in $(find /usr/lib/python3.11/test -name '*.py' -size +2k | sort | head -8); do
+  for f in $(find -L /usr/lib/python3.11/test -name '*.py' -size +2k | sort | head -8); do
     local prompt
     prompt=$(head -c 400 "$f")
     for cfg in "cpu float32" "$device float32" "$device bfloat16"; do
@@ -137,7 +141,7 @@ step bench_bf16 120 $b bench --model $m/pyllama-6m --device $device --dtype bflo
 tail -45 "$r/bench_bf16.txt"
 for temp in 0 0.8; do
   for place in host tensors; do
-    step "bench_place_${place}_t$temp" 40 $b bench --model $m/pyllama-6m --device $device \
+    step "bench_place_${place}_t$temp" 45 $b bench --model $m/pyllama-6m --device $device \
       --dtype bfloat16 --drafter specformer,beagle "${drafter_flags[@]}" --batch-sizes 1,64 \
       --draft-lens 4 --max-new-tokens 64 --repeats 2 --min-requests 8 --temperature $temp \
       --verify-placement $place --json "$r/bench-gpu-place-$place-t$temp.json" \

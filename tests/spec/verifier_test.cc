@@ -1153,7 +1153,9 @@ TEST(TensorVerifierTest, GreedyEqualsTheHostVerifierOnRandomTrees) {
       EXPECT_EQ(results[i]->bonus_token, oracle->bonus_token) << "vocab " << vocab << " tree " << i;
       accepted += static_cast<int64_t>(oracle->accepted_nodes.size());
     }
-    if (vocab <= 5) EXPECT_GT(accepted, 50);  // the comparison covers accepted paths
+    if (vocab <= 5) {
+      EXPECT_GT(accepted, 50);  // the comparison covers accepted paths
+    }
   }
 }
 

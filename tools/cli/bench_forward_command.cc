@@ -51,7 +51,7 @@ class OpCounter {
         at::RecordFunctionCallback([](const at::RecordFunction& fn)
                                        -> std::unique_ptr<at::ObserverContext> {
           ++g_op_count;
-          if (std::getenv("SPECULA_PRINT_OPS")) std::fprintf(stderr, "op %s\n", fn.name());
+          if (g_list_ops) std::fprintf(stderr, "op %s\n", fn.name());
           return nullptr;
         }).scopes({at::RecordScope::FUNCTION}));
   }
