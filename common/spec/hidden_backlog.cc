@@ -75,6 +75,48 @@ void HiddenBacklog::AppendRows(const std::vector<at::Tensor>& layers,
   rows_ += n;
 }
 
+void HiddenBacklog::AppendGathered(std::vector<at::Tensor> rows) {
+  if (rows.empty() || rows[0].size(0) == 0) return;
+  const int64_t n = rows[0].size(0);
+  if (UseBuffers(rows)) {
+    AppendRange(rows, 0, n);
+    return;
+  }
+  chunks_.push_back(std::move(rows));
+  rows_ += n;
+  if (chunks_.size() >= kMaxChunks) Compact();
+}
+
+void HiddenBacklog::Compact() {
+  std::vector<at::Tensor> joined;
+  for (size_t k = 0; k < chunks_[0].size(); ++k) {
+    std::vector<at::Tensor> parts;
+    for (const auto& chunk : chunks_) parts.push_back(chunk[k]);
+    joined.push_back(at::cat(parts, 0));
+  }
+  chunks_.clear();
+  chunks_.push_back(std::move(joined));
+}
+
+std::vector<std::vector<at::Tensor>> GatherStepRows(
+    const std::vector<at::Tensor>& layers, const std::vector<std::vector<int64_t>>& rows_per_seq) {
+  std::vector<int64_t> all;
+  for (const auto& rows : rows_per_seq) all.insert(all.end(), rows.begin(), rows.end());
+  std::vector<std::vector<at::Tensor>> out(rows_per_seq.size());
+  if (layers.empty() || all.empty()) return out;
+  const at::Tensor index =
+      at::tensor(all, at::TensorOptions().dtype(at::kLong)).to(layers[0].device());
+  std::vector<at::Tensor> gathered;
+  for (const at::Tensor& t : layers) gathered.push_back(t.index_select(0, index));
+  int64_t offset = 0;
+  for (size_t i = 0; i < rows_per_seq.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(rows_per_seq[i].size());
+    for (const at::Tensor& g : gathered) out[i].push_back(g.narrow(0, offset, n));
+    offset += n;
+  }
+  return out;
+}
+
 std::vector<at::Tensor> HiddenBacklog::Take() {
   std::vector<at::Tensor> out;
   if (rows_ > 0 && chunks_.empty()) {

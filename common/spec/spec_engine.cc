@@ -310,6 +310,10 @@ struct SpecEngine::ForwardGroup {
   // Per member: its tree verified on the logits tensor (VerifyPlacement), or empty when the host
   // verifier runs (prefill chunks, lossy rules, host placement).
   std::vector<std::optional<StatusOr<VerifyResult>>> verified;
+  // Decode members whose drafter reads device hidden states, and the step rows each keeps:
+  // gathered for all of them at once after the commits (FlushHiddenRows).
+  std::vector<RequestId> hidden_owners;
+  std::vector<std::vector<int64_t>> hidden_rows;
 };
 
 namespace {
@@ -751,7 +755,37 @@ void SpecEngine::CommitGroup(ForwardGroup& group, StepReport* report) {
     if (it == sequences_.end()) continue;
     Finish(*it->second, FinishReason::kError, committed, report);
   }
+  FlushHiddenRows(group);
   FlushCommits(group, report);
+}
+
+void SpecEngine::FlushHiddenRows(ForwardGroup& group) {
+  if (group.hidden_owners.empty()) return;
+  std::vector<std::vector<at::Tensor>> rows;
+  const Status gathered = Guarded("hidden-state capture", [&] {
+    rows = GatherStepRows(group.out.hidden, group.hidden_rows);
+    return OkStatus();
+  });
+  const std::vector<int64_t>& have = group.batch.hidden_layers;
+  for (size_t i = 0; i < group.hidden_owners.size(); ++i) {
+    auto it = sequences_.find(group.hidden_owners[i]);
+    if (it == sequences_.end() || !it->second->drafter) continue;  // finished since its commit
+    Sequence& s = *it->second;
+    // Joining a long backlog (AppendGathered) allocates on the device and can throw as well.
+    const Status kept = !gathered.ok() ? gathered : Guarded("hidden-state capture", [&] {
+      std::vector<at::Tensor> mine;  // the layers its drafter reads, in the drafter's order
+      for (int64_t l : s.drafter->hidden_layers()) {
+        mine.push_back(rows[i][std::lower_bound(have.begin(), have.end(), l) - have.begin()]);
+      }
+      s.unobserved_hidden.AppendGathered(std::move(mine));
+      return OkStatus();
+    });
+    if (kept.ok()) continue;
+    // Its drafter would miss these rows: the request goes on without speculation.
+    ++s.stats.draft_errors;
+    s.stats.last_draft_error = kept.ToString();
+    Detach(s);
+  }
 }
 
 void SpecEngine::FlushCommits(ForwardGroup& group, StepReport* report) {
@@ -893,7 +927,7 @@ std::optional<FinishReason> SpecEngine::ApplyStops(Sequence& s, std::vector<int3
   return reason;
 }
 
-void SpecEngine::QueueObservation(const ForwardGroup& group, size_t b, bool was_prefill,
+void SpecEngine::QueueObservation(ForwardGroup& group, size_t b, bool was_prefill,
                                   const std::vector<int32_t>& emitted,
                                   const std::vector<int64_t>& hidden_rows) {
   Sequence& s = *group.members[b];
@@ -902,7 +936,13 @@ void SpecEngine::QueueObservation(const ForwardGroup& group, size_t b, bool was_
     const std::vector<int32_t>& prompt = s.request.generation.prompt;
     s.unobserved_tokens.insert(s.unobserved_tokens.end(), prompt.begin(), prompt.end());
   } else if (!s.drafter->hidden_layers().empty()) {
-    s.unobserved_hidden.AppendRows(DrafterLayers(group.batch, group.out, *s.drafter), hidden_rows);
+    if (group.out.hidden.empty() || group.out.hidden[0].device().is_cpu()) {
+      s.unobserved_hidden.AppendRows(DrafterLayers(group.batch, group.out, *s.drafter),
+                                     hidden_rows);
+    } else {  // on a device: one gather for the whole group after the commits
+      group.hidden_owners.push_back(s.id);
+      group.hidden_rows.push_back(hidden_rows);
+    }
   }
   s.unobserved_tokens.insert(s.unobserved_tokens.end(), emitted.begin(), emitted.end());
   s.unobserved_generated += static_cast<int64_t>(emitted.size());

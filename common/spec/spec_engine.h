@@ -120,6 +120,10 @@ class SpecEngine {
   // The KV commit of every accepted path of the group in one CommitPaths; on failure, one by one
   // so that only the failing sequences end.
   void FlushCommits(ForwardGroup& group, StepReport* report);
+  // The hidden-state rows the group's members keep for their drafters, when the hidden states are
+  // on a device: one gather per layer for the whole group (hidden_backlog.h). A member whose rows
+  // cannot be kept goes on without speculation.
+  void FlushHiddenRows(ForwardGroup& group);
   // Per member of a forward: a prefill chunk or a verified tree, then stops, then what its drafter
   // will observe. `rows`: the member's logits rows on the host (null when verified on the tensor).
   void CommitSequence(ForwardGroup& group, size_t b, const float* rows, int64_t vocab,
@@ -132,7 +136,7 @@ class SpecEngine {
   // Appends the emitted tokens up to the first stop; returns kStop, kLength or nothing.
   std::optional<FinishReason> ApplyStops(Sequence& s, std::vector<int32_t>* emitted);
   // Appends the committed tokens (and their hidden states) to what the drafter has not observed.
-  void QueueObservation(const ForwardGroup& group, size_t b, bool was_prefill,
+  void QueueObservation(ForwardGroup& group, size_t b, bool was_prefill,
                         const std::vector<int32_t>& emitted,
                         const std::vector<int64_t>& hidden_rows);
   // The most draft nodes the sequence can use next step (its cap, the context, max_new_tokens).

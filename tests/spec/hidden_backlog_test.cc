@@ -70,6 +70,44 @@ TEST(HiddenBacklogTest, NonContiguousStepsTakeTheGeneralPathWithTheSameResult) {
   EXPECT_EQ(RowIds(backlog.Take())[1], (std::vector<float>{100, 101, 127}));
 }
 
+TEST(GatherStepRowsTest, EachSequenceGetsItsRowsInOrderFromOneGatherPerLayer) {
+  const std::vector<at::Tensor> layers = StepLayers(12, 4);
+  const auto rows = GatherStepRows(layers, {{3, 1}, {}, {11, 0, 5}});
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(RowIds(rows[0]), (std::vector<std::vector<float>>{{3, 1}, {103, 101}}));
+  EXPECT_EQ(rows[1][0].size(0), 0);
+  EXPECT_EQ(RowIds(rows[2]), (std::vector<std::vector<float>>{{11, 0, 5}, {111, 100, 105}}));
+  // Views of one gather per layer, not copies per sequence.
+  EXPECT_EQ(rows[0][0].storage().data(), rows[2][0].storage().data());
+  EXPECT_TRUE(GatherStepRows(layers, {{}, {}})[0].empty());
+}
+
+TEST(HiddenBacklogTest, GatheredViewsAreKeptAndCompactedInOrder) {
+  // The device path on CPU tensors: non-contiguous gathers are kept as they are (no buffer).
+  HiddenBacklog backlog;
+  std::vector<float> want;
+  const int steps = static_cast<int>(HiddenBacklog::kMaxChunks) + 7;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<at::Tensor> strided;
+    for (const at::Tensor& t : StepLayers(3, 5, 10 * step))
+      strided.push_back(t.t().contiguous().t());
+    const auto rows = GatherStepRows(strided, {{0}, {2, 1}});
+    std::vector<at::Tensor> mine;
+    for (const at::Tensor& r : rows[1]) mine.push_back(r.t().contiguous().t());  // keep it strided
+    backlog.AppendGathered(std::move(mine));
+    want.push_back(10 * step + 2);
+    want.push_back(10 * step + 1);
+    EXPECT_LT(backlog.chunks(), HiddenBacklog::kMaxChunks) << "step " << step;
+  }
+  EXPECT_EQ(backlog.rows(), 2 * steps);
+  EXPECT_EQ(RowIds(backlog.Take())[0], want);
+  // Contiguous CPU rows are copied into the buffers instead.
+  backlog.AppendGathered(GatherStepRows(StepLayers(4, 8), {{3, 2}})[0]);
+  backlog.AppendGathered(GatherStepRows(StepLayers(4, 8, 40), {{0}})[0]);
+  EXPECT_EQ(backlog.chunks(), 1u);
+  EXPECT_EQ(RowIds(backlog.Take())[1], (std::vector<float>{103, 102, 140}));
+}
+
 TEST(HiddenBacklogTest, ClearDropsEverything) {
   HiddenBacklog backlog;
   backlog.AppendRange(StepLayers(4, 8), 0, 4);
