@@ -18,6 +18,12 @@
 namespace specula {
 namespace {
 std::atomic<int> g_kernel_threads{1};
+
+std::string Lowercase(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
 std::mutex g_pool_mutex;
 std::shared_ptr<WorkSharingPool> g_pool;  // null: the caller alone
 }  // namespace
@@ -63,9 +69,7 @@ CpuVectorFeatures DetectCpuVectorFeatures() {
 }
 
 std::string BetterBlasCore(const std::string& loaded, const CpuVectorFeatures& cpu) {
-  std::string core = loaded;
-  std::transform(core.begin(), core.end(), core.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const std::string core = Lowercase(loaded);
   // Cores whose sgemm uses AVX-512, then AVX2 + FMA (OpenBLAS 0.3.x names).
   const bool has_avx512 = core == "skylakex" || core == "cooperlake" || core == "sapphirerapids";
   const bool has_avx2 = has_avx512 || core == "haswell" || core == "zen";
@@ -81,19 +85,35 @@ std::string LoadedBlasCore() {
   return name ? name : "";
 }
 
-void RelaunchForFasterBlas(char** argv) {
+bool SwitchBlasCoreInProcess(const std::string& core) {
+  using Fn = void (*)();
+  auto quit = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "gotoblas_dynamic_quit"));
+  auto init = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "gotoblas_dynamic_init"));
+  if (quit == nullptr || init == nullptr) return false;
+  setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+  quit();
+  init();
+  return Lowercase(LoadedBlasCore()) == Lowercase(core);
+}
+
+void UseFasterBlasKernels(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;  // the user's choice, or relaunched
   if (std::getenv("SPECULA_NO_BLAS_RELAUNCH") != nullptr) return;
   const std::string loaded = LoadedBlasCore();
   if (loaded.empty()) return;  // not OpenBLAS
   const std::string better = BetterBlasCore(loaded, DetectCpuVectorFeatures());
   if (better.empty()) return;
-  // The binary's own path, not /proc/self/exe: the process would be named "exe" in ps and top.
+  // Sets OPENBLAS_CORETYPE, also for the processes this one starts (they load the right kernels
+  // at once) and for the exec below.
+  if (SwitchBlasCoreInProcess(better)) return;
+  setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
+  // No dispatcher to re-run (an OpenBLAS built for one core, or another BLAS): exec once more,
+  // with OPENBLAS_CORETYPE set for the loader. The binary's own path, not /proc/self/exe: the
+  // process would be named "exe" in ps and top.
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return;
   self[n] = '\0';
-  setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
   execv(self, argv);
   // exec failed: carry on with the kernels OpenBLAS has.
 }

@@ -37,12 +37,19 @@ CpuVectorFeatures DetectCpuVectorFeatures();
 std::string LoadedBlasCore();
 std::string BetterBlasCore(const std::string& loaded, const CpuVectorFeatures& cpu);
 
-// Call first in main(): when OpenBLAS loaded weaker kernels than the CPU supports and the user did
-// not set OPENBLAS_CORETYPE, re-executes the process once (its own binary, same arguments) with it
-// set to BetterBlasCore's choice. Returns (doing nothing) otherwise, when SPECULA_NO_BLAS_RELAUNCH
-// is set (the relaunch loads LibTorch's libraries twice: ~0.9 s more start-up where it happens),
-// or if the exec fails.
-void RelaunchForFasterBlas(char** argv);
+// OpenBLAS built with DYNAMIC_ARCH (Debian's) exports its kernel dispatcher's quit and init; init
+// reads OPENBLAS_CORETYPE and installs that core's kernel table and blocking parameters. Sets
+// OPENBLAS_CORETYPE to `core` and re-runs the dispatcher: true when OpenBLAS then reports `core`.
+// Only between BLAS calls (nothing may be running on OpenBLAS's threads).
+bool SwitchBlasCoreInProcess(const std::string& core);
+
+// Call first in main(), before any matmul: when OpenBLAS loaded weaker kernels than the CPU
+// supports and the user did not set OPENBLAS_CORETYPE, sets it to BetterBlasCore's choice and
+// switches OpenBLAS to those kernels in this process (re-running its DYNAMIC_ARCH dispatcher;
+// free). Where that is not possible it re-executes the process once (its own binary, same
+// arguments), which loads LibTorch's libraries twice (~0.5 s more start-up). Does nothing when
+// SPECULA_NO_BLAS_RELAUNCH is set.
+void UseFasterBlasKernels(char** argv);
 
 // glibc malloc: serve large tensors from the heap and keep them (no mmap/munmap per forward, so no
 // page faults re-zeroing fresh pages on every step). Call once at startup, before threads start.

@@ -2,6 +2,7 @@
 // messages for bad model directories and prompts.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 
 #include <filesystem>
 #include <fstream>
@@ -399,8 +400,8 @@ TEST(BetterBlasCoreTest, AsksForTheBestCoreTheCpuHas) {
 }
 
 // OpenBLAS picks its kernels from the CPU model; on virtual machines that hide it, it falls back to
-// SSE3 "Prescott" kernels (2-3x slower matmuls). `specula` relaunches itself with the best core the
-// CPU supports unless OPENBLAS_CORETYPE says otherwise.
+// SSE3 "Prescott" kernels (2-3x slower matmuls). `specula` switches to the best core the CPU
+// supports unless OPENBLAS_CORETYPE says otherwise.
 TEST(SpeculaBlasTest, RunsTheBestMatmulKernelsTheCpuSupports) {
   TempDir dir;
   const std::string out = dir.File("out.txt");
@@ -416,6 +417,31 @@ TEST(SpeculaBlasTest, RunsTheBestMatmulKernelsTheCpuSupports) {
   // The user's choice stands.
   ASSERT_EQ(std::system(("OPENBLAS_CORETYPE=Prescott " + bin).c_str()), 0);
   EXPECT_NE(ReadFileToString(out).value().find("OpenBLAS Prescott kernels"), std::string::npos);
+}
+
+// The switch itself, in this process: kernels change between two matmuls and give the same result.
+TEST(SpeculaBlasTest, SwitchesOpenBlasKernelsInProcess) {
+  const std::string loaded = LoadedBlasCore();
+  if (loaded.empty()) GTEST_SKIP() << "not OpenBLAS";
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "Prescott kernels are x86-64's";
+#endif
+  const char* before_env = std::getenv("OPENBLAS_CORETYPE");
+  const std::string saved_env = before_env ? before_env : "";
+  torch::manual_seed(3);
+  const at::Tensor a = torch::randn({300, 96}), b = torch::randn({96, 280});
+  const at::Tensor expected = torch::mm(a, b);
+  ASSERT_TRUE(SwitchBlasCoreInProcess("Prescott"));  // every x86-64 CPU runs these
+  EXPECT_EQ(LoadedBlasCore(), "Prescott");
+  EXPECT_TRUE(torch::allclose(torch::mm(a, b), expected, 1e-4, 1e-4));
+  ASSERT_TRUE(SwitchBlasCoreInProcess(loaded));
+  EXPECT_EQ(LoadedBlasCore(), loaded);
+  EXPECT_TRUE(torch::allclose(torch::mm(a, b), expected, 1e-4, 1e-4));
+  if (before_env) {
+    setenv("OPENBLAS_CORETYPE", saved_env.c_str(), 1);
+  } else {
+    unsetenv("OPENBLAS_CORETYPE");
+  }
 }
 
 TEST_F(SpeculaCliTest, BadFlags) {

@@ -40,7 +40,7 @@ void PrintVersion() {
   } else {
     std::printf("specula %s\n", specula::cli::kVersion);
   }
-  // Which matmul kernels this process runs (RelaunchForFasterBlas may have chosen them).
+  // Which matmul kernels this process runs (UseFasterBlasKernels may have chosen them).
   const std::string blas = specula::LoadedBlasCore();
   if (!blas.empty()) std::printf("matmuls: OpenBLAS %s kernels\n", blas.c_str());
 }
@@ -48,7 +48,7 @@ void PrintVersion() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  specula::RelaunchForFasterBlas(argv);
+  specula::UseFasterBlasKernels(argv);
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
