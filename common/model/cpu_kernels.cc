@@ -439,8 +439,7 @@ at::Tensor SmallMatmulCpu(const at::Tensor& x_in, const at::Tensor& weight, cons
   // Output features split across threads once each gets ~128K multiply-adds (the weights are read
   // once either way; two cores read them twice as fast).
   const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 17) / (k * rows));
-  // A forward of at most kSmallMatmulMaxRows rows runs no BLAS call, so these kernels can have
-  // every core; see PagedAttentionCpu.
+  // Every core: OpenBLAS's pool is idle while this kernel runs (see PagedAttentionCpu).
   ParallelRanges(0, n, grain, KernelThreads(), [&](int64_t n0, int64_t n1) {
     SmallMatmul(xp, wp, bp, rp, yp, rows, n0, n1, n, k);
   });
@@ -567,11 +566,11 @@ at::Tensor PagedAttentionCpu(const at::Tensor& q_in, const at::Tensor& key_cache
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / work_per_run);
   std::vector<int64_t> kv_offset(kMaxVectors);
   for (int64_t i = 0; i < kMaxVectors; ++i) kv_offset[i] = ((i % nh) / group) * hd;
-  // Only small forwards (those whose projections all take SmallMatmulCpu, so no BLAS call runs)
-  // split attention across threads: in a forward that also runs OpenBLAS's pool, OpenMP's workers
-  // spinning after the region fight BLAS's for the cores (measured: batch 64 x 1 at context 384
-  // 25 -> 49 ms with both).
-  const int max_threads = N <= kSmallMatmulMaxRows ? KernelThreads() : 1;
+  // Every forward splits attention across the kernel pool, also those whose projections run on
+  // OpenBLAS's threads: the pool never waits for a helper that is late (one still spinning in
+  // OpenBLAS's pool, say), so the worst case is one core. OpenMP's workers did wait (batch 64 x 1
+  // at context 384 went 25 -> 49 ms); this pool took batch 64 x 8 at context 384 from 122 to 78 ms.
+  const int max_threads = KernelThreads();
   ParallelRanges(0, runs, grain, max_threads, [&](int64_t begin, int64_t end) {
     float m[kMaxVectors], l[kMaxVectors];
     for (int64_t t = begin; t < end; ++t) {

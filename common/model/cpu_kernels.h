@@ -20,10 +20,10 @@ bool CpuKernelsApply(const at::Tensor& t);
 // multiple of 16: every weight row is read once for all rows (blocks of 8 rows over cache-sized
 // tiles of weight rows), on every core. BLAS sgemm packs the whole weight matrix per call, which
 // at a few rows costs more than the product, and OpenBLAS's single-threaded path for 9-32 rows
-// was 3x slower than this kernel at 8 (measured: batch 1, 9 rows 3.6 ms vs 1.3 ms). The bound
-// covers a whole default step (max_step_tokens 256), so serving forwards run no BLAS call and
-// never mix OpenMP's and OpenBLAS's thread pools.
-inline constexpr int64_t kSmallMatmulMaxRows = 256;
+// was 3x slower than this kernel at 8 (measured: batch 1, 9 rows 3.6 ms vs 1.3 ms, with SSE3
+// kernels). With OpenBLAS's AVX-512 kernels sgemm wins from ~48 rows on (batch 64 x 4 at context
+// 8: 18-25 ms vs 32 ms with this kernel up to 256 rows; docs/BENCHMARKS.md), so the bound is 32.
+inline constexpr int64_t kSmallMatmulMaxRows = 32;
 bool SmallMatmulApplies(const at::Tensor& x, const at::Tensor& weight);
 at::Tensor SmallMatmulCpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                           const at::Tensor* residual);
