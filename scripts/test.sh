@@ -42,6 +42,8 @@ SANITIZE_TARGETS="${SANITIZE_TARGETS:-$DEFAULT_TARGETS}"
 SANITIZE_TESTS="${SANITIZE_TESTS:-^(tokenizer_[a-z0-9_]+_test|block_allocator_test|paged_kv_cache_test|candidate_tree_test|verifier_test|spec_engine_test|spec_sampling_test|draft_budget_test|engine_loop_test|internal_services_test|generation_service_test|stop_strings_test|api_token_test|tls_test|specula_serve_test|split_serve_test|tls_serve_test)$}"
 
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
+# The precompiled LibTorch header (cmake/TorchPch.cmake) is cacheable only with these.
+export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 GENERATOR=()
 command -v ninja >/dev/null && GENERATOR=(-G Ninja)
 start=$(date +%s)

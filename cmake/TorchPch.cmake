@@ -1,0 +1,61 @@
+# <torch/torch.h> precompiled once, for the sources that include it: parsing LibTorch's headers is
+# most of such a translation unit's ~20 s compile. The PCH is ~630 MB and costs ~9 s to load, so
+# sources that include only narrow ATen headers (or none) compile without it. GCC only (the fuzz
+# build's clang cannot compile LibTorch's headers in C++20 mode). -DSPECULA_PCH=OFF turns it off.
+include(${CMAKE_CURRENT_LIST_DIR}/LinksTorch.cmake)
+
+option(SPECULA_PCH "Precompile <torch/torch.h> for the sources that include it (GCC)" ON)
+
+if(SPECULA_PCH AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND NOT SPECULA_FUZZ)
+  add_library(specula_torch_pch OBJECT ${CMAKE_CURRENT_LIST_DIR}/torch_pch.cc)
+  target_link_libraries(specula_torch_pch PRIVATE ${TORCH_LIBRARIES})
+  target_precompile_headers(specula_torch_pch PRIVATE <torch/torch.h>)
+endif()
+
+# Every library and executable under `dirs` that links LibTorch reuses the PCH in its sources that
+# include <torch/torch.h>. Call once every target exists (DEFER).
+function(specula_apply_torch_pch)
+  if(NOT TARGET specula_torch_pch)
+    return()
+  endif()
+  set(dirs ${ARGN})
+  while(dirs)
+    list(POP_FRONT dirs dir)
+    get_property(subdirs DIRECTORY ${dir} PROPERTY SUBDIRECTORIES)
+    list(APPEND dirs ${subdirs})
+    get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
+    foreach(t IN LISTS targets)
+      get_target_property(type ${t} TYPE)
+      if(NOT type MATCHES "^(STATIC_LIBRARY|SHARED_LIBRARY|OBJECT_LIBRARY|EXECUTABLE)$" OR
+         t STREQUAL "specula_torch_pch")
+        continue()
+      endif()
+      specula_links_torch(${t} links)
+      if(NOT links)
+        continue()
+      endif()
+      get_target_property(sources ${t} SOURCES)
+      get_target_property(source_dir ${t} SOURCE_DIR)
+      set(uses FALSE)
+      foreach(src IN LISTS sources)
+        if(NOT src MATCHES "\\.cc$")
+          continue()
+        endif()
+        get_filename_component(path ${src} ABSOLUTE BASE_DIR ${source_dir})
+        set(includes "")
+        if(EXISTS ${path})
+          file(STRINGS ${path} includes REGEX "^#include <torch/torch\\.h>")
+        endif()
+        if(includes)
+          set(uses TRUE)
+        else()
+          set_source_files_properties(${path} TARGET_DIRECTORY ${t}
+            PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+        endif()
+      endforeach()
+      if(uses)
+        target_precompile_headers(${t} REUSE_FROM specula_torch_pch)
+      endif()
+    endforeach()
+  endwhile()
+endfunction()
