@@ -36,10 +36,11 @@ TOKENIZER_TESTS="added_vocabulary bpe_model bpe_trainer byte_level decoder json_
 DEFAULT_TARGETS="block_allocator_test paged_kv_cache_test candidate_tree_test verifier_test
   spec_engine_test spec_sampling_test draft_budget_test engine_loop_test internal_services_test
   generation_service_test stop_strings_test api_token_test tls_test specula_serve_test
-  split_serve_test tls_serve_test"
+  split_serve_test tls_serve_test tokenizer_json_fuzz tokenizer_encode_fuzz safetensors_fuzz
+  model_config_fuzz codec_fuzz request_convert_fuzz"
 for t in $TOKENIZER_TESTS; do DEFAULT_TARGETS+=" tokenizer_${t}_test"; done
 SANITIZE_TARGETS="${SANITIZE_TARGETS:-$DEFAULT_TARGETS}"
-SANITIZE_TESTS="${SANITIZE_TESTS:-^(tokenizer_[a-z0-9_]+_test|block_allocator_test|paged_kv_cache_test|candidate_tree_test|verifier_test|spec_engine_test|spec_sampling_test|draft_budget_test|engine_loop_test|internal_services_test|generation_service_test|stop_strings_test|api_token_test|tls_test|specula_serve_test|split_serve_test|tls_serve_test)$}"
+SANITIZE_TESTS="${SANITIZE_TESTS:-^(tokenizer_[a-z0-9_]+_test|block_allocator_test|paged_kv_cache_test|candidate_tree_test|verifier_test|spec_engine_test|spec_sampling_test|draft_budget_test|engine_loop_test|internal_services_test|generation_service_test|stop_strings_test|api_token_test|tls_test|specula_serve_test|split_serve_test|tls_serve_test|[a-z_]+_fuzz)$}"
 
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 # The precompiled LibTorch header (cmake/TorchPch.cmake) is cacheable only with these.

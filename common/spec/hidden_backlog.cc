@@ -122,11 +122,8 @@ std::vector<at::Tensor> HiddenBacklog::Take() {
   if (rows_ > 0 && chunks_.empty()) {
     for (at::Tensor& buf : buffers_) out.push_back(buf.narrow(0, 0, rows_));
   } else if (!chunks_.empty()) {
-    for (size_t k = 0; k < chunks_[0].size(); ++k) {
-      std::vector<at::Tensor> parts;
-      for (const auto& chunk : chunks_) parts.push_back(chunk[k]);
-      out.push_back(parts.size() == 1 ? parts[0] : at::cat(parts, 0));
-    }
+    if (chunks_.size() > 1) Compact();
+    out = std::move(chunks_[0]);
   }
   Clear();
   return out;

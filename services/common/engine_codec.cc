@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <span>
+#include <string>
 #include <utility>
 
 #include "services/common/grpc_status.h"
@@ -27,6 +29,22 @@ Status ToProto(const CandidateTree& tree, v1::CandidateTree* out) {
 }
 
 namespace {
+
+// A distribution's values: each finite and >= 0 (a sparse one's each <= 1 too), summing above 0.
+// The verifier divides by them and subtracts them from the target's probabilities.
+Status CheckProbabilities(std::span<const float> probs, bool dense, const std::string& name) {
+  double total = 0.0;
+  for (size_t k = 0; k < probs.size(); ++k) {
+    const float p = probs[k];
+    if (!(p >= 0.0f) || !std::isfinite(p) || (!dense && p > 1.0f)) {
+      return InvalidArgumentError(StrCat(name, "[", k, "] = ", p, " is not a probability (",
+                                         dense ? "finite and >= 0" : "in [0, 1]", ")"));
+    }
+    total += p;
+  }
+  if (!(total > 0.0)) return InvalidArgumentError(StrCat(name, " sum to 0"));
+  return OkStatus();
+}
 
 // One ProposalDistribution (drafter.proto's rules), added to `out`. `name` is its field.
 Status AddProposalDistribution(const v1::ProposalDistribution& d, int32_t vocab_size,
@@ -54,17 +72,8 @@ Status AddProposalDistribution(const v1::ProposalDistribution& d, int32_t vocab_
                                          " (ids must be strictly increasing)"));
     }
   }
-  double total = 0.0;
-  for (int k = 0; k < d.probs_size(); ++k) {
-    const float p = d.probs(k);
-    if (!(p >= 0.0f) || !std::isfinite(p) || (!dense && p > 1.0f)) {
-      return InvalidArgumentError(StrCat(name, ".probs[", k, "] = ", p, " is not a probability (",
-                                         dense ? "finite and >= 0" : "in [0, 1]", ")"));
-    }
-    total += p;
-  }
-  if (!(total > 0.0)) return InvalidArgumentError(StrCat(name, ".probs sum to 0"));
   std::vector<float> probs(d.probs().begin(), d.probs().end());
+  RETURN_IF_ERROR(CheckProbabilities(probs, dense, StrCat(name, ".probs")));
   if (dense) {
     out.AddDistribution(std::move(probs));
   } else {
@@ -110,6 +119,7 @@ StatusOr<CandidateTree> FromProto(const v1::CandidateTree& tree, int32_t vocab_s
     }
     std::vector<float> probs(static_cast<size_t>(vocab_size));
     std::memcpy(probs.data(), t.data().data(), probs.size() * sizeof(float));
+    RETURN_IF_ERROR(CheckProbabilities(probs, /*dense=*/true, StrCat(name, ".data")));
     out.AddDistribution(std::move(probs));
   }
   for (int i = 0; i < n; ++i) {

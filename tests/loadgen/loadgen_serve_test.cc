@@ -311,7 +311,7 @@ TEST_F(LoadgenServeTest, SeveralAddressesAreBalancedRoundRobin) {
   EXPECT_GT(first, 0u);
   EXPECT_GT(other, 0u);
 
-  for (const std::string& bad : {"rr=127.0.0.1:1++127.0.0.1:2", "rr=localhost:1+localhost:2",
+  for (const char* bad : {"rr=127.0.0.1:1++127.0.0.1:2", "rr=localhost:1+localhost:2",
                                  "rr=127.0.0.1:1+[::1]:2", "rr=127.0.0.1:1+"}) {
     const Result e = RunLoadgen({"--targets", bad, "--model", kBundled, "--disable-tqdm"});
     EXPECT_EQ(e.exit_code, 1) << bad;

@@ -14,6 +14,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/spec/proposal.h"
@@ -80,6 +81,20 @@ TEST(EngineCodecTest, OldDenseTensorsAreStillRead) {
   EXPECT_THAT(Ids(*back, 0), IsEmpty());
   EXPECT_THAT(Values(*back, 0), ElementsAreArray(q));
   EXPECT_TRUE(back->Validate(3, 1, 1).ok());
+
+  // Their values follow the same rules as proposal_distributions' (found by codec_fuzz: a
+  // negative value was read from the old form and refused only after a re-encode).
+  for (const auto& [bad, why] : std::vector<std::pair<std::vector<float>, std::string>>{
+           {{0.5f, -0.25f, 0.75f}, "tree.distributions[0].data[1] = -0.25 is not a probability"},
+           {{std::numeric_limits<float>::quiet_NaN(), 0.5f, 0.5f},
+            "tree.distributions[0].data[0] = nan is not a probability"},
+           {{0.0f, 0.0f, 0.0f}, "tree.distributions[0].data sum to 0"}}) {
+    v1::CandidateTree b = m;
+    b.mutable_distributions(0)->set_data(bad.data(), bad.size() * sizeof(float));
+    auto refused = FromProto(b, 3, "tree");
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << why;
+    EXPECT_THAT(refused.status().message(), HasSubstr(why));
+  }
 
   // Both forms at once is ambiguous.
   m.add_proposal_distributions()->add_probs(1.0f);
