@@ -113,8 +113,8 @@ void Mutate(Bytes& data, const std::vector<Bytes>& seeds, size_t max_len, std::m
       data.resize(below(data.size() + 1));
       break;
     case 7: {  // overwrite with a little-endian integer at a boundary
-      static const uint64_t kValues[] = {0, 1, 0x7f, 0xff, 0x7fff, 0xffff, 0x7fffffff, 0xffffffff,
-                                         0x7fffffffffffffffull, ~0ull};
+      static const uint64_t kValues[] = {
+          0, 1, 0x7f, 0xff, 0x7fff, 0xffff, 0x7fffffff, 0xffffffff, 0x7fffffffffffffffull, ~0ull};
       const uint64_t v = kValues[below(std::size(kValues))];
       const size_t width = size_t{1} << below(4);
       if (data.size() >= width) {
@@ -218,6 +218,7 @@ int main(int argc, char** argv) {
     ++runs;
   }
   std::fprintf(stderr, "ran %llu mutated inputs in %.1f s (seed %llu)\n",
-               static_cast<unsigned long long>(runs), seconds, static_cast<unsigned long long>(seed));
+               static_cast<unsigned long long>(runs), seconds,
+               static_cast<unsigned long long>(seed));
   return 0;
 }

@@ -312,7 +312,7 @@ TEST_F(LoadgenServeTest, SeveralAddressesAreBalancedRoundRobin) {
   EXPECT_GT(other, 0u);
 
   for (const char* bad : {"rr=127.0.0.1:1++127.0.0.1:2", "rr=localhost:1+localhost:2",
-                                 "rr=127.0.0.1:1+[::1]:2", "rr=127.0.0.1:1+"}) {
+                          "rr=127.0.0.1:1+[::1]:2", "rr=127.0.0.1:1+"}) {
     const Result e = RunLoadgen({"--targets", bad, "--model", kBundled, "--disable-tqdm"});
     EXPECT_EQ(e.exit_code, 1) << bad;
     EXPECT_NE(e.output.find("is not IP:PORT+IP:PORT+..."), std::string::npos) << e.output;
