@@ -14,8 +14,9 @@
 
 // The inner loops are written so that GCC vectorises them (independent lanes, no reductions across
 // lanes); target_clones compiles them for AVX-512 and AVX2 too and picks one at load time, so the
-// binary still runs on any x86-64.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// binary still runs on any x86-64. Not under TSan: the clones' ifunc resolvers run while the
+// dynamic loader relocates, before TSan's runtime exists, and its instrumentation of them crashes.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define SPECULA_VECTOR_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else

@@ -989,8 +989,12 @@ TEST_F(SpecEngineTest, ChunkedPrefillGivesTheOneShotLogits) {
     EXPECT_EQ(out->logits.size(0), end == prompt.size() ? 1 : 0);
     last = out->logits;
   }
+  // The 45-row forward runs its projections through sgemm and the 16-row chunks through the
+  // engine's small-row kernel, so the two differ by their summation order and FMA use: measured
+  // 6e-6 of the scale with the AVX-512 kernels, 2.2e-5 with the baseline x86-64 ones (the TSan
+  // build). A chunking bug (positions, mask, cache) moves logits by a good part of the scale.
   const float scale = one_shot->logits.abs().max().item<float>();
-  EXPECT_LT((last - one_shot->logits).abs().max().item<float>(), 1e-5f * scale);
+  EXPECT_LT((last - one_shot->logits).abs().max().item<float>(), 1e-4f * scale);
   EXPECT_EQ(last.argmax(-1).item<int64_t>(), one_shot->logits.argmax(-1).item<int64_t>());
   ASSERT_TRUE(target_->ReleaseSequence(whole).ok());
   ASSERT_TRUE(target_->ReleaseSequence(chunked).ok());
