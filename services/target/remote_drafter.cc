@@ -77,6 +77,7 @@ grpc::Status DrafterConnection::DropStream(bool cancel) {
   replies_read_ = 0;
   replies_.clear();
   abandoned_.clear();
+  unawaited_.clear();
   broken_ = false;
   return why;
 }
@@ -87,7 +88,7 @@ void DrafterConnection::ReadReplies(
   while (stream->Read(&reply)) {
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t index = replies_read_++;
-    if (abandoned_.erase(index)) continue;  // its call gave up waiting
+    if (abandoned_.erase(index) || unawaited_.erase(index)) continue;  // nobody waits for it
     replies_[index] = std::move(reply);
     replied_.notify_all();
   }
@@ -162,6 +163,19 @@ StatusOr<v1::DrafterReply> DrafterConnection::Call(const v1::DrafterCall& call, 
   return reply;
 }
 
+void DrafterConnection::Send(const v1::DrafterCall& call) {
+  std::lock_guard<std::mutex> lock(call_mu_);
+  {
+    std::lock_guard<std::mutex> state(mu_);
+    if (!stream_ || broken_) return;
+    unawaited_.insert(calls_sent_++);
+  }
+  watchdog_.Arm(context_.get(), call_deadline_);
+  const bool sent = stream_->Write(call);
+  const bool stuck = watchdog_.Disarm();
+  if (!sent || stuck) (void)DropStream();  // the next Call reconnects and reports it
+}
+
 RemoteDrafter::RemoteDrafter(std::shared_ptr<DrafterConnection> connection,
                              const v1::DrafterSpec& spec)
     : connection_(std::move(connection)),
@@ -196,8 +210,7 @@ void RemoteDrafter::ReleaseSequence(SeqId seq) {
   v1::DrafterCall call;
   call.set_drafter(name_);
   call.mutable_release()->set_seq(seq);
-  uint64_t session = 0;
-  (void)connection_->Call(call, &session);  // a service that is gone has released it already
+  connection_->Send(call);  // not waited for: a service that is gone has released it already
 }
 
 Status RemoteDrafter::CheckAdded(SeqId seq) const {

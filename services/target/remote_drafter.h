@@ -13,6 +13,8 @@
 // step, an Observe's go on without speculation) and its late answer is dropped when it comes; the
 // stream stays open. A drafter that falls more than kMaxLateReplies answers behind, or does not
 // even take a call's bytes within the deadline, is treated as dead: the stream is dropped.
+// Releases are sent without waiting for their replies (one round trip less on the engine thread
+// per finished request).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -68,6 +70,11 @@ class DrafterConnection {
   // came within the call deadline; the reply's own error otherwise. `session` receives the
   // session the call ran in. Calls are serialized (one at a time).
   StatusOr<v1::DrafterReply> Call(const v1::DrafterCall& call, uint64_t* session);
+  // A call whose reply nobody waits for (a release: it can only fail where the service has
+  // forgotten the sequence already), so the engine thread spends no round trip on it. Written on
+  // the open stream, in order with the calls around it; its reply is dropped when it comes. Sends
+  // nothing when no stream is open (a new session does not know the old one's sequences).
+  void Send(const v1::DrafterCall& call);
 
  private:
   DrafterConnection(std::string address, std::shared_ptr<grpc::Channel> channel);
@@ -96,6 +103,7 @@ class DrafterConnection {
   uint64_t replies_read_ = 0;
   std::map<uint64_t, v1::DrafterReply> replies_;  // read, not yet taken
   std::set<uint64_t> abandoned_;                  // calls that timed out: drop their replies
+  std::set<uint64_t> unawaited_;                  // calls made by Send: drop their replies
   bool broken_ = false;                           // the reader saw the stream end
 };
 

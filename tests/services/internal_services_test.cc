@@ -8,8 +8,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "common/spec/local_target_backend.h"
@@ -501,8 +503,9 @@ TEST_F(InternalServicesTest, DrafterServiceRefusesBudgetsOverTheCapAndObservatio
   EXPECT_EQ(session.Call(propose(256, 256)).code(), 0);
 }
 
-// A drafter service whose proposals take `delay` (a slow or frozen drafter); other calls are
-// answered at once. Each reply's message names the call it answers.
+// A drafter service whose proposals take `delay` (a slow or frozen drafter), and whose answers
+// to releases can be held until the test lets them go; other calls are answered at once. A
+// proposal's trees tell the replies apart.
 class SlowDrafterService final : public v1::Drafter::Service {
  public:
   grpc::Status GetDrafterInfo(grpc::ServerContext*, const v1::GetDrafterInfoRequest*,
@@ -519,6 +522,10 @@ class SlowDrafterService final : public v1::Drafter::Service {
     v1::DrafterCall call;
     while (stream->Read(&call)) {
       v1::DrafterReply reply;
+      if (call.has_release()) {
+        std::unique_lock<std::mutex> lock(release_mu_);
+        release_cv_.wait(lock, [&] { return !hold_releases_; });
+      }
       if (call.has_propose()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
         for (const v1::DraftRequest& r : call.propose().requests()) {
@@ -533,10 +540,59 @@ class SlowDrafterService final : public v1::Drafter::Service {
     }
     return grpc::Status::OK;
   }
+  void HoldReleases(bool hold) {
+    {
+      std::lock_guard<std::mutex> lock(release_mu_);
+      hold_releases_ = hold;
+    }
+    release_cv_.notify_all();
+  }
   int32_t vocab = 0;
   int32_t hidden = 0;
   std::atomic<int> delay_ms{0};
+
+ private:
+  std::mutex release_mu_;
+  std::condition_variable release_cv_;
+  bool hold_releases_ = false;
 };
+
+// A release is sent, not waited for: the engine thread spends no round trip on a finished
+// request. Its answer, when it comes, is dropped, and the next call still gets its own answer on
+// the same stream.
+TEST_F(InternalServicesTest, ReleasesAreNotWaitedFor) {
+  SlowDrafterService slow;
+  slow.vocab = static_cast<int32_t>(config_.vocab_size);
+  slow.hidden = static_cast<int32_t>(config_.hidden_size);
+  auto server =
+      services::ServiceServer::Start("127.0.0.1", 0, &slow, v1::Drafter::service_full_name());
+  ASSERT_TRUE(server.ok());
+  auto connection = target::DrafterConnection::Connect(Address((*server)->port()), 5s, slow.vocab,
+                                                       slow.hidden, "float32");
+  ASSERT_TRUE(connection.ok()) << connection.status();
+  (*connection)->set_call_deadline(60s);
+  target::RemoteDrafter drafter(*connection, (*connection)->info().drafters(0));
+  ASSERT_TRUE(drafter.AddSequence(41, {}).ok());
+  ASSERT_TRUE(drafter.AddSequence(42, {}).ok());
+  const uint64_t session = (*connection)->session();
+  slow.HoldReleases(true);
+  const auto start = std::chrono::steady_clock::now();
+  drafter.ReleaseSequence(41);
+  // The service holds the answer; waiting for it would take the whole 60 s call deadline.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+  slow.HoldReleases(false);
+  auto next = drafter.Propose({{.seq = 42, .max_nodes = 5, .max_depth = 1}});
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_EQ(next->size(), 1u);
+  ASSERT_EQ((*next)[0].size(), 1);
+  EXPECT_EQ((*next)[0].token(0), 5) << "got the release's answer";
+  EXPECT_EQ((*connection)->session(), session) << "the stream was dropped";
+  EXPECT_EQ(drafter.Propose({{.seq = 41, .max_nodes = 2, .max_depth = 1}}).status().code(),
+            StatusCode::kNotFound);
+  // Released on a stream that is gone: nothing is sent, nothing waits.
+  server->reset();
+  drafter.ReleaseSequence(42);
+}
 
 // Issue 19.3: a slow drafter stalled the target's every step. A call past the deadline fails alone
 // (DEADLINE_EXCEEDED), its late answer is dropped, and the next call gets its own answer on the
