@@ -43,13 +43,16 @@ DEFAULT_TARGETS="work_sharing_pool_test block_allocator_test paged_kv_cache_test
   model_config_fuzz codec_fuzz request_convert_fuzz"
 for t in $TOKENIZER_TESTS; do DEFAULT_TARGETS+=" tokenizer_${t}_test"; done
 SANITIZE_TARGETS="${SANITIZE_TARGETS:-$DEFAULT_TARGETS}"
-# The engine loop's in-process tests run on their own under TSan (below).
+# The tests to run: every built one, except under TSan those over gRPC (the header says why);
+# there the engine loop's in-process tests run on their own (below).
+LOCAL_TESTS="tokenizer_[a-z0-9_]+_test|work_sharing_pool_test|block_allocator_test|paged_kv_cache_test|candidate_tree_test|verifier_test|spec_engine_test|spec_sampling_test|draft_budget_test|stop_strings_test|api_token_test|tls_test|[a-z_]+_fuzz"
+GRPC_TESTS="engine_loop_test|internal_services_test|generation_service_test|specula_serve_test|split_serve_test|tls_serve_test"
 LOOP_IN_PROCESS=0
 if [ "$SANITIZE" = thread ] && [ -z "${SANITIZE_TESTS:-}" ]; then
-  SANITIZE_TESTS="^(tokenizer_[a-z0-9_]+_test|work_sharing_pool_test|block_allocator_test|paged_kv_cache_test|candidate_tree_test|verifier_test|spec_engine_test|spec_sampling_test|draft_budget_test|stop_strings_test|api_token_test|tls_test|[a-z_]+_fuzz)$"
+  SANITIZE_TESTS="^($LOCAL_TESTS)$"
   LOOP_IN_PROCESS=1
 fi
-SANITIZE_TESTS="${SANITIZE_TESTS:-^(tokenizer_[a-z0-9_]+_test|work_sharing_pool_test|block_allocator_test|paged_kv_cache_test|candidate_tree_test|verifier_test|spec_engine_test|spec_sampling_test|draft_budget_test|engine_loop_test|internal_services_test|generation_service_test|stop_strings_test|api_token_test|tls_test|specula_serve_test|split_serve_test|tls_serve_test|[a-z_]+_fuzz)$}"
+SANITIZE_TESTS="${SANITIZE_TESTS:-^($LOCAL_TESTS|$GRPC_TESTS)$}"
 
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 # The precompiled LibTorch header (cmake/TorchPch.cmake) is cacheable only with these.

@@ -176,6 +176,13 @@ TEST_F(InternalServicesTest, HiddenStatesReachARemoteDrafterExactlyAsInProcess) 
           << "observation " << i << " layer " << l;
     }
   }
+  // Releases are sent, not waited for (remote_drafter.h); the service answers a stream's calls in
+  // order, so one round trip puts them behind us.
+  v1::DrafterCall sync;
+  sync.set_drafter((*connection)->info().drafters(0).name());
+  sync.mutable_propose();
+  uint64_t session = 0;
+  ASSERT_TRUE((*connection)->Call(sync, &session).ok());
   EXPECT_EQ(service_->num_sequences(), 0) << "finished sequences were not released";
 }
 
@@ -557,24 +564,40 @@ class SlowDrafterService final : public v1::Drafter::Service {
   bool hold_releases_ = false;
 };
 
+// A SlowDrafterService served on a free port, and the target's connection to it.
+struct SlowDrafterStack {
+  SlowDrafterService service;
+  std::unique_ptr<services::ServiceServer> server;
+  std::shared_ptr<target::DrafterConnection> connection;
+};
+
+// Starts `stack` for a target of `config`'s vocabulary and hidden size.
+void StartSlowDrafter(const ModelConfig& config, SlowDrafterStack& stack) {
+  stack.service.vocab = static_cast<int32_t>(config.vocab_size);
+  stack.service.hidden = static_cast<int32_t>(config.hidden_size);
+  auto server = services::ServiceServer::Start("127.0.0.1", 0, &stack.service,
+                                               v1::Drafter::service_full_name());
+  ASSERT_TRUE(server.ok()) << server.status();
+  stack.server = std::move(*server);
+  auto connection = target::DrafterConnection::Connect(
+      Address(stack.server->port()), 5s, stack.service.vocab, stack.service.hidden, "float32");
+  ASSERT_TRUE(connection.ok()) << connection.status();
+  stack.connection = std::move(*connection);
+}
+
 // A release is sent, not waited for: the engine thread spends no round trip on a finished
 // request. Its answer, when it comes, is dropped, and the next call still gets its own answer on
 // the same stream.
 TEST_F(InternalServicesTest, ReleasesAreNotWaitedFor) {
-  SlowDrafterService slow;
-  slow.vocab = static_cast<int32_t>(config_.vocab_size);
-  slow.hidden = static_cast<int32_t>(config_.hidden_size);
-  auto server =
-      services::ServiceServer::Start("127.0.0.1", 0, &slow, v1::Drafter::service_full_name());
-  ASSERT_TRUE(server.ok());
-  auto connection = target::DrafterConnection::Connect(Address((*server)->port()), 5s, slow.vocab,
-                                                       slow.hidden, "float32");
-  ASSERT_TRUE(connection.ok()) << connection.status();
-  (*connection)->set_call_deadline(60s);
-  target::RemoteDrafter drafter(*connection, (*connection)->info().drafters(0));
+  SlowDrafterStack stack;
+  ASSERT_NO_FATAL_FAILURE(StartSlowDrafter(config_, stack));
+  SlowDrafterService& slow = stack.service;
+  const std::shared_ptr<target::DrafterConnection>& connection = stack.connection;
+  connection->set_call_deadline(60s);
+  target::RemoteDrafter drafter(connection, connection->info().drafters(0));
   ASSERT_TRUE(drafter.AddSequence(41, {}).ok());
   ASSERT_TRUE(drafter.AddSequence(42, {}).ok());
-  const uint64_t session = (*connection)->session();
+  const uint64_t session = connection->session();
   slow.HoldReleases(true);
   const auto start = std::chrono::steady_clock::now();
   drafter.ReleaseSequence(41);
@@ -586,11 +609,11 @@ TEST_F(InternalServicesTest, ReleasesAreNotWaitedFor) {
   ASSERT_EQ(next->size(), 1u);
   ASSERT_EQ((*next)[0].size(), 1);
   EXPECT_EQ((*next)[0].token(0), 5) << "got the release's answer";
-  EXPECT_EQ((*connection)->session(), session) << "the stream was dropped";
+  EXPECT_EQ(connection->session(), session) << "the stream was dropped";
   EXPECT_EQ(drafter.Propose({{.seq = 41, .max_nodes = 2, .max_depth = 1}}).status().code(),
             StatusCode::kNotFound);
   // Released on a stream that is gone: nothing is sent, nothing waits.
-  server->reset();
+  stack.server.reset();
   drafter.ReleaseSequence(42);
 }
 
@@ -599,19 +622,14 @@ TEST_F(InternalServicesTest, ReleasesAreNotWaitedFor) {
 // same stream; through the engine, a request completes with plain greedy output and counts the
 // draft errors.
 TEST_F(InternalServicesTest, SlowDrafterCostsOnlyThatStepsSpeculation) {
-  SlowDrafterService slow;
-  slow.vocab = static_cast<int32_t>(config_.vocab_size);
-  slow.hidden = static_cast<int32_t>(config_.hidden_size);
-  auto server =
-      services::ServiceServer::Start("127.0.0.1", 0, &slow, v1::Drafter::service_full_name());
-  ASSERT_TRUE(server.ok());
-  auto connection = target::DrafterConnection::Connect(Address((*server)->port()), 5s, slow.vocab,
-                                                       slow.hidden, "float32");
-  ASSERT_TRUE(connection.ok()) << connection.status();
-  (*connection)->set_call_deadline(300ms);
-  target::RemoteDrafter drafter(*connection, (*connection)->info().drafters(0));
+  SlowDrafterStack stack;
+  ASSERT_NO_FATAL_FAILURE(StartSlowDrafter(config_, stack));
+  SlowDrafterService& slow = stack.service;
+  const std::shared_ptr<target::DrafterConnection>& connection = stack.connection;
+  connection->set_call_deadline(300ms);
+  target::RemoteDrafter drafter(connection, connection->info().drafters(0));
   ASSERT_TRUE(drafter.AddSequence(42, {}).ok());
-  const uint64_t session = (*connection)->session();
+  const uint64_t session = connection->session();
   slow.delay_ms = 1500;
   auto late = drafter.Propose({{.seq = 42, .max_nodes = 3, .max_depth = 1}});
   ASSERT_FALSE(late.ok());
@@ -620,21 +638,21 @@ TEST_F(InternalServicesTest, SlowDrafterCostsOnlyThatStepsSpeculation) {
       << late.status();
   slow.delay_ms = 0;
   // Generous: this call first waits behind the late one on the service.
-  (*connection)->set_call_deadline(20s);
+  connection->set_call_deadline(20s);
   auto next = drafter.Propose({{.seq = 42, .max_nodes = 5, .max_depth = 1}});
   ASSERT_TRUE(next.ok()) << next.status();
   ASSERT_EQ(next->size(), 1u);
   ASSERT_EQ((*next)[0].size(), 1);
   EXPECT_EQ((*next)[0].token(0), 5) << "got the late answer of the earlier call";
-  EXPECT_EQ((*connection)->session(), session) << "the stream was dropped";
+  EXPECT_EQ(connection->session(), session) << "the stream was dropped";
 
   // Through the engine: every proposal is late.
-  (*connection)->set_call_deadline(200ms);
+  connection->set_call_deadline(200ms);
   slow.delay_ms = 1000;
   auto target = Target();
   ASSERT_TRUE(target->engine()
                   .AddDrafter(std::make_unique<target::RemoteDrafter>(
-                      *connection, (*connection)->info().drafters(0)))
+                      connection, connection->info().drafters(0)))
                   .ok());
   StepPlan plan = Admit(1, {5, 9, 13}, 6);
   plan.admit[0].request.speculation.drafter = "slow";

@@ -253,25 +253,15 @@ Status Run(const BenchFlags& f) {
     }
   }
 
-  // Warm-up, not measured: the first forwards of a process pay one-time costs (thread pools,
-  // first touch of the KV cache and the allocator's heap) that would land on whichever setting
-  // runs first. Every setting decodes a few tokens once; adaptive policies start learning here.
-  for (size_t s = 0; s < settings.size(); ++s) {
-    SpecRequest r;
-    r.generation.prompt = prompts[0];
-    r.generation.max_new_tokens = std::min<int64_t>(16, f.max_new_tokens);
-    ASSIGN_OR_RETURN(r.speculation, speculation(settings[s]));
-    std::vector<std::vector<int32_t>> ignored;
-    RETURN_IF_ERROR(RunOnce(engine, {r, r}, 2, nullptr, &ignored, planners[s].get()).status());
-  }
-
   nlohmann::json results = nlohmann::json::array();
   std::printf("%-6s %-18s %10s %10s %9s %9s %6s %6s %6s %7s %7s %8s %s\n", "batch", "setting",
               "tok/s med", "tok/s min", "speedup", "spd min", "a", "kappa", "tree", "draft%",
               "verify%", "drft MB", "mismatch");
   for (int64_t bs : f.batch_sizes) {
-    // Warm-up at this batch size, not measured: a full batch of short requests per setting, so
-    // that no setting's first measured run pays for the batch shape's first steps.
+    // Warm-up at this batch size, not measured: a full batch of short requests per setting. The
+    // first forwards of a process pay one-time costs (thread pools, first touch of the KV cache
+    // and the allocator's heap), and a batch shape's first steps more; no setting's measured run
+    // should. Adaptive policies learn here too.
     for (size_t s = 0; s < settings.size(); ++s) {
       std::vector<SpecRequest> warm;
       for (int64_t i = 0; i < bs; ++i) {
