@@ -198,6 +198,18 @@ class Drafter {
   // failed call is retried per request, as Observe is.
   virtual StatusOr<std::vector<CandidateTree>> Propose(
       const std::vector<DraftRequest>& requests) = 0;
+  // Observe, then Propose: the engine's catch-up before each draft. A drafter whose calls each
+  // cost a round trip (a remote one) sends both before it waits for either, so a step's draft
+  // costs one round trip instead of two. `*observed` receives Observe's status. When it is not
+  // OK the result is that error as well and no proposal counts (the engine then isolates the
+  // failure per sequence, as after Observe alone); otherwise the result is Propose's.
+  virtual StatusOr<std::vector<CandidateTree>> ObserveAndPropose(
+      const std::vector<DrafterObservation>& observations,
+      const std::vector<DraftRequest>& requests, Status* observed) {
+    *observed = Observe(observations);
+    if (!observed->ok()) return *observed;
+    return Propose(requests);
+  }
   // How much per-sequence state the drafter can hold (unbounded by default).
   virtual DrafterCapacity capacity() const { return {}; }
   // Bytes of per-sequence state the drafter holds right now (its caches), for memory reports.

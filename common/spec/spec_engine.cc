@@ -62,9 +62,12 @@ bool RetryPerSequence(const Status& status) {
 // Observe with failures isolated per sequence: the error of each observation (OK for those
 // observed). A failed call changed nothing (Drafter::Observe), so each observation is retried
 // alone and only those that fail again (one overflowing the drafter's cache) report an error.
-std::vector<Status> ObserveEach(Drafter& drafter, std::vector<DrafterObservation> observations) {
+// `first`: the batch call's status when the caller has made it already (ObserveAndPropose).
+std::vector<Status> ObserveEach(Drafter& drafter, std::vector<DrafterObservation> observations,
+                                std::optional<Status> first = std::nullopt) {
   const std::string what = StrCat("drafter '", drafter.name(), "' Observe");
-  const Status all = Guarded(what, [&] { return drafter.Observe(observations); });
+  const Status all =
+      first ? *std::move(first) : Guarded(what, [&] { return drafter.Observe(observations); });
   std::vector<Status> result(observations.size(), all);
   if (all.ok() || observations.size() == 1 || !RetryPerSequence(all)) return result;
   for (size_t i = 0; i < observations.size(); ++i) {
@@ -76,19 +79,23 @@ std::vector<Status> ObserveEach(Drafter& drafter, std::vector<DrafterObservation
 }
 
 // Propose with failures isolated per sequence: one tree per request, a Failed tree where that
-// request could not be drafted (the whole call failed and so did its retry alone).
-std::vector<CandidateTree> ProposeEach(Drafter& drafter,
-                                       const std::vector<DraftRequest>& requests) {
+// request could not be drafted (the whole call failed and so did its retry alone). `first`: the
+// batch call's result when the caller has made it already (ObserveAndPropose).
+std::vector<CandidateTree> ProposeEach(
+    Drafter& drafter, const std::vector<DraftRequest>& requests,
+    std::optional<StatusOr<std::vector<CandidateTree>>> first = std::nullopt) {
   const std::string what = StrCat("drafter '", drafter.name(), "' Propose");
-  auto call = [&](const std::vector<DraftRequest>& asked) -> StatusOr<std::vector<CandidateTree>> {
-    auto trees = Guarded(what, [&] { return drafter.Propose(asked); });
-    if (trees.ok() && trees->size() != asked.size()) {
-      return InternalError(
-          StrCat(what, " returned ", trees->size(), " trees for ", asked.size(), " requests"));
+  auto checked = [&](StatusOr<std::vector<CandidateTree>> trees, size_t asked) {
+    if (trees.ok() && trees->size() != asked) {
+      return StatusOr<std::vector<CandidateTree>>(InternalError(
+          StrCat(what, " returned ", trees->size(), " trees for ", asked, " requests")));
     }
     return trees;
   };
-  auto all = call(requests);
+  auto call = [&](const std::vector<DraftRequest>& asked) {
+    return checked(Guarded(what, [&] { return drafter.Propose(asked); }), asked.size());
+  };
+  auto all = first ? checked(*std::move(first), requests.size()) : call(requests);
   if (all.ok()) return std::move(*all);
   std::vector<CandidateTree> trees(requests.size(), CandidateTree::Failed(all.status()));
   if (requests.size() == 1 || !RetryPerSequence(all.status())) return trees;
@@ -524,37 +531,61 @@ void SpecEngine::DraftWith(Drafter* drafter, const std::vector<Sequence*>& membe
     observations.push_back(std::move(obs));
     observing.push_back(s);
   }
-  if (!observations.empty()) {
-    const std::vector<Status> observed = ObserveEach(*drafter, std::move(observations));
-    for (size_t i = 0; i < observing.size(); ++i) {
-      if (observed[i].ok()) continue;
-      // The drafter's state for this sequence is unknown now.
-      lose(*observing[i], observed[i]);
-      Detach(*observing[i]);
-    }
-  }
-  std::vector<Sequence*> ready;
-  for (Sequence* s : members) {
-    if (s->drafter == drafter) ready.push_back(s);
-  }
   std::vector<DraftRequest> requests;
   std::vector<Sequence*> asked;
-  for (Sequence* s : ready) {
-    // The tree's nodes occupy cache positions cached + 1 .. cached + nodes, so the context bounds
-    // the node count; accepted tokens plus the target's own must fit max_new_tokens, which
-    // bounds the depth.
-    const int64_t cache_room =
-        target_->config().max_position_embeddings - target_->SequenceLength(s->seq) - 1;
-    const int64_t token_room =
-        s->request.generation.max_new_tokens - static_cast<int64_t>(s->generated.size()) - 1;
-    const int32_t max_nodes = static_cast<int32_t>(std::min<int64_t>(cache_room, s->draft_budget));
-    const int32_t max_depth = static_cast<int32_t>(std::min<int64_t>(token_room, max_nodes));
-    if (max_depth <= 0) continue;  // caught up only
-    requests.push_back({.seq = s->seq, .max_nodes = max_nodes, .max_depth = max_depth});
-    asked.push_back(s);
+  // The members still drafting with this drafter, each with its budget.
+  auto plan_requests = [&] {
+    requests.clear();
+    asked.clear();
+    for (Sequence* s : members) {
+      if (s->drafter != drafter) continue;
+      // The tree's nodes occupy cache positions cached + 1 .. cached + nodes, so the context
+      // bounds the node count; accepted tokens plus the target's own must fit max_new_tokens,
+      // which bounds the depth.
+      const int64_t cache_room =
+          target_->config().max_position_embeddings - target_->SequenceLength(s->seq) - 1;
+      const int64_t token_room =
+          s->request.generation.max_new_tokens - static_cast<int64_t>(s->generated.size()) - 1;
+      const int32_t max_nodes =
+          static_cast<int32_t>(std::min<int64_t>(cache_room, s->draft_budget));
+      const int32_t max_depth = static_cast<int32_t>(std::min<int64_t>(token_room, max_nodes));
+      if (max_depth <= 0) continue;  // caught up only
+      requests.push_back({.seq = s->seq, .max_nodes = max_nodes, .max_depth = max_depth});
+      asked.push_back(s);
+    }
+  };
+  plan_requests();
+  std::optional<StatusOr<std::vector<CandidateTree>>> proposed;
+  if (!observations.empty()) {
+    // Both calls at once (one round trip for a remote drafter). `status` stays an error when
+    // Observe threw, so only a Propose that failed after a good Observe counts as a Propose
+    // failure.
+    std::optional<Status> observed;
+    if (!requests.empty()) {
+      Status status(StatusCode::kUnknown, "Observe did not return");
+      auto both = Guarded(StrCat("drafter '", drafter->name(), "' Observe + Propose"), [&] {
+        return drafter->ObserveAndPropose(observations, requests, &status);
+      });
+      if (status.ok()) {
+        proposed = std::move(both);
+      } else {
+        observed = std::move(status);
+      }
+    }
+    if (!proposed) {
+      const std::vector<Status> results =
+          ObserveEach(*drafter, std::move(observations), std::move(observed));
+      for (size_t i = 0; i < observing.size(); ++i) {
+        if (results[i].ok()) continue;
+        // The drafter's state for this sequence is unknown now.
+        lose(*observing[i], results[i]);
+        Detach(*observing[i]);
+      }
+      plan_requests();  // without the members just detached
+    }
   }
   if (!requests.empty()) {
-    std::vector<CandidateTree> trees = ProposeEach(*drafter, requests);
+    std::vector<CandidateTree> trees = ProposeEach(*drafter, requests, std::move(proposed));
     const int32_t vocab = static_cast<int32_t>(target_->config().vocab_size);
     for (size_t i = 0; i < asked.size(); ++i) {
       CandidateTree& tree = trees[i];

@@ -98,69 +98,105 @@ void DrafterConnection::ReadReplies(
 }
 
 StatusOr<v1::DrafterReply> DrafterConnection::Call(const v1::DrafterCall& call, uint64_t* session) {
+  return std::move(CallAll({&call}, session)[0]);
+}
+
+std::vector<StatusOr<v1::DrafterReply>> DrafterConnection::CallAll(
+    const std::vector<const v1::DrafterCall*>& calls, uint64_t* session) {
   std::lock_guard<std::mutex> lock(call_mu_);
+  auto all_fail = [&](const Status& why) {
+    return std::vector<StatusOr<v1::DrafterReply>>(calls.size(), why);
+  };
+  auto unreachable = [&](const grpc::Status& why) {
+    return UnavailableError(StrCat("drafter service at ", address_, " is unreachable: ",
+                                   why.ok() ? "stream closed" : why.error_message()));
+  };
   bool ended = false;
   {
     std::lock_guard<std::mutex> state(mu_);
     ended = broken_;
   }
   if (ended) (void)DropStream(/*cancel=*/false);  // the service went away since the last call
-  if (!stream_) RETURN_IF_ERROR(OpenStream());
+  if (!stream_) {
+    Status opened = OpenStream();
+    if (!opened.ok()) return all_fail(opened);
+  }
   *session = session_;
-  const auto deadline = std::chrono::steady_clock::now() + call_deadline_;
-  uint64_t index = 0;
-  {
-    std::lock_guard<std::mutex> state(mu_);
-    index = calls_sent_++;
-  }
-  // A service that does not even take the call's bytes (flow control) within the deadline is
-  // treated as dead.
-  watchdog_.Arm(context_.get(), call_deadline_);
-  const bool sent = stream_->Write(call);
-  const bool stuck = watchdog_.Disarm();
-  if (!sent || stuck) {
-    grpc::Status why = DropStream();
-    if (stuck) {
-      return DeadlineExceededError(StrCat("drafter service at ", address_, " did not take a call",
-                                          " within ", call_deadline_.count(),
-                                          " ms (--drafter-deadline-ms); the stream is dropped"));
+  // Every call goes out before any reply is awaited: the service answers them in order, so the
+  // batch costs one round trip.
+  std::vector<uint64_t> index(calls.size());
+  std::vector<std::chrono::steady_clock::time_point> deadline(calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    {
+      std::lock_guard<std::mutex> state(mu_);
+      index[i] = calls_sent_++;
     }
-    return UnavailableError(StrCat("drafter service at ", address_, " is unreachable: ",
-                                   why.ok() ? "stream closed" : why.error_message()));
+    deadline[i] = std::chrono::steady_clock::now() + call_deadline_;
+    // A service that does not even take the call's bytes (flow control) within the deadline is
+    // treated as dead.
+    watchdog_.Arm(context_.get(), call_deadline_);
+    const bool sent = stream_->Write(*calls[i]);
+    const bool stuck = watchdog_.Disarm();
+    if (!sent || stuck) {
+      grpc::Status why = DropStream();
+      if (stuck) {
+        return all_fail(DeadlineExceededError(
+            StrCat("drafter service at ", address_, " did not take a call within ",
+                   call_deadline_.count(), " ms (--drafter-deadline-ms); the stream is dropped")));
+      }
+      return all_fail(unreachable(why));
+    }
   }
-  v1::DrafterReply reply;
-  bool got = false;
+  std::vector<StatusOr<v1::DrafterReply>> results;
+  results.reserve(calls.size());
   size_t late = 0;
-  {
+  bool ended_while_waiting = false;
+  for (size_t i = 0; i < calls.size(); ++i) {
     std::unique_lock<std::mutex> state(mu_);
-    replied_.wait_until(state, deadline, [&] { return replies_.count(index) > 0 || broken_; });
-    auto it = replies_.find(index);
+    replied_.wait_until(state, deadline[i],
+                        [&] { return replies_.count(index[i]) > 0 || broken_; });
+    auto it = replies_.find(index[i]);
     if (it != replies_.end()) {
-      reply = std::move(it->second);
+      v1::DrafterReply reply = std::move(it->second);
       replies_.erase(it);
-      got = true;
-    } else if (!broken_) {
-      abandoned_.insert(index);
+      Status status = services::StatusFromCode(reply.code(), reply.message());
+      if (status.ok()) {
+        results.emplace_back(std::move(reply));
+      } else {
+        results.emplace_back(std::move(status));
+      }
+    } else if (broken_) {
+      ended_while_waiting = true;
+      break;
+    } else {
+      abandoned_.insert(index[i]);
       late = abandoned_.size();
+      results.emplace_back(Status(StatusCode::kDeadlineExceeded, ""));  // worded below
     }
   }
-  if (!got && late == 0) {  // the stream ended
+  if (ended_while_waiting) {
     grpc::Status why = DropStream(/*cancel=*/false);
-    return UnavailableError(StrCat("drafter service at ", address_, " is unreachable: ",
-                                   why.ok() ? "stream closed" : why.error_message()));
+    const Status status = unreachable(why);
+    while (results.size() < calls.size()) results.emplace_back(status);
+    return results;
   }
-  if (!got) {
+  if (late > 0) {
     std::string dropped;
     if (late > static_cast<size_t>(kMaxLateReplies)) {
       (void)DropStream();
       dropped = StrCat("; ", late, " answers behind, the stream is dropped");
     }
-    return DeadlineExceededError(StrCat("drafter service at ", address_, " did not answer within ",
-                                        call_deadline_.count(), " ms (--drafter-deadline-ms)",
-                                        dropped));
+    const Status status = DeadlineExceededError(
+        StrCat("drafter service at ", address_, " did not answer within ", call_deadline_.count(),
+               " ms (--drafter-deadline-ms)", dropped));
+    for (auto& r : results) {
+      if (!r.ok() && r.status().code() == StatusCode::kDeadlineExceeded &&
+          r.status().message().empty()) {
+        r = status;
+      }
+    }
   }
-  RETURN_IF_ERROR(services::StatusFromCode(reply.code(), reply.message()));
-  return reply;
+  return results;
 }
 
 void DrafterConnection::Send(const v1::DrafterCall& call) {
@@ -218,47 +254,54 @@ Status RemoteDrafter::CheckAdded(SeqId seq) const {
   return NotFoundError(StrCat("sequence ", seq, " was not added"));
 }
 
-Status RemoteDrafter::Observe(const std::vector<DrafterObservation>& observations) {
+Status RemoteDrafter::ObserveCall(const std::vector<DrafterObservation>& observations,
+                                  v1::DrafterCall* call) const {
   for (const DrafterObservation& o : observations) RETURN_IF_ERROR(CheckAdded(o.seq));
-  v1::DrafterCall call;
-  call.set_drafter(name_);
+  call->set_drafter(name_);
   for (const DrafterObservation& o : observations) {
     if (!Live(o.seq)) continue;  // added in an earlier session: the service no longer has it
-    v1::Observation* m = call.mutable_observe()->add_observations();
+    v1::Observation* m = call->mutable_observe()->add_observations();
     m->set_seq(o.seq);
     m->mutable_tokens()->Assign(o.tokens.begin(), o.tokens.end());
     for (const at::Tensor& h : o.hidden)
       RETURN_IF_ERROR(services::EncodeTensor(h, m->add_hidden()));
   }
+  return OkStatus();
+}
+
+Status RemoteDrafter::Observe(const std::vector<DrafterObservation>& observations) {
+  v1::DrafterCall call;
+  RETURN_IF_ERROR(ObserveCall(observations, &call));
   if (call.observe().observations().empty()) return OkStatus();
   uint64_t session = 0;
   return connection_->Call(call, &session).status();
 }
 
-StatusOr<std::vector<CandidateTree>> RemoteDrafter::Propose(
-    const std::vector<DraftRequest>& requests) {
+Status RemoteDrafter::ProposeCall(const std::vector<DraftRequest>& requests,
+                                  std::vector<CandidateTree>* trees, std::vector<size_t>* asked,
+                                  v1::DrafterCall* call) const {
   for (const DraftRequest& r : requests) RETURN_IF_ERROR(CheckAdded(r.seq));
-  std::vector<CandidateTree> trees(requests.size());
-  v1::DrafterCall call;
-  call.set_drafter(name_);
-  std::vector<size_t> asked;
+  trees->assign(requests.size(), CandidateTree());
+  call->set_drafter(name_);
   for (size_t i = 0; i < requests.size(); ++i) {
     if (!Live(requests[i].seq)) {
       // Its state died with an earlier stream: a draft error for this sequence alone, every step.
-      trees[i] = CandidateTree::Failed(
+      (*trees)[i] = CandidateTree::Failed(
           UnavailableError(StrCat("drafter service at ", connection_->address(), " lost sequence ",
                                   requests[i].seq, "'s state (it restarted or is unreachable)")));
       continue;
     }
-    v1::DraftRequest* m = call.mutable_propose()->add_requests();
+    v1::DraftRequest* m = call->mutable_propose()->add_requests();
     m->set_seq(requests[i].seq);
     m->set_max_nodes(requests[i].max_nodes);
     m->set_max_depth(requests[i].max_depth);
-    asked.push_back(i);
+    asked->push_back(i);
   }
-  if (asked.empty()) return trees;
-  uint64_t session = 0;
-  ASSIGN_OR_RETURN(v1::DrafterReply reply, connection_->Call(call, &session));
+  return OkStatus();
+}
+
+Status RemoteDrafter::TakeTrees(const v1::DrafterReply& reply, const std::vector<size_t>& asked,
+                                std::vector<CandidateTree>* trees) const {
   if (reply.trees_size() != static_cast<int>(asked.size())) {
     return InternalError(StrCat("drafter service at ", connection_->address(), " returned ",
                                 reply.trees_size(), " trees for ", asked.size(), " requests"));
@@ -270,8 +313,53 @@ StatusOr<std::vector<CandidateTree>> RemoteDrafter::Propose(
       return Status(StatusCode::kInternal, StrCat("drafter service at ", connection_->address(),
                                                   ": ", tree.status().message()));
     }
-    trees[asked[k]] = std::move(*tree);
+    (*trees)[asked[k]] = std::move(*tree);
   }
+  return OkStatus();
+}
+
+StatusOr<std::vector<CandidateTree>> RemoteDrafter::Propose(
+    const std::vector<DraftRequest>& requests) {
+  std::vector<CandidateTree> trees;
+  std::vector<size_t> asked;
+  v1::DrafterCall call;
+  RETURN_IF_ERROR(ProposeCall(requests, &trees, &asked, &call));
+  if (asked.empty()) return trees;
+  uint64_t session = 0;
+  ASSIGN_OR_RETURN(v1::DrafterReply reply, connection_->Call(call, &session));
+  RETURN_IF_ERROR(TakeTrees(reply, asked, &trees));
+  return trees;
+}
+
+StatusOr<std::vector<CandidateTree>> RemoteDrafter::ObserveAndPropose(
+    const std::vector<DrafterObservation>& observations, const std::vector<DraftRequest>& requests,
+    Status* observed) {
+  v1::DrafterCall observe;
+  *observed = ObserveCall(observations, &observe);
+  if (!observed->ok()) return *observed;
+  const bool observes = !observe.observe().observations().empty();
+  std::vector<CandidateTree> trees;
+  std::vector<size_t> asked;
+  v1::DrafterCall propose;
+  const Status proposable = ProposeCall(requests, &trees, &asked, &propose);
+  uint64_t session = 0;
+  if (!proposable.ok() || asked.empty()) {  // nothing to send but the Observe
+    if (observes) *observed = connection_->Call(observe, &session).status();
+    if (!observed->ok()) return *observed;
+    RETURN_IF_ERROR(proposable);
+    return trees;
+  }
+  if (!observes) {
+    ASSIGN_OR_RETURN(v1::DrafterReply reply, connection_->Call(propose, &session));
+    RETURN_IF_ERROR(TakeTrees(reply, asked, &trees));
+    return trees;
+  }
+  std::vector<StatusOr<v1::DrafterReply>> replies =
+      connection_->CallAll({&observe, &propose}, &session);
+  *observed = replies[0].status();
+  if (!observed->ok()) return *observed;  // the proposals came from the state before it
+  RETURN_IF_ERROR(replies[1].status());
+  RETURN_IF_ERROR(TakeTrees(*replies[1], asked, &trees));
   return trees;
 }
 

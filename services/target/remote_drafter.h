@@ -14,7 +14,8 @@
 // stream stays open. A drafter that falls more than kMaxLateReplies answers behind, or does not
 // even take a call's bytes within the deadline, is treated as dead: the stream is dropped.
 // Releases are sent without waiting for their replies (one round trip less on the engine thread
-// per finished request).
+// per finished request), and a step's catch-up Observe and its Propose go out together
+// (ObserveAndPropose): a drafted step costs the engine thread one round trip, not two.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -70,6 +71,11 @@ class DrafterConnection {
   // came within the call deadline; the reply's own error otherwise. `session` receives the
   // session the call ran in. Calls are serialized (one at a time).
   StatusOr<v1::DrafterReply> Call(const v1::DrafterCall& call, uint64_t* session);
+  // The calls in order, every one written before any reply is awaited: one round trip for all
+  // (the service answers in order). One result per call, each as Call's; a failure to write or
+  // a stream that ends fails the calls not yet answered.
+  std::vector<StatusOr<v1::DrafterReply>> CallAll(const std::vector<const v1::DrafterCall*>& calls,
+                                                  uint64_t* session);
   // A call whose reply nobody waits for (a release: it can only fail where the service has
   // forgotten the sequence already), so the engine thread spends no round trip on it. Written on
   // the open stream, in order with the calls around it; its reply is dropped when it comes. Sends
@@ -118,6 +124,10 @@ class RemoteDrafter : public Drafter {
   void ReleaseSequence(SeqId seq) override;
   Status Observe(const std::vector<DrafterObservation>& observations) override;
   StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override;
+  // Both calls on the stream before either reply is awaited: one round trip per step.
+  StatusOr<std::vector<CandidateTree>> ObserveAndPropose(
+      const std::vector<DrafterObservation>& observations,
+      const std::vector<DraftRequest>& requests, Status* observed) override;
   // As the service advertised it (DrafterSpec.cache_blocks): the target's engine reserves in it.
   DrafterCapacity capacity() const override { return capacity_; }
 
@@ -127,6 +137,15 @@ class RemoteDrafter : public Drafter {
   // NOT_FOUND for a sequence never added (or released): the contract every drafter keeps. One
   // added in an earlier session is known; its calls are skipped or get Failed trees.
   Status CheckAdded(SeqId seq) const;
+  // The service call for an Observe (sequences of an earlier session left out) or a Propose
+  // (`asked`: the requests it carries; `trees` pre-filled with Failed trees for the others), and
+  // the trees of a Propose's reply put in place. Errors as the calls' own.
+  Status ObserveCall(const std::vector<DrafterObservation>& observations,
+                     v1::DrafterCall* call) const;
+  Status ProposeCall(const std::vector<DraftRequest>& requests, std::vector<CandidateTree>* trees,
+                     std::vector<size_t>* asked, v1::DrafterCall* call) const;
+  Status TakeTrees(const v1::DrafterReply& reply, const std::vector<size_t>& asked,
+                   std::vector<CandidateTree>* trees) const;
 
   std::shared_ptr<DrafterConnection> connection_;
   std::string name_;

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -290,9 +291,18 @@ TEST_F(DrafterConformance, RaggedRoundsEqualOneObservation) {
     size_t seen = 13;  // prefill: the prompt (12 tokens) and the first generated token
     ASSERT_TRUE(d.Observe({Observation(1, history, 0, seen, hidden)}).ok());
     for (size_t r = 0; r <= rounds.size(); ++r) {
+      // Odd rounds observe and propose in one exchange (the engine's way; one round trip for
+      // a remote drafter), the others call Observe and Propose apart.
+      std::optional<StatusOr<std::vector<CandidateTree>>> together;
       if (r > 0) {
         const size_t next = std::min(history.size(), seen + rounds[r - 1]);
-        Status s = d.Observe({Observation(1, history, seen, next, hidden)});
+        const DrafterObservation o = Observation(1, history, seen, next, hidden);
+        Status s = OkStatus();
+        if (r % 2 == 1) {
+          together = d.ObserveAndPropose({o}, {{.seq = 1, .max_nodes = 6, .max_depth = 4}}, &s);
+        } else {
+          s = d.Observe({o});
+        }
         ASSERT_TRUE(s.ok()) << "round " << r << ": " << s;
         seen = next;
       }
@@ -301,7 +311,12 @@ TEST_F(DrafterConformance, RaggedRoundsEqualOneObservation) {
       ASSERT_TRUE(fresh.drafter->AddSequence(1, {}).ok());
       const std::vector<int32_t> prefix(history.begin(), history.begin() + seen);
       ASSERT_TRUE(fresh.drafter->Observe({Observation(1, prefix, 0, seen, hidden)}).ok());
-      auto incremental = ProposeOne(d, 1, 6, 4);
+      if (together) {
+        ASSERT_TRUE(together->ok()) << together->status();
+        ASSERT_EQ((*together)->size(), 1u);
+      }
+      auto incremental =
+          together ? StatusOr<CandidateTree>(std::move((**together)[0])) : ProposeOne(d, 1, 6, 4);
       auto once = ProposeOne(*fresh.drafter, 1, 6, 4);
       ASSERT_TRUE(incremental.ok()) << incremental.status();
       ASSERT_TRUE(once.ok()) << once.status();
@@ -511,6 +526,52 @@ TEST_F(DrafterConformance, BadInputIsRefusedAndChangesNothing) {
     EXPECT_EQ(d.Propose({{.seq = 1, .max_nodes = 4, .max_depth = 4}}).status().code(),
               StatusCode::kNotFound);
     EXPECT_TRUE(d.AddSequence(1, {}).ok()) << "a released sequence id can be added again";
+  }
+}
+
+// Observe and Propose in one exchange keep each call's own contract: a refused observation is
+// the result and changes nothing; a refused request after a good observation leaves that
+// observation applied.
+TEST_F(DrafterConformance, ObserveAndProposeKeepsEachCallsContract) {
+  const auto tokens = RandomTokens(16, 11);
+  for (const ConformanceCase& c : Cases()) {
+    SCOPED_TRACE(c.label);
+    Subject s = Make(c, *provider_);
+    ASSERT_TRUE(s.drafter);
+    Drafter& d = *s.drafter;
+    const auto hidden = Hidden(*s.target, {tokens.begin(), tokens.end() - 1}, d.hidden_layers());
+    const DrafterObservation good = Observation(1, tokens, 0, tokens.size(), hidden);
+    ASSERT_TRUE(d.AddSequence(1, {}).ok());
+    DrafterObservation oov = good;
+    oov.tokens[3] = kVocab;
+    Status observed = OkStatus();
+    auto refused =
+        d.ObserveAndPropose({oov}, {{.seq = 1, .max_nodes = 4, .max_depth = 4}}, &observed);
+    EXPECT_EQ(observed.code(), StatusCode::kInvalidArgument) << observed;
+    EXPECT_THAT(observed.message(), HasSubstr("tokens[3]"));
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status();
+    // The same sequence asked twice is refused by the drafter itself (remote: by the service,
+    // after the observation in the same exchange).
+    auto twice = d.ObserveAndPropose(
+        {good},
+        {{.seq = 1, .max_nodes = 4, .max_depth = 4}, {.seq = 1, .max_nodes = 4, .max_depth = 4}},
+        &observed);
+    EXPECT_TRUE(observed.ok()) << observed;
+    EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument) << twice.status();
+    Status unknown = OkStatus();
+    EXPECT_EQ(d.ObserveAndPropose({}, {{.seq = 9, .max_nodes = 4, .max_depth = 4}}, &unknown)
+                  .status()
+                  .code(),
+              StatusCode::kNotFound);
+    // d is where a drafter that saw only the good observation is.
+    Subject fresh = Make(c, *provider_);
+    ASSERT_TRUE(fresh.drafter);
+    ASSERT_TRUE(fresh.drafter->AddSequence(1, {}).ok());
+    ASSERT_TRUE(fresh.drafter->Observe({good}).ok());
+    auto after = ProposeOne(d, 1, 6, 4);
+    auto clean = ProposeOne(*fresh.drafter, 1, 6, 4);
+    ASSERT_TRUE(after.ok() && clean.ok());
+    ExpectSameTree(*after, *clean, "after the refused exchanges");
   }
 }
 

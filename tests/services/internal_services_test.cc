@@ -512,7 +512,9 @@ TEST_F(InternalServicesTest, DrafterServiceRefusesBudgetsOverTheCapAndObservatio
 
 // A drafter service whose proposals take `delay` (a slow or frozen drafter), and whose answers
 // to releases can be held until the test lets them go; other calls are answered at once. A
-// proposal's trees tell the replies apart.
+// proposal's trees tell the replies apart. With `observe_waits_for_next`, an Observe is answered
+// only once the call after it has arrived (a client that waits for that answer before sending
+// more hangs until its deadline); `seen` lists the kinds of calls in arrival order.
 class SlowDrafterService final : public v1::Drafter::Service {
  public:
   grpc::Status GetDrafterInfo(grpc::ServerContext*, const v1::GetDrafterInfoRequest*,
@@ -527,8 +529,20 @@ class SlowDrafterService final : public v1::Drafter::Service {
       grpc::ServerContext*,
       grpc::ServerReaderWriter<v1::DrafterReply, v1::DrafterCall>* stream) override {
     v1::DrafterCall call;
-    while (stream->Read(&call)) {
+    bool have = stream->Read(&call);
+    while (have) {
       v1::DrafterReply reply;
+      {
+        std::lock_guard<std::mutex> lock(seen_mu_);
+        seen_.push_back(call.call_case());
+      }
+      if (call.has_observe() && observe_waits_for_next) {
+        v1::DrafterCall next;
+        have = stream->Read(&next);
+        stream->Write(reply);
+        call = std::move(next);
+        continue;
+      }
       if (call.has_release()) {
         std::unique_lock<std::mutex> lock(release_mu_);
         release_cv_.wait(lock, [&] { return !hold_releases_; });
@@ -544,8 +558,13 @@ class SlowDrafterService final : public v1::Drafter::Service {
         }
       }
       stream->Write(reply);
+      have = stream->Read(&call);
     }
     return grpc::Status::OK;
+  }
+  std::vector<v1::DrafterCall::CallCase> seen() {
+    std::lock_guard<std::mutex> lock(seen_mu_);
+    return seen_;
   }
   void HoldReleases(bool hold) {
     {
@@ -557,8 +576,11 @@ class SlowDrafterService final : public v1::Drafter::Service {
   int32_t vocab = 0;
   int32_t hidden = 0;
   std::atomic<int> delay_ms{0};
+  std::atomic<bool> observe_waits_for_next{false};
 
  private:
+  std::mutex seen_mu_;
+  std::vector<v1::DrafterCall::CallCase> seen_;
   std::mutex release_mu_;
   std::condition_variable release_cv_;
   bool hold_releases_ = false;
@@ -615,6 +637,60 @@ TEST_F(InternalServicesTest, ReleasesAreNotWaitedFor) {
   // Released on a stream that is gone: nothing is sent, nothing waits.
   stack.server.reset();
   drafter.ReleaseSequence(42);
+}
+
+// A drafted step costs the target one round trip: its catch-up Observe and its Propose are both
+// on the stream before it waits for either answer. This service answers an Observe only after
+// the next call has arrived, so a target that waited in between would hang until the deadline.
+TEST_F(InternalServicesTest, ObserveAndProposeShareOneRoundTrip) {
+  SlowDrafterStack stack;
+  ASSERT_NO_FATAL_FAILURE(StartSlowDrafter(config_, stack));
+  SlowDrafterService& slow = stack.service;
+  const std::shared_ptr<target::DrafterConnection>& connection = stack.connection;
+  connection->set_call_deadline(30s);
+  target::RemoteDrafter drafter(connection, connection->info().drafters(0));
+  ASSERT_TRUE(drafter.AddSequence(42, {}).ok());
+  slow.observe_waits_for_next = true;
+  Status observed;
+  auto trees = drafter.ObserveAndPropose({{.seq = 42, .tokens = {5, 9, 13}}},
+                                         {{.seq = 42, .max_nodes = 4, .max_depth = 2}}, &observed);
+  ASSERT_TRUE(observed.ok()) << observed;
+  ASSERT_TRUE(trees.ok()) << trees.status();
+  ASSERT_EQ(trees->size(), 1u);
+  ASSERT_EQ((*trees)[0].size(), 1);
+  EXPECT_EQ((*trees)[0].token(0), 4) << "not the Propose's own answer";
+  using Case = v1::DrafterCall::CallCase;
+  EXPECT_EQ(slow.seen(), (std::vector<Case>{Case::kAdd, Case::kObserve, Case::kPropose}));
+
+  // Through the engine: every drafted step of a request goes out this way.
+  auto target = Target();
+  ASSERT_TRUE(target->engine()
+                  .AddDrafter(std::make_unique<target::RemoteDrafter>(
+                      connection, connection->info().drafters(0)))
+                  .ok());
+  StepPlan plan = Admit(1, {5, 9, 13}, 6);
+  plan.admit[0].request.speculation.drafter = "slow";
+  plan.admit[0].request.speculation.max_draft_tokens = 2;
+  std::vector<int32_t> tokens;
+  int64_t draft_steps = 0;
+  bool done = false;
+  for (int step = 0; step < 100 && !done; ++step) {
+    auto out = target->Step(plan);
+    ASSERT_TRUE(out.ok()) << out.status();
+    plan = {};
+    for (const RequestUpdate& u : out->report.updates) {
+      tokens.insert(tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (u.finished) {
+        done = true;
+        draft_steps = u.stats.draft_steps;
+        EXPECT_EQ(u.stats.draft_errors, 0) << u.stats.last_draft_error;
+      }
+    }
+  }
+  ASSERT_TRUE(done);
+  ReferenceDecoder reference(dir_);
+  EXPECT_EQ(tokens, reference.Greedy({5, 9, 13}, 6));
+  EXPECT_GT(draft_steps, 0);
 }
 
 // Issue 19.3: a slow drafter stalled the target's every step. A call past the deadline fails alone

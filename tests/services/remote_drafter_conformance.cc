@@ -37,6 +37,11 @@ class ServedDrafter : public Drafter {
   StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override {
     return remote_->Propose(requests);
   }
+  StatusOr<std::vector<CandidateTree>> ObserveAndPropose(
+      const std::vector<DrafterObservation>& observations,
+      const std::vector<DraftRequest>& requests, Status* observed) override {
+    return remote_->ObserveAndPropose(observations, requests, observed);
+  }
   DrafterCapacity capacity() const override { return remote_->capacity(); }
 
  private:
