@@ -433,28 +433,18 @@ void EngineLoop::ProcessStep() {
 
 void EngineLoop::LearnFromStep(const StepOutcome& outcome, double wall_seconds) {
   const StepReport& r = outcome.report;
-  // kappa = a * depth / k over this step's drafting sequences (an average of recent steps).
-  double tokens = 0, depth = 0, nodes = 0, drafting = 0;
-  for (const RequestUpdate& u : r.updates) {
-    if (u.draft_nodes <= 0) continue;
-    tokens += u.draft_accepted + 1;
-    depth += u.draft_depth;
-    nodes += u.draft_nodes;
-    ++drafting;
-  }
-  if (drafting > 0) kappa_ += 0.05 * ((tokens / drafting) * (depth / nodes) - kappa_);
-  if (wall_seconds > 0) draft_share_ += 0.05 * (r.draft_seconds / wall_seconds - draft_share_);
+  const BudgetDecision decision = planner_ ? planner_->last_decision() : BudgetDecision{};
+  averages_.AddStep(r, decision.predicted_speedup(), wall_seconds);
   if (!planner_) return;
-  const BudgetDecision decision = planner_->last_decision();
   planner_->OnStep(r, wall_seconds);
   if (!metrics_) return;
   BudgetSnapshot snapshot{.budgets = decision.budgets,
                           .predicted_seconds = decision.predicted_seconds,
                           .measured_seconds = wall_seconds,
                           .predicted_speedup = decision.predicted_speedup(),
-                          .kappa = kappa_,
-                          .draft_share = draft_share_};
-  snapshot.theta = snapshot.predicted_speedup > 0 ? kappa_ / snapshot.predicted_speedup : 0;
+                          .kappa = averages_.kappa(),
+                          .theta = averages_.theta(),
+                          .draft_share = averages_.draft_share()};
   snapshot.spare_tokens = planner_->policy().SpareTokens(
       {.tokens = r.prefill_tokens + r.verify_tokens, .attention = r.attention});
   for (const std::string& drafter : info_.drafters) {

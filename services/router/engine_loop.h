@@ -41,6 +41,7 @@
 #include "common/util/status.h"
 #include "services/router/metrics.h"
 #include "services/router/request_channel.h"
+#include "services/router/spec_decode_averages.h"
 
 namespace specula::router {
 
@@ -193,7 +194,7 @@ class EngineLoop {
   int64_t kv_blocks_used_now_ = 0;
 
   std::unique_ptr<BudgetPlanner> planner_;  // null: fixed budgets
-  double kappa_ = 0, draft_share_ = 0;      // recent averages, for metrics
+  SpecDecodeAverages averages_;             // kappa, theta, draft share: for metrics
 
   std::atomic<int32_t> running_{0};
   std::atomic<int32_t> waiting_count_{0};

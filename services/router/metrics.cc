@@ -230,12 +230,13 @@ struct RouterMetrics::Impl {
                      .Labels(labels)
                      .Register(*registry)
                      .Add({});
-  Gauge& theta = BuildGauge()
-                     .Name("specula_spec_decode_theta")
-                     .Help("theta = kappa / predicted speedup (lower is better).")
-                     .Labels(labels)
-                     .Register(*registry)
-                     .Add({});
+  Gauge& theta =
+      BuildGauge()
+          .Name("specula_spec_decode_theta")
+          .Help("theta = kappa / predicted speedup over recent drafting steps (lower is better).")
+          .Labels(labels)
+          .Register(*registry)
+          .Add({});
   Gauge& draft_share = BuildGauge()
                            .Name("specula_spec_decode_draft_time_share")
                            .Help("Drafters' share of recent step time.")

@@ -3,8 +3,8 @@
 #include <utility>
 
 #include "services/common/channel.h"
-#include "services/common/step_codec.h"
 #include "services/common/grpc_status.h"
+#include "services/common/step_codec.h"
 
 namespace specula::router {
 

@@ -10,8 +10,8 @@
 
 #include "common/tokenizer/tokenizer.h"
 #include "common/util/status.h"
-#include "services/common/step_codec.h"
 #include "services/common/grpc_status.h"
+#include "services/common/step_codec.h"
 #include "services/router/engine_loop.h"
 #include "specula/v1/generation.pb.h"
 

@@ -14,10 +14,49 @@
 #include <utility>
 #include <vector>
 
+#include "services/router/spec_decode_averages.h"
 #include "tests/services/http_get.h"
 
 namespace specula::router {
 namespace {
+
+RequestUpdate Drafted(int32_t nodes, int32_t depth, int32_t accepted) {
+  RequestUpdate u;
+  u.draft_nodes = nodes;
+  u.draft_depth = depth;
+  u.draft_accepted = accepted;
+  return u;
+}
+
+// kappa = a * depth / k and theta = kappa / speedup move only on steps that drafted: a step
+// without drafts (speedup 1 by definition) used to make theta read as kappa.
+TEST(SpecDecodeAveragesTest, KappaAndThetaComeFromDraftingStepsOnly) {
+  SpecDecodeAverages averages;
+  EXPECT_EQ(averages.kappa(), 0);
+  EXPECT_EQ(averages.theta(), 0);
+  StepReport drafted;
+  // Two sequences: a chain of 4 with 2 accepted (a = 3), a chain of 2 with 1 accepted (a = 2).
+  drafted.updates = {Drafted(4, 4, 2), Drafted(2, 2, 1), RequestUpdate{}};
+  drafted.draft_seconds = 0.002;
+  averages.AddStep(drafted, /*predicted_speedup=*/1.6, /*wall_seconds=*/0.010);
+  // a = 2.5 per drafting sequence, depth / k = 6 / 6: the first drafting step seeds the average.
+  EXPECT_DOUBLE_EQ(averages.kappa(), 2.5);
+  EXPECT_DOUBLE_EQ(averages.theta(), 2.5 / 1.6);
+  StepReport plain;
+  plain.updates = {RequestUpdate{}, RequestUpdate{}};
+  for (int i = 0; i < 50; ++i) averages.AddStep(plain, 1.0, 0.010);
+  EXPECT_DOUBLE_EQ(averages.kappa(), 2.5);
+  EXPECT_DOUBLE_EQ(averages.theta(), 2.5 / 1.6) << "steps without drafts moved theta";
+  // The drafters' share counts every step: it decays once they stop drafting.
+  EXPECT_LT(averages.draft_share(), 0.2 * SpecDecodeAverages::kWeight);
+  // A tree: 8 nodes of depth 3, 3 accepted (a = 4): kappa_step = 4 * 3 / 8 = 1.5.
+  StepReport tree;
+  tree.updates = {Drafted(8, 3, 3)};
+  averages.AddStep(tree, 2.0, 0.010);
+  const double w = SpecDecodeAverages::kWeight;
+  EXPECT_DOUBLE_EQ(averages.kappa(), 2.5 + w * (1.5 - 2.5));
+  EXPECT_DOUBLE_EQ(averages.theta(), averages.kappa() / (1.6 + w * (2.0 - 1.6)));
+}
 
 TEST(RouterMetricsTest, NamesMirrorVllmAndCountsMove) {
   RouterMetrics m;
