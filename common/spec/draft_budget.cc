@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <queue>
 #include <tuple>
 #include <utility>
@@ -273,6 +274,11 @@ double AttentionRows(int64_t context, int32_t nodes) {
 
 }  // namespace
 
+double DraftBudgetPolicy::StepLimit(double no_draft_seconds) const {
+  if (options_.max_step_increase < 0) return std::numeric_limits<double>::infinity();
+  return no_draft_seconds * (1 + options_.max_step_increase);
+}
+
 double BudgetDecision::predicted_speedup() const {
   if (predicted_seconds <= 0 || no_draft_seconds <= 0 || no_draft_tokens <= 0) return 1.0;
   return (predicted_tokens / predicted_seconds) / (no_draft_tokens / no_draft_seconds);
@@ -349,6 +355,8 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     decode_only.attention -= base.chunks.attention;
     const double chunk_seconds = target_seconds - target_cost_.Predict(decode_only);
     auto rate = [&] { return tokens / std::max(total() - chunk_seconds, 1e-12); };
+    // The latency bound: the most seconds the step may take with drafts.
+    const double step_limit = StepLimit(decision.no_draft_seconds);
 
     // Expected tokens and added seconds of giving candidate i `m` more nodes now.
     auto delta = [&](size_t i, int32_t m) {
@@ -406,6 +414,11 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       }
       // Worth it only if it raises the batch's tokens per second.
       if (dy <= 0 || ratio <= rate()) continue;
+      if (total() + dt > step_limit) {
+        // Past the latency bound: a smaller first bundle may still fit.
+        if (m > 1) heap.emplace(ratio, i, m - 1);
+        continue;
+      }
       const BudgetCandidate& c = candidates[i];
       Group& g = groups[c.drafter];
       const double before = drafter_seconds(c.drafter, g);
@@ -474,8 +487,11 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   const auto [optimum_seconds, optimum_tokens] = Evaluate(base, candidates, optimum);
   pending_exploration_ = {};
   if (explored > 0) {
-    const double extra = std::max(0.0, Evaluate(base, candidates, explore).first - optimum_seconds);
-    if (explored_seconds_ + extra <= options_.exploration_share * measured_seconds_) {
+    const double explore_seconds = Evaluate(base, candidates, explore).first;
+    const double extra = std::max(0.0, explore_seconds - optimum_seconds);
+    // Within the exploration share, and within the latency bound like any other draft.
+    if (explored_seconds_ + extra <= options_.exploration_share * measured_seconds_ &&
+        explore_seconds <= StepLimit(decision.no_draft_seconds)) {
       explored_seconds_ += extra;
       // Observe charges what the step measures beyond the optimum's prediction, if more.
       pending_exploration_ = {.optimum_seconds = optimum_seconds, .charged_seconds = extra};

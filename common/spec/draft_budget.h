@@ -17,7 +17,8 @@
 //     average). A chain of n nodes is expected to add E(n) = sum_{d<=n} prod_{i<=d} p[i] tokens;
 //     node j of a tree is valued as depth j (a tree drafter's width shows up in a higher p).
 //
-// Decision (Plan): start from no drafts. Then greedy marginal allocation: repeatedly add the node
+// Decision (Plan): start from no drafts. Then greedy marginal allocation (within the latency
+// bound, DraftBudgetOptions::max_step_increase, when one is set): repeatedly add the node
 // (or, for a sequence not drafting yet, the best first bundle of nodes, which pays the
 // per-sequence drafter cost) with the most expected tokens per added second, while that beats the
 // batch's decoding rate R = Y/T, Y the expected tokens so far and T the predicted seconds without
@@ -171,6 +172,11 @@ struct DraftBudgetOptions {
   // Exploration (probes and extra nodes) may cost at most this share of the measured steps'
   // time; what does not fit waits.
   double exploration_share = 0.01;
+  // The latency bound: drafts may make a step take at most (1 + max_step_increase) times its
+  // predicted time without them. Streamed chunks are a step apart, so this bounds what drafting
+  // adds to inter-token latency (p99 ITL) at the price of throughput where verification is not
+  // free. < 0: no bound (tokens per second alone decide).
+  double max_step_increase = -1;
   uint64_t seed = 0x5eed;
 };
 
@@ -245,6 +251,8 @@ class DraftBudgetPolicy {
                                      const std::vector<int32_t>& budgets) const;
   double DrafterSeconds(const std::string& drafter, int32_t sequences, int64_t nodes,
                         int32_t max_depth, int64_t observed_tokens) const;
+  // The most seconds a step may take with drafts (max_step_increase; infinity without a bound).
+  double StepLimit(double no_draft_seconds) const;
 
   DraftBudgetOptions options_;
   StepCostModel target_cost_;

@@ -212,6 +212,9 @@ TEST_F(SpeculaCliTest, SpeculationFlagErrors) {
   EXPECT_NE(r.err.find("--draft-len must be in [0, 256], got -2"), std::string::npos) << r.err;
   r = Run(base + " --drafter ngram --draft-len 1000");  // issue 19.8
   EXPECT_NE(r.err.find("--draft-len must be in [0, 256], got 1000"), std::string::npos) << r.err;
+  r = Run(base + " --drafter ngram --draft-budget adaptive --max-draft-slowdown nan");
+  EXPECT_NE(r.err.find("--max-draft-slowdown must be a finite number"), std::string::npos)
+      << r.err;
   r = Run(base + " --drafter ngram --ngram-min 5 --ngram-max 2");
   EXPECT_NE(r.err.find("min_ngram"), std::string::npos) << r.err;
 }

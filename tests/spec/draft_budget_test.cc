@@ -306,6 +306,47 @@ TEST(DraftBudgetPolicyTest, ExplorationStaysWithinItsShareOfMeasuredTime) {
   EXPECT_LE(explored, 0.02 * policy.measured_seconds() + real_per_call + 4 * 1e-4);
 }
 
+// With a latency bound the step never grows past (1 + bound) x its time without drafts,
+// exploration included, while drafting within the bound still happens.
+TEST(DraftBudgetPolicyTest, LatencyBoundCapsTheStepTime) {
+  for (const double bound : {0.0, 0.1, 0.25, 0.5}) {
+    SCOPED_TRACE(bound);
+    std::mt19937 rng(12);
+    // Every token verified costs 10% of the step: unbounded, a well-accepted chain grows long.
+    const Curve curve{.base = 5e-3, .knee = 0, .per_token = 5e-4};
+    DraftBudgetPolicy unbounded(NoExploration());
+    DraftBudgetPolicy bounded({.probe_after = 2,
+                               .probe_nodes = 4,
+                               .explore_every = 1,
+                               .exploration_share = 1.0,
+                               .max_step_increase = bound});
+    for (DraftBudgetPolicy* policy : {&unbounded, &bounded}) {
+      std::mt19937 r(12);
+      Train(*policy, curve, 400, r, 0.01);
+      for (int64_t id = 1; id <= 2; ++id) TrainAcceptance(*policy, "ngram", id, 0.85, 60, r);
+      TrainDrafter(*policy, "ngram", 2e-5, 1e-6);
+    }
+    const auto free = unbounded.Plan(Decoding(2, 50), Candidates(2, "ngram", 12, 50));
+    EXPECT_GT(free.predicted_seconds, 1.5 * free.no_draft_seconds)
+        << "the test's numbers no longer show the bound";
+    int32_t drafted = 0;
+    for (int step = 0; step < 12; ++step) {
+      const auto d = bounded.Plan(Decoding(2, 50), Candidates(2, "ngram", 12, 50));
+      EXPECT_LE(d.predicted_seconds, (1 + bound) * d.no_draft_seconds * (1 + 1e-9))
+          << "step " << step << ", explored " << d.explored_nodes;
+      for (size_t i = 0; i < d.budgets.size(); ++i) {
+        EXPECT_LE(d.budgets[i], free.budgets[i]);
+        drafted += d.budgets[i];
+      }
+    }
+    if (bound >= 0.1) {
+      EXPECT_GT(drafted, 0) << "drafts that fit the bound were left out";
+    } else {
+      EXPECT_EQ(drafted, 0);
+    }
+  }
+}
+
 TEST(DraftBudgetPolicyTest, PlansNothingBeforeAnyMeasurement) {
   DraftBudgetPolicy policy(NoExploration());
   const auto d = policy.Plan(Decoding(4, 10), Candidates(4, "ngram", 8, 10));

@@ -53,8 +53,8 @@ const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSection
     {"router flags (--role router, all)",
      {"target-address", "connect-timeout-s", "target-step-deadline-s", "max-prompt-bytes",
       "max-request-bytes", "max-queue", "max-batch-size", "default-drafter", "draft-budget",
-      "draft-len", "draft-cap", "cost-profile", "verify", "beta", "tau", "typical-epsilon",
-      "typical-delta", "log-stats-interval-s"}},
+      "draft-len", "draft-cap", "max-draft-slowdown", "cost-profile", "verify", "beta", "tau",
+      "typical-epsilon", "typical-delta", "log-stats-interval-s"}},
     {"target flags (--role target, all)",
      {"kv-memory-mb", "kv-block-size", "max-step-tokens", "verify-placement", "drafter-address",
       "drafter-deadline-ms"}},
@@ -369,6 +369,9 @@ Status Run(ServeFlags& f) {
         StrCat("--draft-cap must be in [1, ", kMaxDraftTokens, "], got ", f.spec.draft_cap));
   }
   options.loop.adaptive_draft_budget = adaptive;
+  if (adaptive) {
+    ASSIGN_OR_RETURN(options.loop.draft_budget, f.spec.BudgetOptions());
+  }
   if (adaptive && !f.spec.cost_profile.empty()) {
     ASSIGN_OR_RETURN(options.loop.cost_profile, LoadCostProfile(f.spec.cost_profile));
   }

@@ -1,5 +1,6 @@
 #include "tools/cli/spec_flags.h"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -38,6 +39,10 @@ void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
                     "from measured step costs and acceptance, up to --draft-cap");
   }
   flags.AddInt("draft-cap", &draft_cap, "adaptive: most draft nodes per step for one request");
+  flags.AddDouble("max-draft-slowdown", &max_draft_slowdown,
+                  "adaptive: drafts may make a step at most this fraction slower than without "
+                  "them (bounds the inter-token latency they add; negative = no bound, tokens "
+                  "per second alone decide)");
   flags.AddString("cost-profile", &cost_profile,
                   "adaptive: warm-start the step cost model from `specula bench-forward --json`");
   flags.AddString("verify", &verify,
@@ -124,12 +129,21 @@ StatusOr<SpeculationSettings> SpecFlags::Settings(const std::string& name, int64
   return s;
 }
 
+StatusOr<DraftBudgetOptions> SpecFlags::BudgetOptions() const {
+  if (!std::isfinite(max_draft_slowdown)) {
+    return InvalidArgumentError(
+        StrCat("--max-draft-slowdown must be a finite number, got ", max_draft_slowdown));
+  }
+  return DraftBudgetOptions{.max_step_increase = max_draft_slowdown};
+}
+
 StatusOr<std::unique_ptr<BudgetPlanner>> SpecFlags::MakePlanner(int64_t max_step_tokens) const {
   if (draft_cap < 1 || draft_cap > kMaxDraftTokens) {
     return InvalidArgumentError(
         StrCat("--draft-cap must be in [1, ", kMaxDraftTokens, "], got ", draft_cap));
   }
-  auto planner = std::make_unique<BudgetPlanner>(DraftBudgetOptions{}, max_step_tokens);
+  ASSIGN_OR_RETURN(const DraftBudgetOptions options, BudgetOptions());
+  auto planner = std::make_unique<BudgetPlanner>(options, max_step_tokens);
   if (!cost_profile.empty()) {
     ASSIGN_OR_RETURN(auto points, LoadCostProfile(cost_profile));
     planner->policy().target_cost().WarmStart(points);

@@ -16,6 +16,8 @@ namespace specula::cli {
 
 // Most draft nodes per step an adaptive budget gives one request, unless the request sets its own.
 inline constexpr int64_t kDefaultDraftCap = 16;
+// --max-draft-slowdown: no latency bound unless asked for (see docs/BENCHMARKS.md, issue 14).
+inline constexpr double kDefaultMaxDraftSlowdown = -1;
 
 struct SpecFlags {
   std::string drafter = "none";  // generate: one name; bench: a comma-separated list
@@ -33,6 +35,8 @@ struct SpecFlags {
   std::string draft_budget = "fixed";               // generate: fixed (--draft-len) | adaptive
   int64_t draft_cap = kDefaultDraftCap;             // adaptive: most nodes a step gives one request
   std::string cost_profile;  // adaptive: `bench-forward --json` curve (warm start)
+  // adaptive: the latency bound (DraftBudgetOptions::max_step_increase; < 0 = none).
+  double max_draft_slowdown = kDefaultMaxDraftSlowdown;
 
   void Register(FlagSet& flags, bool many_drafters);
   // The drafter names in --drafter, each "none" or one of the registry's (INVALID_ARGUMENT
@@ -57,6 +61,8 @@ struct SpecFlags {
   // The adaptive policy's driver, warm-started from --cost-profile when given; INVALID_ARGUMENT
   // for a --draft-cap outside [1, kMaxDraftTokens] or an unreadable profile.
   StatusOr<std::unique_ptr<BudgetPlanner>> MakePlanner(int64_t max_step_tokens) const;
+  // The adaptive budget's options from these flags (INVALID_ARGUMENT naming a bad one).
+  StatusOr<DraftBudgetOptions> BudgetOptions() const;
 };
 
 // The step cost curve `specula bench-forward --json` wrote: (shape, seconds) per measured row.
