@@ -487,11 +487,10 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   const auto [optimum_seconds, optimum_tokens] = Evaluate(base, candidates, optimum);
   pending_exploration_ = {};
   if (explored > 0) {
-    const double explore_seconds = Evaluate(base, candidates, explore).first;
-    const double extra = std::max(0.0, explore_seconds - optimum_seconds);
-    // Within the exploration share, and within the latency bound like any other draft.
-    if (explored_seconds_ + extra <= options_.exploration_share * measured_seconds_ &&
-        explore_seconds <= StepLimit(decision.no_draft_seconds)) {
+    // Not bound by max_step_increase: a cost model that overestimates drafts would otherwise
+    // never see one measured and never correct itself. The share bounds how often it happens.
+    const double extra = std::max(0.0, Evaluate(base, candidates, explore).first - optimum_seconds);
+    if (explored_seconds_ + extra <= options_.exploration_share * measured_seconds_) {
       explored_seconds_ += extra;
       // Observe charges what the step measures beyond the optimum's prediction, if more.
       pending_exploration_ = {.optimum_seconds = optimum_seconds, .charged_seconds = extra};

@@ -175,7 +175,8 @@ struct DraftBudgetOptions {
   // The latency bound: drafts may make a step take at most (1 + max_step_increase) times its
   // predicted time without them. Streamed chunks are a step apart, so this bounds what drafting
   // adds to inter-token latency (p99 ITL) at the price of throughput where verification is not
-  // free. < 0: no bound (tokens per second alone decide).
+  // free. Exploration (within exploration_share) is exempt, so that the cost of the drafts the
+  // bound forbids is still measured. < 0: no bound (tokens per second alone decide).
   double max_step_increase = -1;
   uint64_t seed = 0x5eed;
 };
