@@ -4,10 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bin/specula
-# LibTorch's CPU training allocates and frees large activation buffers every step; glibc hands them
-# back to the kernel each time (a third of the run in page faults). jemalloc without purging keeps them.
-export LD_PRELOAD="${LD_PRELOAD:-/usr/lib/x86_64-linux-gnu/libjemalloc.so.2}"
-export MALLOC_CONF="${MALLOC_CONF:-dirty_decay_ms:-1,muzzy_decay_ms:-1}"
+# shellcheck source=scripts/train_env.sh
+source scripts/train_env.sh
 
 [ -f data/corpus/manifest.json ] || $BIN prepare-corpus --source /usr/lib/python3.11 --out data/corpus --vocab-size 4096
 

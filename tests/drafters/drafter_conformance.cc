@@ -222,6 +222,20 @@ void ExpectSameTree(const CandidateTree& a, const CandidateTree& b, const std::s
   }
 }
 
+// `d`'s next draft for sequence 1 is that of a fresh drafter of case `c` that observed only
+// `good`: the calls `d` refused before changed nothing.
+void ExpectLikeFreshAfter(const ConformanceCase& c, DrafterProvider& provider, Drafter& d,
+                          const DrafterObservation& good, const std::string& what) {
+  Subject fresh = Make(c, provider);
+  ASSERT_TRUE(fresh.drafter);
+  ASSERT_TRUE(fresh.drafter->AddSequence(1, {}).ok());
+  ASSERT_TRUE(fresh.drafter->Observe({good}).ok());
+  auto after = ProposeOne(d, 1, 6, 4);
+  auto clean = ProposeOne(*fresh.drafter, 1, 6, 4);
+  ASSERT_TRUE(after.ok() && clean.ok());
+  ExpectSameTree(*after, *clean, what);
+}
+
 class DrafterConformance : public ::testing::Test {
  protected:
   void SetUp() override { provider_ = MakeConformanceProvider(); }
@@ -513,14 +527,8 @@ TEST_F(DrafterConformance, BadInputIsRefusedAndChangesNothing) {
     ASSERT_TRUE(before.ok()) << before.status();
     EXPECT_TRUE(before->empty());
     ASSERT_TRUE(d.Observe({good}).ok());
-    Subject fresh = Make(c, *provider_);
-    ASSERT_TRUE(fresh.drafter);
-    ASSERT_TRUE(fresh.drafter->AddSequence(1, {}).ok());
-    ASSERT_TRUE(fresh.drafter->Observe({good}).ok());
-    auto after = ProposeOne(d, 1, 6, 4);
-    auto clean = ProposeOne(*fresh.drafter, 1, 6, 4);
-    ASSERT_TRUE(after.ok() && clean.ok());
-    ExpectSameTree(*after, *clean, "after the refused calls");
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectLikeFreshAfter(c, *provider_, d, good, "after the refused calls"));
     d.ReleaseSequence(1);
     EXPECT_EQ(d.StateBytes(), 0);
     EXPECT_EQ(d.Propose({{.seq = 1, .max_nodes = 4, .max_depth = 4}}).status().code(),
@@ -563,15 +571,8 @@ TEST_F(DrafterConformance, ObserveAndProposeKeepsEachCallsContract) {
                   .status()
                   .code(),
               StatusCode::kNotFound);
-    // d is where a drafter that saw only the good observation is.
-    Subject fresh = Make(c, *provider_);
-    ASSERT_TRUE(fresh.drafter);
-    ASSERT_TRUE(fresh.drafter->AddSequence(1, {}).ok());
-    ASSERT_TRUE(fresh.drafter->Observe({good}).ok());
-    auto after = ProposeOne(d, 1, 6, 4);
-    auto clean = ProposeOne(*fresh.drafter, 1, 6, 4);
-    ASSERT_TRUE(after.ok() && clean.ok());
-    ExpectSameTree(*after, *clean, "after the refused exchanges");
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectLikeFreshAfter(c, *provider_, d, good, "after the refused exchanges"));
   }
 }
 

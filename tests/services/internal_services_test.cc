@@ -593,8 +593,10 @@ struct SlowDrafterStack {
   std::shared_ptr<target::DrafterConnection> connection;
 };
 
-// Starts `stack` for a target of `config`'s vocabulary and hidden size.
-void StartSlowDrafter(const ModelConfig& config, SlowDrafterStack& stack) {
+// Starts `stack` for a target of `config`'s vocabulary and hidden size; its connection's calls
+// get `deadline`.
+void StartSlowDrafter(const ModelConfig& config, SlowDrafterStack& stack,
+                      std::chrono::milliseconds deadline) {
   stack.service.vocab = static_cast<int32_t>(config.vocab_size);
   stack.service.hidden = static_cast<int32_t>(config.hidden_size);
   auto server = services::ServiceServer::Start("127.0.0.1", 0, &stack.service,
@@ -605,6 +607,17 @@ void StartSlowDrafter(const ModelConfig& config, SlowDrafterStack& stack) {
       Address(stack.server->port()), 5s, stack.service.vocab, stack.service.hidden, "float32");
   ASSERT_TRUE(connection.ok()) << connection.status();
   stack.connection = std::move(*connection);
+  stack.connection->set_call_deadline(deadline);
+}
+
+// The trees of a SlowDrafterService's answer: one tree of one node, whose token tells which
+// call it answered.
+void ExpectAnswerOf(const StatusOr<std::vector<CandidateTree>>& trees, int32_t token,
+                    const std::string& what) {
+  ASSERT_TRUE(trees.ok()) << trees.status();
+  ASSERT_EQ(trees->size(), 1u);
+  ASSERT_EQ((*trees)[0].size(), 1);
+  EXPECT_EQ((*trees)[0].token(0), token) << what;
 }
 
 // A release is sent, not waited for: the engine thread spends no round trip on a finished
@@ -612,10 +625,9 @@ void StartSlowDrafter(const ModelConfig& config, SlowDrafterStack& stack) {
 // the same stream.
 TEST_F(InternalServicesTest, ReleasesAreNotWaitedFor) {
   SlowDrafterStack stack;
-  ASSERT_NO_FATAL_FAILURE(StartSlowDrafter(config_, stack));
+  ASSERT_NO_FATAL_FAILURE(StartSlowDrafter(config_, stack, 60s));
   SlowDrafterService& slow = stack.service;
   const std::shared_ptr<target::DrafterConnection>& connection = stack.connection;
-  connection->set_call_deadline(60s);
   target::RemoteDrafter drafter(connection, connection->info().drafters(0));
   ASSERT_TRUE(drafter.AddSequence(41, {}).ok());
   ASSERT_TRUE(drafter.AddSequence(42, {}).ok());
@@ -627,10 +639,7 @@ TEST_F(InternalServicesTest, ReleasesAreNotWaitedFor) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
   slow.HoldReleases(false);
   auto next = drafter.Propose({{.seq = 42, .max_nodes = 5, .max_depth = 1}});
-  ASSERT_TRUE(next.ok()) << next.status();
-  ASSERT_EQ(next->size(), 1u);
-  ASSERT_EQ((*next)[0].size(), 1);
-  EXPECT_EQ((*next)[0].token(0), 5) << "got the release's answer";
+  ASSERT_NO_FATAL_FAILURE(ExpectAnswerOf(next, 5, "got the release's answer"));
   EXPECT_EQ(connection->session(), session) << "the stream was dropped";
   EXPECT_EQ(drafter.Propose({{.seq = 41, .max_nodes = 2, .max_depth = 1}}).status().code(),
             StatusCode::kNotFound);
@@ -644,10 +653,9 @@ TEST_F(InternalServicesTest, ReleasesAreNotWaitedFor) {
 // the next call has arrived, so a target that waited in between would hang until the deadline.
 TEST_F(InternalServicesTest, ObserveAndProposeShareOneRoundTrip) {
   SlowDrafterStack stack;
-  ASSERT_NO_FATAL_FAILURE(StartSlowDrafter(config_, stack));
+  ASSERT_NO_FATAL_FAILURE(StartSlowDrafter(config_, stack, 30s));
   SlowDrafterService& slow = stack.service;
   const std::shared_ptr<target::DrafterConnection>& connection = stack.connection;
-  connection->set_call_deadline(30s);
   target::RemoteDrafter drafter(connection, connection->info().drafters(0));
   ASSERT_TRUE(drafter.AddSequence(42, {}).ok());
   slow.observe_waits_for_next = true;
@@ -655,10 +663,7 @@ TEST_F(InternalServicesTest, ObserveAndProposeShareOneRoundTrip) {
   auto trees = drafter.ObserveAndPropose({{.seq = 42, .tokens = {5, 9, 13}}},
                                          {{.seq = 42, .max_nodes = 4, .max_depth = 2}}, &observed);
   ASSERT_TRUE(observed.ok()) << observed;
-  ASSERT_TRUE(trees.ok()) << trees.status();
-  ASSERT_EQ(trees->size(), 1u);
-  ASSERT_EQ((*trees)[0].size(), 1);
-  EXPECT_EQ((*trees)[0].token(0), 4) << "not the Propose's own answer";
+  ASSERT_NO_FATAL_FAILURE(ExpectAnswerOf(trees, 4, "not the Propose's own answer"));
   using Case = v1::DrafterCall::CallCase;
   EXPECT_EQ(slow.seen(), (std::vector<Case>{Case::kAdd, Case::kObserve, Case::kPropose}));
 
@@ -699,10 +704,9 @@ TEST_F(InternalServicesTest, ObserveAndProposeShareOneRoundTrip) {
 // draft errors.
 TEST_F(InternalServicesTest, SlowDrafterCostsOnlyThatStepsSpeculation) {
   SlowDrafterStack stack;
-  ASSERT_NO_FATAL_FAILURE(StartSlowDrafter(config_, stack));
+  ASSERT_NO_FATAL_FAILURE(StartSlowDrafter(config_, stack, 300ms));
   SlowDrafterService& slow = stack.service;
   const std::shared_ptr<target::DrafterConnection>& connection = stack.connection;
-  connection->set_call_deadline(300ms);
   target::RemoteDrafter drafter(connection, connection->info().drafters(0));
   ASSERT_TRUE(drafter.AddSequence(42, {}).ok());
   const uint64_t session = connection->session();
@@ -716,10 +720,7 @@ TEST_F(InternalServicesTest, SlowDrafterCostsOnlyThatStepsSpeculation) {
   // Generous: this call first waits behind the late one on the service.
   connection->set_call_deadline(20s);
   auto next = drafter.Propose({{.seq = 42, .max_nodes = 5, .max_depth = 1}});
-  ASSERT_TRUE(next.ok()) << next.status();
-  ASSERT_EQ(next->size(), 1u);
-  ASSERT_EQ((*next)[0].size(), 1);
-  EXPECT_EQ((*next)[0].token(0), 5) << "got the late answer of the earlier call";
+  ASSERT_NO_FATAL_FAILURE(ExpectAnswerOf(next, 5, "got the late answer of the earlier call"));
   EXPECT_EQ(connection->session(), session) << "the stream was dropped";
 
   // Through the engine: every proposal is late.
