@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The one training recipe for every learned drafter of the bundled target (issue 17): the same
+# self-distillation data (data/distill.bin, `specula distill`), the same held-out validation
+# records (the file's last 64), and the same wall-clock budget per drafter on this machine.
+#
+#   scripts/train_drafters.sh [KINDS]     (default specformer,beagle,parallelspec,specdec)
+#
+# A budget in minutes is turned into a step count per drafter: a short probe run measures the
+# drafter's seconds per step, and the real run gets BUDGET_MIN * 60 / that many steps (its cosine
+# schedule needs the count up front). Every run checkpoints and resumes when the script is run
+# again; finished runs are skipped. Results land in RUNS/<kind> (config.json, model.safetensors,
+# training.json with the command and the validation figures); copying them to models/ is a
+# separate, deliberate step (models/README.md).
+# Environment: BUDGET_MIN (20), DATA (data/distill.bin), RUNS (runs/recipe), SEED (1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=build/bin/specula
+MODEL=models/pyllama-6m
+KINDS="${1:-specformer,beagle,parallelspec,specdec}"
+DATA="${DATA:-data/distill.bin}"
+RUNS="${RUNS:-runs/recipe}"
+BUDGET_MIN="${BUDGET_MIN:-20}"
+# shellcheck source=scripts/train_env.sh
+source scripts/train_env.sh
+require_distill "$DATA"
+
+COMMON=(--model "$MODEL" --data "$DATA" --batch-size 8 --val-records 64 --log-every 10
+  --seed "${SEED:-1}")
+# Each kind's own settings: those of the bundled drafters (models/README.md).
+flags() {
+  case "$1" in
+    specformer) echo "--kind specformer --lr 1.5e-3 --min-lr 5e-5 --position-fraction 0.25 --max-seq-len 384" ;;
+    beagle) echo "--kind beagle --lr 1.5e-3 --min-lr 5e-5 --warmup-fraction 0.05 --max-seq-len 384 --vloss-weight 0.1" ;;
+    parallelspec) echo "--kind parallelspec --lr 1.5e-3 --min-lr 5e-5 --warmup-fraction 0.05 --max-seq-len 256 --group-fraction 0.25" ;;
+    specdec) echo "--kind specdec --lr 2e-3 --warmup-fraction 0.075 --max-seq-len 384" ;;
+    *) echo "unknown drafter kind '$1' (specformer, beagle, parallelspec, specdec)" >&2; return 1 ;;
+  esac
+}
+
+for kind in ${KINDS//,/ }; do
+  read -r -a own <<<"$(flags "$kind")"
+  out="$RUNS/$kind"
+  if [ -f "$out/steps" ]; then
+    steps="$(cat "$out/steps")"
+  else
+    # The probe: two resumed runs of 5 and 25 steps after 2 unmeasured ones (allocation, first
+    # touches); their difference is 20 steps without the start-up (loading the target and data).
+    probe="$RUNS/probe-$kind"
+    rm -rf "$probe"
+    run() {
+      "$BIN" train-drafter "${own[@]}" "${COMMON[@]}" --out "$probe" --steps 100000 \
+        --max-steps-this-run "$1" --eval-every 1000000 --checkpoint-every "$1" >/dev/null
+    }
+    run 2
+    t0=$(date +%s.%N)
+    run 5
+    t1=$(date +%s.%N)
+    run 25
+    t2=$(date +%s.%N)
+    read -r per_step steps < <(awk -v a="$t0" -v b="$t1" -v c="$t2" -v m="$BUDGET_MIN" \
+      'BEGIN { p = ((c - b) - (b - a)) / 20; printf "%.3f %d\n", p, m * 60 / p }')
+    rm -rf "$probe"
+    mkdir -p "$out"
+    echo "$steps" >"$out/steps"
+    printf '%s: %.2f s per step -> %d steps in %d min\n' "$kind" "$per_step" "$steps" "$BUDGET_MIN"
+  fi
+  if [ -f "$out/training.json" ] && grep -q "\"steps\": $steps," "$out/training.json"; then
+    echo "== $kind: trained ($steps steps)"
+    continue
+  fi
+  echo "== training $kind: $steps steps"
+  "$BIN" train-drafter "${own[@]}" "${COMMON[@]}" --out "$out" --steps "$steps" \
+    --eval-every "$((steps / 4 > 0 ? steps / 4 : 1))" --checkpoint-every 25
+done
