@@ -342,24 +342,20 @@ StatusOr<std::vector<CandidateTree>> RemoteDrafter::ObserveAndPropose(
   std::vector<size_t> asked;
   v1::DrafterCall propose;
   const Status proposable = ProposeCall(requests, &trees, &asked, &propose);
+  const bool proposes = proposable.ok() && !asked.empty();
+  // Whichever of the two calls has something to carry, on the stream together.
+  std::vector<const v1::DrafterCall*> calls;
+  if (observes) calls.push_back(&observe);
+  if (proposes) calls.push_back(&propose);
+  std::vector<StatusOr<v1::DrafterReply>> replies;
   uint64_t session = 0;
-  if (!proposable.ok() || asked.empty()) {  // nothing to send but the Observe
-    if (observes) *observed = connection_->Call(observe, &session).status();
-    if (!observed->ok()) return *observed;
-    RETURN_IF_ERROR(proposable);
-    return trees;
-  }
-  if (!observes) {
-    ASSIGN_OR_RETURN(v1::DrafterReply reply, connection_->Call(propose, &session));
-    RETURN_IF_ERROR(TakeTrees(reply, asked, &trees));
-    return trees;
-  }
-  std::vector<StatusOr<v1::DrafterReply>> replies =
-      connection_->CallAll({&observe, &propose}, &session);
-  *observed = replies[0].status();
+  if (!calls.empty()) replies = connection_->CallAll(calls, &session);
+  if (observes) *observed = replies.front().status();
   if (!observed->ok()) return *observed;  // the proposals came from the state before it
-  RETURN_IF_ERROR(replies[1].status());
-  RETURN_IF_ERROR(TakeTrees(*replies[1], asked, &trees));
+  RETURN_IF_ERROR(proposable);
+  if (!proposes) return trees;
+  RETURN_IF_ERROR(replies.back().status());
+  RETURN_IF_ERROR(TakeTrees(*replies.back(), asked, &trees));
   return trees;
 }
 
