@@ -83,7 +83,12 @@ std::vector<torch::Tensor> TargetHidden(CausalLMImpl& target, const Batch& b,
 torch::Tensor SlotStates(SpecFormerImpl& model, CausalLMImpl& target, const Batch& b) {
   auto hidden = TargetHidden(target, b, model.config().hidden_layers);
   AttentionInputs in = model.DenseContextInputs(b.B, b.T);
-  auto c = model.Context(model.Hook(hidden), in, nullptr);  // [B * T, d]
+  torch::Tensor next;  // row (b, t)'s token at t + 1 (the padding 0 after each record's end)
+  if (model.config().pending_token) {
+    next = torch::cat({b.tokens.narrow(1, 1, b.T - 1), torch::zeros({b.B, 1}, torch::kLong)}, 1)
+               .reshape({b.B * b.T});
+  }
+  auto c = model.Context(model.Hook(hidden, next), in, nullptr);  // [B * T, d]
   auto index = torch::tensor(b.rows, torch::kLong);
   return model.Slots(c.index_select(0, index));
 }
@@ -151,6 +156,7 @@ StatusOr<SpecFormerTrainResult> TrainSpecFormer(const SpecFormerTrainOptions& o)
   if (o.intermediate_size > 0) config.intermediate_size = o.intermediate_size;
   if (!o.hidden_layers.empty()) config.hidden_layers = o.hidden_layers;
   config.causal_draft = o.causal_draft;
+  config.pending_token = o.pending_token;
   RETURN_IF_ERROR(config.Validate("SpecFormer config"));
   const int64_t l_d = config.draft_len;
 
@@ -161,7 +167,8 @@ StatusOr<SpecFormerTrainResult> TrainSpecFormer(const SpecFormerTrainOptions& o)
   torch::manual_seed(o.seed);
   auto model = std::make_shared<SpecFormerImpl>(config, tc);
   model->InitWeights(o.seed);
-  model->SetTargetHead(target->model->norm->weight, target->lm_head_weight(), tc.rms_norm_eps);
+  model->SetTargetWeights(target->model->embed_tokens->weight, target->model->norm->weight,
+                          target->lm_head_weight(), tc.rms_norm_eps);
   model->train();
 
   std::unique_ptr<torch::optim::AdamW> adamw = MakeDrafterAdamW(*model, o);

@@ -31,6 +31,7 @@ struct SpecFormerTrainOptions : DrafterTrainOptions {
   int64_t intermediate_size = 0;
   std::vector<int64_t> hidden_layers;
   bool causal_draft = false;
+  bool pending_token = false;  // row t also reads token t + 1's embedding (SpecFormerConfig)
 
   double position_fraction = 1.0;  // share of eligible positions whose slots are trained
 };

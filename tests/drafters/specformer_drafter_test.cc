@@ -41,9 +41,11 @@ std::unique_ptr<ModelRunner> Runner(std::shared_ptr<CausalLMImpl> module) {
   return runner.ok() ? std::move(*runner) : nullptr;
 }
 
-std::shared_ptr<SpecFormerImpl> SpecModule(uint64_t seed = 5, bool causal = false) {
+std::shared_ptr<SpecFormerImpl> SpecModule(uint64_t seed = 5, bool causal = false,
+                                           bool pending_token = false) {
   SpecFormerConfig c = SpecFormerConfig::ForTarget(TinyModelConfig(), kSlots);
   c.causal_draft = causal;
+  c.pending_token = pending_token;
   auto m = std::make_shared<SpecFormerImpl>(c, TinyModelConfig());
   m->InitWeights(seed);
   {
@@ -57,8 +59,8 @@ std::shared_ptr<SpecFormerImpl> SpecModule(uint64_t seed = 5, bool causal = fals
 }
 
 std::unique_ptr<SpecFormerDrafter> Drafter(const ModelRunner& target, bool tree = true,
-                                           uint64_t seed = 5) {
-  auto d = SpecFormerDrafter::Create(SpecModule(seed), target,
+                                           uint64_t seed = 5, bool pending_token = false) {
+  auto d = SpecFormerDrafter::Create(SpecModule(seed, /*causal=*/false, pending_token), target,
                                      {.tree = tree, .kv = {.block_size = 4, .num_blocks = 256}});
   EXPECT_TRUE(d.ok()) << d.status();
   return d.ok() ? std::move(*d) : nullptr;
@@ -82,15 +84,18 @@ std::vector<torch::Tensor> DenseHidden(CausalLMImpl& target, const std::vector<i
 }
 
 // From scratch: the context attention's keys/values [n, nkv, hd] and the slot logits [l_d, V] at
-// the last position, for the hidden states of `tokens`.
+// the last position, for the hidden states of `tokens` but the last (the pending one, whose
+// embedding row n - 1 reads with pending_token).
 struct Recomputed {
   torch::Tensor keys, values, slot_logits;
 };
 Recomputed Recompute(SpecFormerImpl& m, CausalLMImpl& target, const std::vector<int32_t>& tokens) {
   torch::NoGradGuard no_grad;
-  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t n = static_cast<int64_t>(tokens.size()) - 1;
   const ModelConfig& lc = m.layer_config();
-  auto x = m.Hook(DenseHidden(target, tokens, m.config().hidden_layers));
+  const std::vector<int32_t> cached(tokens.begin(), tokens.end() - 1);
+  const auto next = torch::tensor(std::vector<int64_t>(tokens.begin() + 1, tokens.end()));
+  auto x = m.Hook(DenseHidden(target, cached, m.config().hidden_layers), next);
   auto normed = m.context_norm(x);
   auto cs = m.RopeFor(torch::arange(n, torch::kLong));
   Recomputed r;
@@ -108,11 +113,11 @@ void ExpectMatchesRecompute(SpecFormerDrafter& d, CausalLMImpl& target, SeqId se
   ASSERT_TRUE(tokens.ok());
   // The engine defers a sequence's observation to its next draft: nothing observed yet.
   if (tokens->empty()) return;
-  std::vector<int32_t> cached(tokens->begin(), tokens->end() - 1);  // all but the pending token
   auto cache = d.ContextCache(seq);
   ASSERT_TRUE(cache.ok());
-  ASSERT_EQ(cache->first.size(0), static_cast<int64_t>(cached.size())) << what;
-  Recomputed r = Recompute(*d.module(), target, cached);
+  // Every position but the pending token's.
+  ASSERT_EQ(cache->first.size(0), static_cast<int64_t>(tokens->size()) - 1) << what;
+  Recomputed r = Recompute(*d.module(), target, *tokens);
   EXPECT_TRUE(torch::allclose(cache->first, r.keys, 1e-4, 1e-4)) << what << ": keys differ";
   EXPECT_TRUE(torch::allclose(cache->second, r.values, 1e-4, 1e-4)) << what << ": values differ";
   auto logits = d.SlotLogits(seq);
@@ -122,11 +127,13 @@ void ExpectMatchesRecompute(SpecFormerDrafter& d, CausalLMImpl& target, SeqId se
 
 // Drives the drafter as the engine does: prefill, then rounds that append "accepted drafts + bonus"
 // of random lengths (hidden states for the old pending token + the accepted ones), checking the
-// cache against a recompute after every round.
-TEST(SpecFormerDrafterTest, ContextCacheEqualsRecomputeAfterRounds) {
+// cache against a recompute after every round. Parameter: pending_token.
+class SpecFormerCacheTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SpecFormerCacheTest, ContextCacheEqualsRecomputeAfterRounds) {
   auto target_module = TargetModule();
   auto target = Runner(target_module);
-  auto d = Drafter(*target);
+  auto d = Drafter(*target, /*tree=*/true, /*seed=*/5, GetParam());
   const std::vector<int32_t> tokens = RandomTokens(60, 11);
   const auto layers = d->hidden_layers();
   const auto hidden = DenseHidden(*target_module, tokens, layers);  // exact causal states
@@ -170,11 +177,11 @@ TEST(SpecFormerDrafterTest, ContextCacheEqualsRecomputeAfterRounds) {
 
 // The same through SpecEngine: the hidden rows the engine hands over (from tree verification of
 // accepted and rejected drafts) rebuild exactly the recomputed cache.
-TEST(SpecFormerDrafterTest, EngineRoundsKeepCacheEqualToRecompute) {
+TEST_P(SpecFormerCacheTest, EngineRoundsKeepCacheEqualToRecompute) {
   auto target_module = TargetModule();
   auto target = Runner(target_module);
   SpecEngine engine(target.get());
-  ASSERT_TRUE(engine.AddDrafter(Drafter(*target)).ok());
+  ASSERT_TRUE(engine.AddDrafter(Drafter(*target, /*tree=*/true, /*seed=*/5, GetParam())).ok());
   auto* d = static_cast<SpecFormerDrafter*>(engine.drafter("specformer"));
   for (int i = 0; i < 3; ++i) {
     SpecRequest r;
@@ -199,6 +206,9 @@ TEST(SpecFormerDrafterTest, EngineRoundsKeepCacheEqualToRecompute) {
   }
   EXPECT_GT(drafted, accepted) << "no draft was ever rejected";
 }
+
+INSTANTIATE_TEST_SUITE_P(PendingToken, SpecFormerCacheTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Pending" : "Paper"; });
 
 TEST(SpecFormerDrafterTest, SlotJDraftsDepthJPlus1) {
   auto target = Runner(TargetModule());

@@ -49,6 +49,7 @@ TEST(SpecFormerConfigTest, DefaultsFollowTheTarget) {
 TEST(SpecFormerConfigTest, JsonRoundTrip) {
   SpecFormerConfig c = Config();
   c.causal_draft = true;
+  c.pending_token = true;
   c.hidden_layers = {0, 2};
   auto back = SpecFormerConfig::FromJson(c.ToJson(), "x");
   ASSERT_TRUE(back.ok()) << back.status();
@@ -88,22 +89,61 @@ TEST(SpecFormerConfigTest, CheckTargetNamesTheMismatch) {
 }
 
 TEST(SpecFormerConfigTest, ParameterCountsMatchTheModule) {
-  const SpecFormerConfig c = Config();
-  auto m = Module(c);
-  int64_t total = 0;
-  for (const auto& p : m->parameters()) total += p.numel();
-  EXPECT_EQ(total, c.shared_parameters() + c.draft_len * c.per_slot_parameters());
+  for (bool pending : {false, true}) {
+    SpecFormerConfig c = Config();
+    c.pending_token = pending;
+    auto m = Module(c);
+    int64_t total = 0;
+    for (const auto& p : m->parameters()) total += p.numel();
+    EXPECT_EQ(total, c.shared_parameters() + c.draft_len * c.per_slot_parameters()) << pending;
+  }
+}
+
+// An old config.json (no "pending_token") loads as the paper's network.
+TEST(SpecFormerConfigTest, PendingTokenDefaultsToOff) {
+  std::string text = Config().ToJson();
+  const size_t at = text.find("\"pending_token\"");
+  ASSERT_NE(at, std::string::npos);
+  text.erase(at, text.find('\n', at) - at + 1);
+  auto c = SpecFormerConfig::FromJson(text, "cfg.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->pending_token);
+}
+
+// With pending_token, row t's output depends on token t + 1 (and only row t's: the context
+// attention is causal, so earlier rows do not see it).
+TEST(SpecFormerModelTest, PendingTokenChangesOnlyItsOwnAndLaterRows) {
+  const ModelConfig target = TinyModelConfig();
+  auto lm = MakeTinyModel(target, 2);
+  SpecFormerConfig config = Config();
+  config.pending_token = true;
+  auto m = Module(config);
+  m->SetTargetWeights(lm->model->embed_tokens->weight, lm->model->norm->weight,
+                      lm->lm_head_weight(), target.rms_norm_eps);
+  torch::NoGradGuard no_grad;
+  const int64_t T = 6, d = target.hidden_size;
+  std::vector<torch::Tensor> hidden(4, torch::randn({T, d}));
+  auto next = torch::tensor(std::vector<int64_t>{3, 9, 4, 1, 5, 7});
+  auto other = next.clone();
+  other[3] = 11;
+  auto in = m->DenseContextInputs(1, T);
+  auto a = m->Context(m->Hook(hidden, next), in, nullptr);
+  auto b = m->Context(m->Hook(hidden, other), in, nullptr);
+  EXPECT_TRUE(torch::equal(a.narrow(0, 0, 3), b.narrow(0, 0, 3)));
+  for (int64_t t = 3; t < T; ++t) EXPECT_FALSE(torch::allclose(a[t], b[t])) << t;
+  EXPECT_THROW(m->Hook(hidden, torch::Tensor()), c10::Error);
 }
 
 TEST(SpecFormerModelTest, Shapes) {
   const ModelConfig target = TinyModelConfig();
   auto lm = MakeTinyModel(target, 2);
   auto m = Module(Config());
-  m->SetTargetHead(lm->model->norm->weight, lm->lm_head_weight(), target.rms_norm_eps);
+  m->SetTargetWeights(lm->model->embed_tokens->weight, lm->model->norm->weight,
+                      lm->lm_head_weight(), target.rms_norm_eps);
   torch::NoGradGuard no_grad;
   const int64_t B = 2, T = 5, d = target.hidden_size;
   std::vector<torch::Tensor> hidden(4, torch::randn({B * T, d}));
-  auto x = m->Hook(hidden);
+  auto x = m->Hook(hidden, torch::Tensor());
   EXPECT_EQ(x.sizes(), (std::vector<int64_t>{B * T, d}));
   auto c = m->Context(x, m->DenseContextInputs(B, T), nullptr);
   EXPECT_EQ(c.sizes(), (std::vector<int64_t>{B * T, d}));
@@ -118,7 +158,8 @@ TEST(SpecFormerModelTest, ServingSlotsEqualTheTrainingPath) {
   const ModelConfig target = TinyModelConfig();
   auto lm = MakeTinyModel(target, 2);
   auto m = Module(Config());
-  m->SetTargetHead(lm->model->norm->weight, lm->lm_head_weight(), target.rms_norm_eps);
+  m->SetTargetWeights(lm->model->embed_tokens->weight, lm->model->norm->weight,
+                      lm->lm_head_weight(), target.rms_norm_eps);
   for (int64_t M : {1, 3, 17}) {
     auto c = torch::randn({M, target.hidden_size});
     torch::Tensor served, served_logits;

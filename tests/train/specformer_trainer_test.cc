@@ -123,6 +123,31 @@ TEST_F(SpecFormerTrainerTest, ShortRunLowersLossAndServesBetterThanUntrained) {
       << "trained " << trained_a << " vs untrained " << untrained_a;
 }
 
+// The pending-token extension trains on row t + 1's token exactly as serving feeds it (an
+// off-by-one would teach slot 0 to copy its own label and serve far worse than it validates).
+TEST_F(SpecFormerTrainerTest, PendingTokenRunServesWhatItValidates) {
+  TempDir out;
+  SpecFormerTrainOptions o = Options(out.File("sf"));
+  o.pending_token = true;
+  auto result = TrainSpecFormer(o);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->val_slot_accuracy.size(), 4u);
+  EXPECT_LT(result->val_slot_accuracy[0], 0.99) << "slot 0 sees its own label";
+  auto target = ModelRunner::Load(Target(), {});
+  ASSERT_TRUE(target.ok());
+  auto trained = SpecFormerDrafter::Load(out.File("sf"), **target);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  EXPECT_TRUE((*trained)->config().pending_token);
+  auto untrained_module = std::make_shared<SpecFormerImpl>((*trained)->config(), TinyModelConfig());
+  untrained_module->InitWeights(1);
+  auto untrained = SpecFormerDrafter::Create(untrained_module, **target);
+  ASSERT_TRUE(untrained.ok()) << untrained.status();
+  const double trained_a = Acceptance(std::move(*trained), **target);
+  const double untrained_a = Acceptance(std::move(*untrained), **target);
+  EXPECT_GT(trained_a, untrained_a + 0.3)
+      << "trained " << trained_a << " vs untrained " << untrained_a;
+}
+
 TEST_F(SpecFormerTrainerTest, ResumeEqualsUninterrupted) {
   TempDir out;
   SpecFormerTrainOptions full = Options(out.File("full"));

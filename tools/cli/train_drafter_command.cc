@@ -109,6 +109,7 @@ Status RunSpecFormer(const Flags& f, const ModelConfig& target,
   SpecFormerConfig shape = SpecFormerConfig::ForTarget(target, o.draft_len);
   if (o.intermediate_size > 0) shape.intermediate_size = o.intermediate_size;
   if (!o.hidden_layers.empty()) shape.hidden_layers = o.hidden_layers;
+  shape.pending_token = o.pending_token;
   const int64_t shared = shape.shared_parameters(), per_slot = shape.per_slot_parameters();
   const int64_t M = target.num_parameters();
   const double p = 1.0 + static_cast<double>(shared + shape.draft_len * per_slot) / M;
@@ -284,6 +285,9 @@ int RunTrainDrafter(const std::vector<std::string>& args) {
   flags.AddBool("causal-draft", &sf.causal_draft,
                 "specformer: causal slot attention (reference code) instead of bidirectional "
                 "(paper)");
+  flags.AddBool("pending-token", &sf.pending_token,
+                "specformer: each row also reads the next token's embedding (the pending token "
+                "at drafting time; an extension the paper does not have)");
   flags.AddDouble("position-fraction", &sf.position_fraction,
                   "specformer: share of response positions whose slots are trained each step "
                   "(cheaper steps; the context attention still sees every position)");

@@ -53,6 +53,7 @@ StatusOr<SpecFormerConfig> SpecFormerConfig::FromJson(std::string_view text, std
   RETURN_IF_ERROR(ReadJsonInt(j, "head_dim", &c.head_dim, src));
   RETURN_IF_ERROR(ReadJsonInt(j, "intermediate_size", &c.intermediate_size, src));
   RETURN_IF_ERROR(ReadOptionalJsonBool(j, "causal_draft", &c.causal_draft, src));
+  RETURN_IF_ERROR(ReadOptionalJsonBool(j, "pending_token", &c.pending_token, src));
   RETURN_IF_ERROR(ReadOptionalJsonNumber(j, "rms_norm_eps", &c.rms_norm_eps, src));
   RETURN_IF_ERROR(c.Validate(src));
   return c;
@@ -69,6 +70,7 @@ std::string SpecFormerConfig::ToJson() const {
   j["head_dim"] = head_dim;
   j["intermediate_size"] = intermediate_size;
   j["causal_draft"] = causal_draft;
+  j["pending_token"] = pending_token;
   j["rms_norm_eps"] = rms_norm_eps;
   j["parameters"] = {{"shared", shared_parameters()}, {"per_slot", per_slot_parameters()}};
   return j.dump(2) + "\n";
@@ -114,8 +116,12 @@ DrafterLayerGeometry SpecFormerConfig::geometry() const {
           .rms_norm_eps = rms_norm_eps};
 }
 
+int64_t SpecFormerConfig::hook_inputs() const {
+  return static_cast<int64_t>(hidden_layers.size()) + (pending_token ? 1 : 0);
+}
+
 int64_t SpecFormerConfig::shared_parameters() const {
-  const int64_t d = target_hidden_size, hooks = static_cast<int64_t>(hidden_layers.size());
+  const int64_t d = target_hidden_size, hooks = hook_inputs();
   const int64_t attn =
       d * num_attention_heads * head_dim * 2 + d * num_key_value_heads * head_dim * 2;
   const int64_t hook = hooks * d + hooks * d * d;  // grouped norm + downsampler

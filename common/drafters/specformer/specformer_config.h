@@ -11,7 +11,7 @@
 //   {"kind": "specformer", "target": {"model": "models/pyllama-6m", "vocab_size": 4096,
 //    "hidden_size": 256, "num_hidden_layers": 6}, "hidden_layers": [0, 3, 5, 6],
 //    "draft_len": 8, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32,
-//    "intermediate_size": 768, "causal_draft": false, "rms_norm_eps": 1e-5}
+//    "intermediate_size": 768, "causal_draft": false, "pending_token": false, "rms_norm_eps": 1e-5}
 #pragma once
 
 #include <cstdint>
@@ -43,6 +43,11 @@ struct SpecFormerConfig {
   int64_t head_dim = 0;
   int64_t intermediate_size = 0;  // the draft block's SwiGLU
   bool causal_draft = false;      // slot attention: bidirectional (paper) or causal (reference)
+  // Row t also reads the embedding of token t + 1 (the target's, frozen): at drafting time the
+  // pending token the target just committed, which the paper's drafter never sees (its slot 0
+  // must guess it). The EAGLE-style drafters (Beagle, ParallelSpec) all read it. An extension,
+  // off by default (the paper's network); absent in config.json = false.
+  bool pending_token = false;
   double rms_norm_eps = 1e-6;
 
   // Defaults for `target`: hooks {0, L/2, L-1, L}, its heads, head_dim and intermediate size.
@@ -64,6 +69,8 @@ struct SpecFormerConfig {
   // this config's heads and intermediate size, no biases, no q/k norm.
   ModelConfig LayerConfig(const ModelConfig& target) const;
   DrafterLayerGeometry geometry() const;
+  // Slices the downsampler concatenates: one per hooked layer, plus the pending token's embedding.
+  int64_t hook_inputs() const;
 
   // Parameters of the drafter (without the target's shared norm + lm_head): shared across slots
   // (m_s: hook norms, downsampler, context attention, draft block) and per slot (m_p: one slot's

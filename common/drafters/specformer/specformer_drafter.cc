@@ -46,7 +46,9 @@ StatusOr<std::unique_ptr<SpecFormerDrafter>> SpecFormerDrafter::Create(
   try {
     module->eval();
     module->to(head.device(), head.scalar_type());
-    module->SetTargetHead(target_module->model->norm->weight, head, target.config().rms_norm_eps);
+    module->SetTargetWeights(target_module->model->embed_tokens->weight,
+                             target_module->model->norm->weight, head,
+                             target.config().rms_norm_eps);
     ASSIGN_OR_RETURN(
         kv, PagedKvCache::Create(1, config.num_key_value_heads, config.head_dim, head.scalar_type(),
                                  head.device(), SizedFromTarget(options.kv, target.kv_stats())));
@@ -98,10 +100,19 @@ Status SpecFormerDrafter::Observe(const std::vector<DrafterObservation>& observa
     const int64_t B = static_cast<int64_t>(with_rows.size());
     const std::vector<int64_t>& old_len = reserved.start;
     PagedAttentionLayout layout(alloc.block_size(), /*sliding_window=*/0);
-    std::vector<int64_t> last_row(B);
+    std::vector<int64_t> last_row(B), next_tokens;
     for (int64_t b = 0; b < B; ++b) {
       layout.AddSequence(alloc.BlockTable(reserved.kv_seqs[b]), old_len[b], reserved.rows[b]);
       last_row[b] = layout.num_rows() - 1;
+      if (!config.pending_token) continue;
+      // Row r's next token x_{r+1} is always known: the last new row's is the pending token.
+      const DrafterObservation& o = observations[with_rows[b]];
+      const std::vector<int32_t>& history = states_.find(o.seq)->history;
+      const int64_t seen = static_cast<int64_t>(history.size());
+      for (int64_t j = 0; j < reserved.rows[b]; ++j) {
+        const int64_t t = old_len[b] + j + 1;
+        next_tokens.push_back(t < seen ? history[t] : o.tokens[t - seen]);
+      }
     }
 
     try {
@@ -119,7 +130,11 @@ Status SpecFormerDrafter::Observe(const std::vector<DrafterObservation>& observa
                                                   torch::TensorOptions().dtype(torch::kLong)));
       AttentionInputs in = MakePagedInputs(layout, cs.first, cs.second);
       LayerKvCache layer{kv_->keys(0), kv_->values(0)};
-      torch::Tensor c = module_->Context(module_->Hook(hidden), in, &layer);  // [N, d]
+      torch::Tensor next;
+      if (config.pending_token) {
+        next = torch::tensor(next_tokens, torch::TensorOptions().dtype(torch::kLong));
+      }
+      torch::Tensor c = module_->Context(module_->Hook(hidden, next), in, &layer);  // [N, d]
       for (int64_t b = 0; b < B; ++b) {
         states_.find(observations[with_rows[b]].seq)->last = c[last_row[b]].clone();
       }

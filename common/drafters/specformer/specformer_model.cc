@@ -15,8 +15,7 @@ namespace specula {
 
 SpecFormerImpl::SpecFormerImpl(const SpecFormerConfig& config, const ModelConfig& target)
     : config_(config), layer_config_(config.LayerConfig(target)) {
-  const int64_t d = config.target_hidden_size,
-                K = static_cast<int64_t>(config.hidden_layers.size());
+  const int64_t d = config.target_hidden_size, K = config.hook_inputs();
   const double eps = config.rms_norm_eps;
   hook_norms = register_module("hook_norms", torch::nn::ModuleList());
   for (int64_t k = 0; k < K; ++k) hook_norms->push_back(RMSNorm(d, eps));
@@ -35,8 +34,10 @@ SpecFormerImpl::SpecFormerImpl(const SpecFormerConfig& config, const ModelConfig
   inv_freq_ = RopeInverseFrequencies(layer_config_, torch::kCPU);
 }
 
-void SpecFormerImpl::SetTargetHead(const torch::Tensor& norm_weight,
-                                   const torch::Tensor& lm_head_weight, double norm_eps) {
+void SpecFormerImpl::SetTargetWeights(const torch::Tensor& embedding,
+                                      const torch::Tensor& norm_weight,
+                                      const torch::Tensor& lm_head_weight, double norm_eps) {
+  embedding_ = embedding.detach();
   head_norm_weight_ = norm_weight.detach();
   lm_head_weight_ = lm_head_weight.detach();
   head_norm_eps_ = norm_eps;
@@ -47,12 +48,21 @@ std::pair<torch::Tensor, torch::Tensor> SpecFormerImpl::RopeFor(const torch::Ten
   return RopeCosSin(inv_freq_.to(w.device()), positions.to(w.device()), w.scalar_type());
 }
 
-torch::Tensor SpecFormerImpl::Hook(const std::vector<torch::Tensor>& hidden) {
-  TORCH_CHECK(hidden.size() == hook_norms->size(), "SpecFormer: expected ", hook_norms->size(),
-              " hidden-state tensors, got ", hidden.size());
+torch::Tensor SpecFormerImpl::Hook(const std::vector<torch::Tensor>& hidden,
+                                   const torch::Tensor& next_tokens) {
+  const size_t K = config_.hidden_layers.size();
+  TORCH_CHECK(hidden.size() == K, "SpecFormer: expected ", K, " hidden-state tensors, got ",
+              hidden.size());
   std::vector<torch::Tensor> normed;
-  for (size_t k = 0; k < hidden.size(); ++k) {
+  for (size_t k = 0; k < K; ++k) {
     normed.push_back(hook_norms[k]->as<RMSNorm>()->forward(hidden[k]));
+  }
+  if (config_.pending_token) {
+    TORCH_CHECK(embedding_.defined(), "SpecFormer: SetTargetWeights was not called");
+    TORCH_CHECK(next_tokens.defined() && next_tokens.size(0) == hidden[0].size(0),
+                "SpecFormer: pending_token needs one next token per row");
+    auto e = embedding_.index_select(0, next_tokens.to(embedding_.device()));
+    normed.push_back(hook_norms[K]->as<RMSNorm>()->forward(e.to(hidden[0].scalar_type())));
   }
   return ServingLinear(torch::cat(normed, -1), downsampler->weight, {});  // [N, K*d] -> [N, d]
 }
@@ -104,7 +114,7 @@ torch::Tensor SpecFormerImpl::Slots(const torch::Tensor& c) {
 }
 
 torch::Tensor SpecFormerImpl::Logits(const torch::Tensor& states) {
-  TORCH_CHECK(lm_head_weight_.defined(), "SpecFormer: SetTargetHead was not called");
+  TORCH_CHECK(lm_head_weight_.defined(), "SpecFormer: SetTargetWeights was not called");
   // The target's final RMSNorm, exactly as RMSNormImpl computes it, then its lm_head.
   torch::Tensor normed;
   if (!torch::GradMode::is_enabled() && CpuKernelsApply(states) &&

@@ -3,8 +3,9 @@
 // (SpecFormerTrainer: dense [B, T] batches with autograd). Include only from .cc files: this header
 // pulls in <torch/torch.h>.
 //
-//   hidden_states[k]  [N, d] for each hooked target layer
-//     -> grouped RMSNorm (one weight per hook) -> concat [N, K*d] -> downsampler -> [N, d]
+//   hidden_states[k]  [N, d] for each hooked target layer (+ with pending_token: the target's
+//   embedding of each row's next token, one more slice)
+//     -> grouped RMSNorm (one weight per slice) -> concat [N, K*d] -> downsampler -> [N, d]
 //     -> context causal attention, pre-norm residual: c = x + Attn(RMSNorm(x))   (own KV cache)
 //     -> positional FFN: W_P RMSNorm(c) + b_P  [N, l_d * d] -> [N, l_d, d]  (no activation)
 //     -> draft block over the l_d slots (bidirectional by default, causal as an option):
@@ -32,12 +33,14 @@ class SpecFormerImpl : public torch::nn::Module {
   // `target` supplies the attention geometry defaults, RoPE and context length.
   SpecFormerImpl(const SpecFormerConfig& config, const ModelConfig& target);
 
-  // The target's final norm weight [d] and lm_head weight [V, d]; shared (not copied), frozen.
-  void SetTargetHead(const torch::Tensor& norm_weight, const torch::Tensor& lm_head_weight,
-                     double norm_eps);
+  // The target's embedding [V, d] (read only with pending_token), final norm weight [d] and
+  // lm_head weight [V, d]; shared (not copied), frozen.
+  void SetTargetWeights(const torch::Tensor& embedding, const torch::Tensor& norm_weight,
+                        const torch::Tensor& lm_head_weight, double norm_eps);
 
-  // hidden: one [N, d] per hooked layer (config order) -> [N, d] downsampled.
-  torch::Tensor Hook(const std::vector<torch::Tensor>& hidden);
+  // hidden: one [N, d] per hooked layer (config order); next_tokens [N] int64, row r's token at
+  // r + 1 (used, and required, only with pending_token) -> [N, d] downsampled.
+  torch::Tensor Hook(const std::vector<torch::Tensor>& hidden, const torch::Tensor& next_tokens);
   // x [N, d] -> c [N, d]. `in` lays the rows out (dense causal for training, paged for serving
   // with `kv` the drafter's one-layer cache).
   torch::Tensor Context(const torch::Tensor& x, const AttentionInputs& in, LayerKvCache* kv);
@@ -73,7 +76,7 @@ class SpecFormerImpl : public torch::nn::Module {
   SpecFormerConfig config_;
   ModelConfig layer_config_;
   torch::Tensor inv_freq_;  // [head_dim / 2] float32; not a buffer (not saved)
-  torch::Tensor head_norm_weight_, lm_head_weight_;
+  torch::Tensor embedding_, head_norm_weight_, lm_head_weight_;
   double head_norm_eps_ = 1e-6;
 };
 TORCH_MODULE(SpecFormer);
