@@ -252,7 +252,7 @@ TEST(BeagleDrafterTest, TreesRespectEveryBudget) {
       for (const CandidateTree& t : *trees) {
         EXPECT_TRUE(t.Validate(kVocab, budget, depth).ok()) << t.Validate(kVocab, budget, depth);
         EXPECT_LE(t.size(), std::min(budget, 60));
-        EXPECT_LE(t.max_depth(), std::min(depth, 6));
+        EXPECT_LE(t.max_depth(), std::min(depth, BeagleDrafterOptions{}.depth));
         // Depth 1 has only the root's 10 candidates; from depth 2 on there are >= 110.
         if (budget > 0 && depth > 0) {
           EXPECT_EQ(t.size(), std::min(budget, depth == 1 ? 10 : 60)) << budget << " " << depth;
@@ -266,8 +266,9 @@ TEST(BeagleDrafterTest, TreesRespectEveryBudget) {
   ASSERT_TRUE(chain->Observe({{.seq = 1, .tokens = tokens, .hidden = {hidden}}}).ok());
   auto trees = chain->Propose({{.seq = 1, .max_nodes = 10, .max_depth = 10}});
   ASSERT_TRUE(trees.ok());
-  ASSERT_EQ((*trees)[0].size(), 6);
-  for (int32_t i = 0; i < 6; ++i) EXPECT_EQ((*trees)[0].parent(i), i - 1);
+  const int32_t depth = BeagleDrafterOptions{}.depth;  // the chain stops there
+  ASSERT_EQ((*trees)[0].size(), depth);
+  for (int32_t i = 0; i < depth; ++i) EXPECT_EQ((*trees)[0].parent(i), i - 1);
 }
 
 TEST(BeagleDrafterTest, TrueStateCacheIsSizedFromTheTargetsKvCache) {

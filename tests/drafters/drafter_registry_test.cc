@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/drafters/beagle/beagle_drafter.h"
 #include "common/model/transformer.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/tiny_model.h"
@@ -91,7 +92,7 @@ TEST_F(DrafterRegistryTest, LoadsWithTheFlagsAndReportsThemInSettings) {
   EXPECT_EQ(s["ngram"]["max"], 6);
   EXPECT_EQ(s["draft-model"]["tree_width"], 2);
   EXPECT_EQ(s["draft-model"]["model"], target_dir_);
-  EXPECT_EQ(s["beagle"]["depth"], 6);
+  EXPECT_EQ(s["beagle"]["depth"], BeagleDrafterOptions{}.depth);  // the default
   EXPECT_TRUE(s.contains("specdec") && s.contains("parallelspec") && s.contains("specformer"));
 }
 

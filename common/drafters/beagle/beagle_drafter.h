@@ -42,7 +42,7 @@ class BeagleImpl;
 
 struct BeagleDrafterOptions {
   bool tree = true;           // EAGLE-2 dynamic tree; false: a chain (argmax per depth)
-  int32_t depth = 6;          // deepest drafted node (paper: "1+6" counts the root expansion apart)
+  int32_t depth = 7;          // deepest drafted node: EAGLE-2's "1+6" (the root expansion + 6)
   int32_t top_k = 10;         // children per expanded node and frontier width
   int32_t total_tokens = 60;  // tree size cap (also capped by each step's budget)
   bool concat = true;         // drafted states as keys for deeper drafts ("concate")
