@@ -154,10 +154,12 @@ TEST(SpecFormerModelTest, Shapes) {
 
 // Serving (no autograd, CPU float32: each sequence's slots as one block attended in place by the
 // paged kernel, the small-row matmul) computes what training (MaskedAttention, F::linear) does.
-TEST(SpecFormerModelTest, ServingSlotsEqualTheTrainingPath) {
+class SpecFormerSlotsTest : public ::testing::TestWithParam<bool> {};  // param: causal slots
+
+TEST_P(SpecFormerSlotsTest, ServingSlotsEqualTheTrainingPath) {
   const ModelConfig target = TinyModelConfig();
   auto lm = MakeTinyModel(target, 2);
-  auto m = Module(Config());
+  auto m = Module(Config(target, GetParam()));
   m->SetTargetWeights(lm->model->embed_tokens->weight, lm->model->norm->weight,
                       lm->lm_head_weight(), target.rms_norm_eps);
   for (int64_t M : {1, 3, 17}) {
@@ -175,6 +177,28 @@ TEST(SpecFormerModelTest, ServingSlotsEqualTheTrainingPath) {
         << "M " << M;
   }
 }
+
+// Asking for the first n slots returns exactly those of the full forward, on the serving path
+// (where causal slots compute only n) and the training path.
+TEST_P(SpecFormerSlotsTest, FirstSlotsEqualThoseOfTheFullForward) {
+  const ModelConfig target = TinyModelConfig();
+  auto m = Module(Config(target, GetParam()));
+  auto c = torch::randn({5, target.hidden_size});
+  for (bool grad : {false, true}) {
+    torch::AutoGradMode mode(grad);
+    auto full = m->Slots(c);
+    for (int64_t n : {1, 2, 3, 4, 9}) {
+      auto part = m->Slots(c, n);
+      const int64_t expect = std::min<int64_t>(n, 4);
+      ASSERT_EQ(part.size(1), expect);
+      EXPECT_TRUE(torch::allclose(part, full.narrow(1, 0, expect), 1e-5, 1e-5))
+          << "n " << n << " grad " << grad;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Slots, SpecFormerSlotsTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Causal" : "Bidirectional"; });
 
 // Changing only the last slot's input (its positional FFN bias) must reach slot 0 through
 // bidirectional slot attention, and must not under the causal option.

@@ -153,9 +153,8 @@ StatusOr<at::Tensor> SpecFormerDrafter::DraftLogits(const std::vector<State*>& s
     c10::InferenceMode inference;
     std::vector<torch::Tensor> rows;
     for (State* st : states) rows.push_back(st->last);
-    torch::Tensor c = torch::stack(rows, 0);  // [M, d]
-    torch::Tensor s = module_->Slots(c);      // [M, l_d, d]
-    if (slots < s.size(1)) s = s.narrow(1, 0, slots).contiguous();
+    torch::Tensor c = torch::stack(rows, 0);                  // [M, d]
+    torch::Tensor s = module_->Slots(c, slots).contiguous();  // [M, slots, d]
     return module_->Logits(s).to(torch::kFloat).to(torch::kCPU).contiguous();
   } catch (const c10::Error& e) {
     return InternalError(StrCat("SpecFormer draft forward failed: ", e.what_without_backtrace()));

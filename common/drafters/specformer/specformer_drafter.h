@@ -98,8 +98,8 @@ class SpecFormerDrafter : public Drafter {
   SpecFormerDrafter(std::shared_ptr<SpecFormerImpl> module, std::unique_ptr<PagedKvCache> kv,
                     SpecFormerDrafterOptions options);
   // Logits of the first `slots` slots of each state, [M, slots, V] float32 on the CPU. The
-  // draft block runs over every slot (they attend to each other), but the head, the costliest
-  // part (slots x V x d), only over the depths a step drafts.
+  // head (slots x V x d) runs only over the depths a step drafts, and so does the draft block
+  // when its slots are causal; bidirectional slots attend to each other, so all l_d run.
   StatusOr<at::Tensor> DraftLogits(const std::vector<State*>& states, int64_t slots);
 
   std::shared_ptr<SpecFormerImpl> module_;

@@ -1,5 +1,6 @@
 #include "common/drafters/specformer/specformer_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -72,22 +73,32 @@ torch::Tensor SpecFormerImpl::Context(const torch::Tensor& x, const AttentionInp
   return x + context_attn(context_norm(x), in, kv);
 }
 
-torch::Tensor SpecFormerImpl::Slots(const torch::Tensor& c) {
-  const int64_t M = c.size(0), l = config_.draft_len, d = c.size(1);
-  auto x = ServingLinear(positional_norm(c), positional_ffn->weight, positional_ffn->bias)
-               .reshape({M * l, d});  // [M * l_d, d]
+torch::Tensor SpecFormerImpl::Slots(const torch::Tensor& c, int64_t slots) {
+  const int64_t M = c.size(0), d = c.size(1), l_d = config_.draft_len;
+  const int64_t wanted = slots < 0 ? l_d : std::min(slots, l_d);
+  const int64_t l = config_.causal_draft ? wanted : l_d;  // the slots that must run
+  auto w = positional_ffn->weight, b = positional_ffn->bias;
+  if (l < l_d) {
+    w = w.narrow(0, 0, l * d);
+    b = b.narrow(0, 0, l * d);
+  }
+  auto x = ServingLinear(positional_norm(c), w, b).reshape({M * l, d});  // [M * l, d]
   const auto device = x.device();
-  if (!torch::GradMode::is_enabled() && !config_.causal_draft &&
-      PagedKernelSupports(device, x.scalar_type())) {
+  if (!torch::GradMode::is_enabled() && PagedKernelSupports(device, x.scalar_type())) {
     // Serving on CPU: each sequence's slots as one block of a scratch cache (block m holds
-    // sequence m's l_d keys), attended by the in-place kernel. MaskedAttention's batched matmul
-    // would dispatch ~10 LibTorch ops per (sequence, head) matrix.
+    // sequence m's slot keys), attended by the in-place kernel; causal slots as a chain over an
+    // empty prefix. MaskedAttention's batched matmul would dispatch ~10 LibTorch ops per
+    // (sequence, head) matrix.
     const int64_t nkv = layer_config_.num_key_value_heads, hd = layer_config_.head_dim;
     std::vector<std::vector<int32_t>> tables(M);
     PagedAttentionLayout layout(l, /*sliding_window=*/0);
     for (int64_t m = 0; m < M; ++m) {
       tables[m] = {static_cast<int32_t>(m)};
-      layout.AddBidirectionalBlock(tables[m], /*cached=*/0, l);
+      if (config_.causal_draft) {
+        layout.AddSequence(tables[m], /*cached=*/0, l);
+      } else {
+        layout.AddBidirectionalBlock(tables[m], /*cached=*/0, l);
+      }
     }
     std::vector<int64_t> positions = layout.positions();
     auto cs = RopeFor(torch::tensor(positions, torch::kLong));
@@ -96,21 +107,22 @@ torch::Tensor SpecFormerImpl::Slots(const torch::Tensor& c) {
                          torch::empty({M * l, nkv, hd}, x.options())};
     x = x + draft_attn(draft_attn_norm(x), in, &scratch);
     x = x + draft_mlp(draft_mlp_norm(x));
-    return x.view({M, l, d});
+  } else {
+    AttentionInputs in;
+    in.batch = M;
+    in.max_q = l;
+    in.max_k = l;
+    auto cs = RopeFor(torch::arange(l, torch::kLong).repeat({M}));
+    in.cos = cs.first;
+    in.sin = cs.second;
+    auto mask = torch::ones({l, l}, torch::TensorOptions().dtype(torch::kBool).device(device));
+    if (config_.causal_draft) mask = mask.tril();
+    in.mask = mask.view({1, 1, 1, l, l});
+    x = x + draft_attn(draft_attn_norm(x), in, nullptr);
+    x = x + draft_mlp(draft_mlp_norm(x));
   }
-  AttentionInputs in;
-  in.batch = M;
-  in.max_q = l;
-  in.max_k = l;
-  auto cs = RopeFor(torch::arange(l, torch::kLong).repeat({M}));
-  in.cos = cs.first;
-  in.sin = cs.second;
-  auto mask = torch::ones({l, l}, torch::TensorOptions().dtype(torch::kBool).device(device));
-  if (config_.causal_draft) mask = mask.tril();
-  in.mask = mask.view({1, 1, 1, l, l});
-  x = x + draft_attn(draft_attn_norm(x), in, nullptr);
-  x = x + draft_mlp(draft_mlp_norm(x));
-  return x.view({M, l, d});
+  auto out = x.view({M, l, d});
+  return wanted < l ? out.narrow(1, 0, wanted) : out;
 }
 
 torch::Tensor SpecFormerImpl::Logits(const torch::Tensor& states) {

@@ -44,8 +44,11 @@ class SpecFormerImpl : public torch::nn::Module {
   // x [N, d] -> c [N, d]. `in` lays the rows out (dense causal for training, paged for serving
   // with `kv` the drafter's one-layer cache).
   torch::Tensor Context(const torch::Tensor& x, const AttentionInputs& in, LayerKvCache* kv);
-  // c [M, d] -> slot states [M, l_d, d] (before the target's final norm).
-  torch::Tensor Slots(const torch::Tensor& c);
+  // c [M, d] -> slot states [M, n, d] (before the target's final norm) of the first n slots:
+  // n = l_d by default. With causal slot attention a slot never sees a later one, so serving
+  // computes only the depths a step drafts (n = min(slots, l_d)); bidirectional slots all see each
+  // other, so every slot runs and the first n are returned.
+  torch::Tensor Slots(const torch::Tensor& c, int64_t slots = -1);
   // states [..., d] -> logits [..., V] through the target's final norm + lm_head.
   torch::Tensor Logits(const torch::Tensor& states);
 
