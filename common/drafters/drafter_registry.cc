@@ -34,6 +34,10 @@ void DrafterRegistry::Add(std::unique_ptr<DrafterFamily> family) {
 
 void DrafterRegistry::RegisterFlags(FlagSet& flags) {
   for (auto& family : families_) family->RegisterFlags(flags);
+  flags.AddString(
+      "draft-vocab", &draft_vocab_path_,
+      "draft_vocab.json (specula draft-vocab): specformer, beagle and parallelspec "
+      "rank only these tokens (a cheaper head; lossless); empty = the whole vocabulary");
 }
 
 std::vector<std::string> DrafterRegistry::Names() const {
@@ -73,12 +77,27 @@ StatusOr<std::unique_ptr<Drafter>> DrafterRegistry::Load(const std::string& name
     for (const std::string& n : Names()) known += (known.empty() ? "" : ", ") + n;
     return InvalidArgumentError(StrCat("unknown drafter '", name, "' (", known, ")"));
   }
+  if (!draft_vocab_path_.empty() && !draft_vocab_) {
+    auto vocab = DraftVocab::FromFile(draft_vocab_path_);
+    if (!vocab.ok()) return vocab.status().WithContext("--draft-vocab");
+    RETURN_IF_ERROR(vocab->CheckTarget(context.target_config().vocab_size,
+                                       StrCat("--draft-vocab ", draft_vocab_path_)));
+    draft_vocab_ = std::make_shared<const DraftVocab>(std::move(*vocab));
+  }
+  if (draft_vocab_) context.set_draft_vocab(draft_vocab_);
   return family->Load(name, context);
 }
 
 nlohmann::json DrafterRegistry::Settings() const {
   nlohmann::json settings = nlohmann::json::object();
   for (const auto& family : families_) settings[family->family()] = family->Settings();
+  if (!draft_vocab_path_.empty()) {
+    settings["draft_vocab"] = {{"file", draft_vocab_path_}};
+    if (draft_vocab_) {
+      settings["draft_vocab"]["size"] = draft_vocab_->tokens.size();
+      settings["draft_vocab"]["coverage"] = draft_vocab_->coverage;
+    }
+  }
   return settings;
 }
 

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/drafters/draft_vocab.h"
 #include "common/model/model_runner.h"
 #include "common/spec/drafter.h"
 #include "common/util/flags.h"
@@ -46,8 +47,13 @@ class DrafterLoadContext {
   // the context has only its directory. The loader's error (NOT_FOUND, INVALID_ARGUMENT) with
   // "--model (<drafter>'s target)" as context otherwise.
   StatusOr<const ModelRunner*> target(const std::string& drafter);
+  // The draft vocabulary the drafters that project onto the target's lm_head use (--draft-vocab);
+  // nullptr = the whole vocabulary. Set by DrafterRegistry::Load.
+  const std::shared_ptr<const DraftVocab>& draft_vocab() const { return draft_vocab_; }
+  void set_draft_vocab(std::shared_ptr<const DraftVocab> v) { draft_vocab_ = std::move(v); }
 
  private:
+  std::shared_ptr<const DraftVocab> draft_vocab_;
   const ModelRunner* target_ = nullptr;
   std::unique_ptr<ModelRunner> own_target_;
   ModelConfig target_config_;
@@ -85,6 +91,8 @@ class DrafterRegistry {
 
   // Adds a family; its variant names must be new (checked when loading: the first one wins).
   void Add(std::unique_ptr<DrafterFamily> family);
+  // Every family's flags, and --draft-vocab (shared by the families whose drafters project onto
+  // the target's lm_head: specformer, beagle, parallelspec).
   void RegisterFlags(FlagSet& flags);
 
   // Every variant name, in registration order.
@@ -94,13 +102,17 @@ class DrafterRegistry {
   // The family serving `name`; nullptr for an unknown name.
   const DrafterFamily* Find(const std::string& name) const;
   // INVALID_ARGUMENT listing the known names when `name` is unknown; the family's Load otherwise.
+  // --draft-vocab's file is read on the first Load (INVALID_ARGUMENT / NOT_FOUND naming the flag)
+  // and handed to the families through `context`.
   StatusOr<std::unique_ptr<Drafter>> Load(const std::string& name,
                                           DrafterLoadContext& context) const;
-  // {family: settings} for every family.
+  // {family: settings} for every family, and "draft_vocab" when one is set.
   nlohmann::json Settings() const;
 
  private:
   std::vector<std::unique_ptr<DrafterFamily>> families_;
+  std::string draft_vocab_path_;
+  mutable std::shared_ptr<const DraftVocab> draft_vocab_;  // read once, on the first Load
 };
 
 // The families this build has: ngram, draft-model, specformer, beagle, parallelspec, specdec.

@@ -1,5 +1,6 @@
 #include "common/train/distill_dataset.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -111,6 +112,16 @@ Status DistillWriter::Append(const std::vector<int32_t>& prompt,
   out_.flush();
   if (!out_) return InternalError(StrCat("write to ", path_, " failed"));
   return OkStatus();
+}
+
+std::vector<int64_t> ResponseTokenCounts(const DistillDataset& data, size_t num_records) {
+  std::vector<int64_t> counts(data.vocab_size(), 0);
+  for (size_t i = 0; i < std::min(num_records, data.size()); ++i) {
+    for (uint16_t t : data[i].response) {
+      if (t < counts.size()) ++counts[t];
+    }
+  }
+  return counts;
 }
 
 }  // namespace specula

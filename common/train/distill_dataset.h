@@ -26,6 +26,12 @@ struct DistillRecord {
   std::span<const uint16_t> response;
 };
 
+class DistillDataset;
+
+// How often each token id appears in the responses of records [0, num_records) (the target's own
+// outputs): the ranking `specula draft-vocab` keeps the top of. Ids >= vocab_size are not counted.
+std::vector<int64_t> ResponseTokenCounts(const DistillDataset& data, size_t num_records);
+
 class DistillDataset {
  public:
   // NOT_FOUND if missing; DATA_LOSS for a bad magic or a truncated record.

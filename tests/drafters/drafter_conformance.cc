@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <optional>
@@ -14,6 +15,7 @@
 #include <stdexcept>
 
 #include "common/drafters/beagle/beagle_model.h"
+#include "common/drafters/draft_vocab.h"
 #include "common/drafters/drafter_registry.h"
 #include "common/drafters/parallelspec/parallelspec_model.h"
 #include "common/drafters/specdec/specdec_model.h"
@@ -64,6 +66,9 @@ class World {
   // A checkpoint directory: target, draft, specformer, beagle, parallelspec (target features),
   // parallelspec-tokens (token embeddings only), specdec.
   std::string dir(const std::string& name) const { return tmp_.File(name); }
+  // A draft vocabulary of 5 of the 8 tokens (--draft-vocab).
+  std::string draft_vocab_file() const { return tmp_.File("draft_vocab.json"); }
+  static std::vector<int32_t> DraftVocabTokens() { return {5, 0, 2, 7, 3}; }
 
   std::unique_ptr<ModelRunner> Target() const {
     ModelRunnerOptions o;
@@ -124,6 +129,10 @@ class World {
     Check(
         SaveSpecDecDir(*RandomSpecDecModule(TinySpecDecConfig(t, 2, 1, 4), t, 31), dir("specdec")));
     std::ofstream(tmp_.File("static_tree.json")) << "[[0], [1], [0, 0], [0, 1], [0, 0, 0]]";
+    DraftVocab vocab;
+    vocab.vocab_size = kVocab;
+    vocab.tokens = DraftVocabTokens();
+    std::ofstream(draft_vocab_file()) << vocab.ToJson();
   }
   static void Check(const Status& s) {
     if (!s.ok()) throw std::runtime_error("conformance world: " + s.ToString());
@@ -135,6 +144,7 @@ class World {
 
 std::vector<ConformanceCase> Cases() {
   const std::string tokens_only = "--parallelspec-model=" + World::Get().dir("parallelspec-tokens");
+  const std::string draft_vocab = "--draft-vocab=" + World::Get().draft_vocab_file();
   return {
       {"ngram", "ngram", {}},
       {"draft-model chain", "draft-model", {}},
@@ -150,6 +160,10 @@ std::vector<ConformanceCase> Cases() {
       {"parallelspec-ar tokens only", "parallelspec-ar", {tokens_only}},
       {"parallelspec tokens only", "parallelspec", {tokens_only}},
       {"specdec", "specdec", {}},
+      // The drafters that project onto the target's lm_head, with a draft vocabulary.
+      {"specformer tree, draft vocab", "specformer", {draft_vocab}},
+      {"beagle, draft vocab", "beagle", {draft_vocab}},
+      {"parallelspec-chain, draft vocab", "parallelspec-chain", {draft_vocab}},
   };
 }
 
@@ -369,6 +383,13 @@ TEST_F(DrafterConformance, TreesRespectEveryBudgetAndBatchingChangesNothing) {
                                           " depth ", batch[i].max_depth);
           Status valid = (*trees)[i].Validate(kVocab, batch[i].max_nodes, batch[i].max_depth);
           EXPECT_TRUE(valid.ok()) << what << ": " << valid;
+          if (c.label.find("draft vocab") != std::string::npos) {
+            const auto allowed = World::DraftVocabTokens();
+            for (int32_t t : (*trees)[i].tokens()) {
+              EXPECT_NE(std::find(allowed.begin(), allowed.end(), t), allowed.end())
+                  << what << ": token " << t << " is outside the draft vocabulary";
+            }
+          }
           auto alone = ProposeOne(d, batch[i].seq, batch[i].max_nodes, batch[i].max_depth);
           ASSERT_TRUE(alone.ok()) << alone.status();
           ExpectSameTree((*trees)[i], *alone, what + " (batched vs alone)");

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include "common/drafters/beagle/beagle_drafter.h"
+#include "common/drafters/draft_vocab.h"
 #include "common/model/transformer.h"
+#include "common/util/mapped_file.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/tiny_model.h"
 
@@ -50,6 +52,19 @@ TEST_F(DrafterRegistryTest, NamesEveryBuiltinVariantInOrder) {
   EXPECT_EQ(registry_.Find("medusa"), nullptr);
   EXPECT_NE(flags_.Usage().find("--beagle-depth"), std::string::npos);
   EXPECT_NE(flags_.Usage().find("--ngram-max"), std::string::npos);
+}
+
+// --draft-vocab: a missing or bad file, or one made for another vocabulary, names the flag.
+TEST_F(DrafterRegistryTest, DraftVocabErrorsNameTheFlag) {
+  auto missing = Load("ngram", {"--draft-vocab=" + tmp_.File("none.json")});
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("--draft-vocab"));
+  DraftVocab other = DraftVocab::FromCounts(std::vector<int64_t>(4096, 1), 16, "");
+  ASSERT_TRUE(WriteStringToFile(tmp_.File("other.json"), other.ToJson()).ok());
+  auto wrong = Load("ngram", {"--draft-vocab=" + tmp_.File("other.json")});
+  EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong.status().message(), HasSubstr("--draft-vocab"));
+  EXPECT_THAT(wrong.status().message(), HasSubstr("made for a vocabulary of 4096 tokens"));
 }
 
 TEST_F(DrafterRegistryTest, UnknownNamesAndMissingCheckpointsNameTheFlag) {

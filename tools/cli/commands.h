@@ -15,6 +15,7 @@ int RunTrainLm(const std::vector<std::string>& args);
 int RunDistill(const std::vector<std::string>& args);
 int RunEvalLm(const std::vector<std::string>& args);
 int RunTrainDrafter(const std::vector<std::string>& args);
+int RunDraftVocab(const std::vector<std::string>& args);
 // Only in builds with -DSPECULA_WITH_GRPC=ON (SPECULA_HAVE_SERVE).
 int RunServe(const std::vector<std::string>& args);
 

@@ -27,6 +27,7 @@ constexpr char kUsage[] =
     "  train-drafter   train a drafter for a frozen target (--kind "
     "specformer|beagle|parallelspec)\n"
     "                  on the distill dataset\n"
+    "  draft-vocab     the tokens the target emits most (distill dataset): a cheaper draft head\n"
     "  serve           gRPC server: the Generation API with speculative decoding, health checks,\n"
     "                  reflection and Prometheus metrics (builds with -DSPECULA_WITH_GRPC=ON)\n"
     "  version         the version and the git commit it was built from (also --version)\n"
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
   if (command == "eval-lm") return specula::cli::RunEvalLm(args);
   if (command == "distill") return specula::cli::RunDistill(args);
   if (command == "train-drafter") return specula::cli::RunTrainDrafter(args);
+  if (command == "draft-vocab") return specula::cli::RunDraftVocab(args);
   if (command == "serve") {
 #ifdef SPECULA_HAVE_SERVE
     return specula::cli::RunServe(args);

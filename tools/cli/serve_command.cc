@@ -65,7 +65,7 @@ const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSection
      {"drafter", "proposal-top-k", "drafter-model", "specformer-model", "specformer-tree",
       "parallelspec-model", "parallelspec-static-tree", "specdec-model", "beagle-model",
       "beagle-depth", "beagle-top-k", "beagle-total-tokens", "beagle-concat",
-      "beagle-rank-temperature", "tree-width", "ngram-min", "ngram-max"}},
+      "beagle-rank-temperature", "tree-width", "ngram-min", "ngram-max", "draft-vocab"}},
 };
 
 struct ServeFlags {

@@ -67,6 +67,12 @@ StatusOr<std::unique_ptr<BeagleDrafter>> BeagleDrafter::Create(std::shared_ptr<B
     module->eval();
     module->to(head.device(), head.scalar_type());
     module->SetTargetWeights(target_module->model->embed_tokens->weight, head);
+    if (options.draft_vocab) {
+      RETURN_IF_ERROR(options.draft_vocab->Validate("draft vocabulary"));
+      RETURN_IF_ERROR(
+          options.draft_vocab->CheckTarget(target.config().vocab_size, "draft vocabulary"));
+      module->RestrictHead(options.draft_vocab->tokens);
+    }
     ASSIGN_OR_RETURN(
         kv, PagedKvCache::Create(1, config.num_key_value_heads, config.head_dim, head.scalar_type(),
                                  head.device(), SizedFromTarget(options.kv, target.kv_stats())));
@@ -292,7 +298,7 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
       auto h = module_->Output(query.residual.view({M, F, -1}), attn);  // [M, F, d]
       auto logits = module_->Logits(h).to(torch::kFloat) * inv_temp_t;
       auto logprobs = torch::log_softmax(logits, -1);
-      const int64_t K = std::min<int64_t>(options_.tree ? options_.top_k : 1, logprobs.size(-1));
+      const int64_t K = std::min<int64_t>(options_.tree ? options_.top_k : 1, module_->head_size());
       auto top = logprobs.topk(K, -1);
       auto top_lp = std::get<0>(top).to(torch::kCPU).contiguous();
       auto top_tok = std::get<1>(top).to(torch::kCPU).contiguous();

@@ -32,6 +32,7 @@
 
 #include "common/drafters/beagle/beagle_config.h"
 #include "common/drafters/cached_sequences.h"
+#include "common/drafters/draft_vocab.h"
 #include "common/kv/paged_kv_cache.h"
 #include "common/model/model_runner.h"
 #include "common/spec/drafter.h"
@@ -57,6 +58,8 @@ struct BeagleDrafterOptions {
   // the target's KV cache has, so every sequence the target admits fits (capacity() reports it).
   KvCacheOptions kv{.block_size = 16, .num_blocks = 0, .memory_mb = 0};
   std::string name = "beagle";  // the engine's drafter name
+  // The head's tokens (common/drafters/draft_vocab.h); nullptr = the whole vocabulary.
+  std::shared_ptr<const DraftVocab> draft_vocab;
 
   // INVALID_ARGUMENT naming the option when a size is not positive or the name is reserved.
   Status Validate() const;

@@ -39,7 +39,8 @@ class BeagleFamily : public DrafterFamily {
                                         .total_tokens = static_cast<int32_t>(total_tokens_),
                                         .concat = concat_,
                                         .rank_temperature = static_cast<float>(rank_temperature_),
-                                        .name = name});
+                                        .name = name,
+                                        .draft_vocab = context.draft_vocab()});
     if (!drafter.ok()) return drafter.status().WithContext("--beagle-model");
     return std::unique_ptr<Drafter>(std::move(*drafter));
   }

@@ -28,7 +28,7 @@ BeagleImpl::BeagleImpl(const BeagleConfig& config, const ModelConfig& target)
 
 void BeagleImpl::SetTargetWeights(const torch::Tensor& embedding, const torch::Tensor& lm_head) {
   embedding_ = embedding.detach();
-  lm_head_ = lm_head.detach();
+  head_.Set(lm_head);
 }
 
 std::pair<torch::Tensor, torch::Tensor> BeagleImpl::RopeFor(const torch::Tensor& positions) {
@@ -68,8 +68,8 @@ torch::Tensor BeagleImpl::Output(const torch::Tensor& residual, const torch::Ten
 }
 
 torch::Tensor BeagleImpl::Logits(const torch::Tensor& h) {
-  TORCH_CHECK(lm_head_.defined(), "Beagle: SetTargetWeights was not called");
-  return ServingLinear(h, lm_head_, {});
+  TORCH_CHECK(head_.defined(), "Beagle: SetTargetWeights was not called");
+  return head_(h);
 }
 
 void BeagleImpl::InitWeights(uint64_t seed) {

@@ -29,6 +29,7 @@
 #include <utility>
 
 #include "common/drafters/beagle/beagle_config.h"
+#include "common/drafters/draft_head.h"
 #include "common/model/transformer.h"
 
 namespace specula {
@@ -53,6 +54,11 @@ class BeagleImpl : public torch::nn::Module {
   torch::Tensor Output(const torch::Tensor& residual, const torch::Tensor& attn);
   // h [..., d] -> logits [..., V].
   torch::Tensor Logits(const torch::Tensor& h);
+  // Serving: the head projects onto `tokens` only (a draft vocabulary, common/drafters/
+  // draft_vocab.h); -inf logits elsewhere. Call after moving the module to its device and dtype.
+  void RestrictHead(const std::vector<int32_t>& tokens) { head_.Restrict(tokens); }
+  // Tokens the head can rank (V, or the draft vocabulary's size).
+  int64_t head_size() const { return head_.size(); }
 
   // Fresh init: normal(0, 0.02) matrices (o_proj, down_proj scaled by 1/sqrt(2): two residual
   // branches), unit norms.
@@ -71,7 +77,8 @@ class BeagleImpl : public torch::nn::Module {
   BeagleConfig config_;
   ModelConfig layer_config_;
   torch::Tensor inv_freq_;  // [head_dim / 2] float32; not a buffer (not saved)
-  torch::Tensor embedding_, lm_head_;
+  torch::Tensor embedding_;
+  DraftHead head_;  // the target's lm_head, optionally cut to a draft vocabulary
 };
 TORCH_MODULE(Beagle);
 

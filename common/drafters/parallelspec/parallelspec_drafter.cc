@@ -98,6 +98,12 @@ StatusOr<std::unique_ptr<ParallelSpecDrafter>> ParallelSpecDrafter::Create(
     module->to(head.device(), head.scalar_type());
     module->FuseForServing();
     module->SetTargetWeights(target_module->model->embed_tokens->weight, head);
+    if (options.draft_vocab) {
+      RETURN_IF_ERROR(options.draft_vocab->Validate("draft vocabulary"));
+      RETURN_IF_ERROR(
+          options.draft_vocab->CheckTarget(target.config().vocab_size, "draft vocabulary"));
+      module->RestrictHead(options.draft_vocab->tokens);
+    }
     {
       c10::InferenceMode inference;
       mask_inputs = module->MaskInputs().contiguous();

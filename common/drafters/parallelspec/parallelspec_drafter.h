@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "common/drafters/cached_sequences.h"
+#include "common/drafters/draft_vocab.h"
 #include "common/drafters/marginal_drafts.h"
 #include "common/drafters/parallelspec/parallelspec_config.h"
 #include "common/kv/paged_kv_cache.h"
@@ -54,6 +55,8 @@ struct ParallelSpecDrafterOptions {
   // KV cache has, so every sequence the target admits fits (capacity() reports it).
   KvCacheOptions kv{.block_size = 16, .num_blocks = 0, .memory_mb = 0};
   std::string name = "parallelspec";  // the engine's drafter name
+  // The head's tokens (common/drafters/draft_vocab.h); nullptr = the whole vocabulary.
+  std::shared_ptr<const DraftVocab> draft_vocab;
 
   // INVALID_ARGUMENT naming the option: a reserved name, a static shape without a tree.
   Status Validate() const;

@@ -30,6 +30,7 @@ class ParallelSpecFamily : public DrafterFamily {
       return InvalidArgumentError(StrCat("--drafter ", name, " needs --parallelspec-model DIR"));
     }
     ParallelSpecDrafterOptions options{.name = name};
+    options.draft_vocab = context.draft_vocab();
     if (name == "parallelspec-chain") options.shape = ParallelSpecShape::kChain;
     if (name == "parallelspec-ar") options.shape = ParallelSpecShape::kAutoregressive;
     if (name == "parallelspec-static") {

@@ -24,7 +24,7 @@ ParallelSpecImpl::ParallelSpecImpl(const ParallelSpecConfig& config, const Model
 void ParallelSpecImpl::SetTargetWeights(const torch::Tensor& embedding,
                                         const torch::Tensor& lm_head) {
   embedding_ = embedding.detach();
-  lm_head_ = lm_head.detach();
+  head_.Set(lm_head);
 }
 
 std::pair<torch::Tensor, torch::Tensor> ParallelSpecImpl::RopeFor(const torch::Tensor& positions) {
@@ -57,8 +57,8 @@ torch::Tensor ParallelSpecImpl::Layer(const torch::Tensor& x, const AttentionInp
 }
 
 torch::Tensor ParallelSpecImpl::Logits(const torch::Tensor& h) {
-  TORCH_CHECK(lm_head_.defined(), "ParallelSpec: SetTargetWeights was not called");
-  return ServingLinear(h, lm_head_, {});
+  TORCH_CHECK(head_.defined(), "ParallelSpec: SetTargetWeights was not called");
+  return head_(h);
 }
 
 void ParallelSpecImpl::FuseForServing() {

@@ -20,6 +20,7 @@
 
 #include <utility>
 
+#include "common/drafters/draft_head.h"
 #include "common/drafters/parallelspec/parallelspec_config.h"
 #include "common/model/transformer.h"
 
@@ -41,6 +42,11 @@ class ParallelSpecImpl : public torch::nn::Module {
   torch::Tensor Layer(const torch::Tensor& x, const AttentionInputs& in, LayerKvCache* kv);
   // h [..., d] -> logits [..., V].
   torch::Tensor Logits(const torch::Tensor& h);
+  // Serving: the head projects onto `tokens` only (a draft vocabulary, common/drafters/
+  // draft_vocab.h); -inf logits elsewhere. Call after moving the module to its device and dtype.
+  void RestrictHead(const std::vector<int32_t>& tokens) { head_.Restrict(tokens); }
+  // Tokens the head can rank (V, or the draft vocabulary's size).
+  int64_t head_size() const { return head_.size(); }
   // RoPE cos/sin for `positions` [N] (int64) in the module's dtype and device.
   std::pair<torch::Tensor, torch::Tensor> RopeFor(const torch::Tensor& positions);
 
@@ -72,7 +78,8 @@ class ParallelSpecImpl : public torch::nn::Module {
   ParallelSpecConfig config_;
   ModelConfig layer_config_;
   torch::Tensor inv_freq_;  // [head_dim / 2] float32; not a buffer (not saved)
-  torch::Tensor embedding_, lm_head_;
+  torch::Tensor embedding_;
+  DraftHead head_;  // the target's lm_head, optionally cut to a draft vocabulary
 };
 TORCH_MODULE(ParallelSpec);
 

@@ -49,6 +49,12 @@ StatusOr<std::unique_ptr<SpecFormerDrafter>> SpecFormerDrafter::Create(
     module->SetTargetWeights(target_module->model->embed_tokens->weight,
                              target_module->model->norm->weight, head,
                              target.config().rms_norm_eps);
+    if (options.draft_vocab) {
+      RETURN_IF_ERROR(options.draft_vocab->Validate("draft vocabulary"));
+      RETURN_IF_ERROR(
+          options.draft_vocab->CheckTarget(target.config().vocab_size, "draft vocabulary"));
+      module->RestrictHead(options.draft_vocab->tokens);
+    }
     ASSIGN_OR_RETURN(
         kv, PagedKvCache::Create(1, config.num_key_value_heads, config.head_dim, head.scalar_type(),
                                  head.device(), SizedFromTarget(options.kv, target.kv_stats())));

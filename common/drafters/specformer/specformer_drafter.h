@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/drafters/cached_sequences.h"
+#include "common/drafters/draft_vocab.h"
 #include "common/drafters/specformer/specformer_config.h"
 #include "common/kv/paged_kv_cache.h"
 #include "common/model/model_runner.h"
@@ -48,6 +49,8 @@ struct SpecFormerDrafterOptions {
   // the target's KV cache has, so every sequence the target admits fits (capacity() reports it).
   KvCacheOptions kv{.block_size = 16, .num_blocks = 0, .memory_mb = 0};
   std::string name = "specformer";  // the engine's drafter name
+  // The head's tokens (common/drafters/draft_vocab.h); nullptr = the whole vocabulary.
+  std::shared_ptr<const DraftVocab> draft_vocab;
 };
 
 class SpecFormerDrafter : public Drafter {

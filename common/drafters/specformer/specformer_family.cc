@@ -24,7 +24,8 @@ class SpecFormerFamily : public DrafterFamily {
       return InvalidArgumentError("--drafter specformer needs --specformer-model DIR");
     }
     ASSIGN_OR_RETURN(const ModelRunner* target, context.target(name));
-    auto drafter = SpecFormerDrafter::Load(dir_, *target, {.tree = tree_});
+    auto drafter = SpecFormerDrafter::Load(dir_, *target,
+                                           {.tree = tree_, .draft_vocab = context.draft_vocab()});
     if (!drafter.ok()) return drafter.status().WithContext("--specformer-model");
     return std::unique_ptr<Drafter>(std::move(*drafter));
   }

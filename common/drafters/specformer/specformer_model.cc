@@ -40,7 +40,7 @@ void SpecFormerImpl::SetTargetWeights(const torch::Tensor& embedding,
                                       const torch::Tensor& lm_head_weight, double norm_eps) {
   embedding_ = embedding.detach();
   head_norm_weight_ = norm_weight.detach();
-  lm_head_weight_ = lm_head_weight.detach();
+  head_.Set(lm_head_weight);
   head_norm_eps_ = norm_eps;
 }
 
@@ -126,7 +126,7 @@ torch::Tensor SpecFormerImpl::Slots(const torch::Tensor& c, int64_t slots) {
 }
 
 torch::Tensor SpecFormerImpl::Logits(const torch::Tensor& states) {
-  TORCH_CHECK(lm_head_weight_.defined(), "SpecFormer: SetTargetWeights was not called");
+  TORCH_CHECK(head_.defined(), "SpecFormer: SetTargetWeights was not called");
   // The target's final RMSNorm, exactly as RMSNormImpl computes it, then its lm_head.
   torch::Tensor normed;
   if (!torch::GradMode::is_enabled() && CpuKernelsApply(states) &&
@@ -137,7 +137,7 @@ torch::Tensor SpecFormerImpl::Logits(const torch::Tensor& states) {
     auto var = xf.pow(2).mean(-1, /*keepdim=*/true);
     normed = head_norm_weight_ * (xf * torch::rsqrt(var + head_norm_eps_)).to(states.scalar_type());
   }
-  return ServingLinear(normed, lm_head_weight_, {});
+  return head_(normed);
 }
 
 AttentionInputs SpecFormerImpl::DenseContextInputs(int64_t batch, int64_t seq_len) {

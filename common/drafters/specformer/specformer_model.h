@@ -23,6 +23,7 @@
 
 #include <vector>
 
+#include "common/drafters/draft_head.h"
 #include "common/drafters/specformer/specformer_config.h"
 #include "common/model/transformer.h"
 
@@ -51,6 +52,11 @@ class SpecFormerImpl : public torch::nn::Module {
   torch::Tensor Slots(const torch::Tensor& c, int64_t slots = -1);
   // states [..., d] -> logits [..., V] through the target's final norm + lm_head.
   torch::Tensor Logits(const torch::Tensor& states);
+  // Serving: the head projects onto `tokens` only (a draft vocabulary, common/drafters/
+  // draft_vocab.h); -inf logits elsewhere. Call after moving the module to its device and dtype.
+  void RestrictHead(const std::vector<int32_t>& tokens) { head_.Restrict(tokens); }
+  // Tokens the head can rank (V, or the draft vocabulary's size).
+  int64_t head_size() const { return head_.size(); }
 
   // Dense causal layout of the context attention for [B, T] rows (positions 0..T-1 per row).
   AttentionInputs DenseContextInputs(int64_t batch, int64_t seq_len);
@@ -79,7 +85,8 @@ class SpecFormerImpl : public torch::nn::Module {
   SpecFormerConfig config_;
   ModelConfig layer_config_;
   torch::Tensor inv_freq_;  // [head_dim / 2] float32; not a buffer (not saved)
-  torch::Tensor embedding_, head_norm_weight_, lm_head_weight_;
+  torch::Tensor embedding_, head_norm_weight_;
+  DraftHead head_;  // the target's lm_head, optionally cut to a draft vocabulary
   double head_norm_eps_ = 1e-6;
 };
 TORCH_MODULE(SpecFormer);
