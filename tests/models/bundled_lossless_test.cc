@@ -80,8 +80,9 @@ class BundledLosslessTest : public ::testing::Test {
 
   // A fresh engine with the case's drafter, loaded through the drafter registry as the CLI
   // loads it. A case is a registry name, or "specformer-chain" / "draft-model-tree" for that
-  // drafter with its other shape. Returns the engine and the drafter's name.
-  static std::pair<std::unique_ptr<SpecEngine>, std::string> Engine(const std::string& drafter) {
+  // drafter with its other shape; a "+vocab" suffix adds the bundled draft vocabulary
+  // (--draft-vocab). Returns the engine and the drafter's name.
+  static std::pair<std::unique_ptr<SpecEngine>, std::string> Engine(std::string drafter) {
     auto engine = std::make_unique<SpecEngine>(target_);
     DrafterRegistry registry = BuiltinDrafterRegistry();
     FlagSet flags("bundled");
@@ -93,6 +94,10 @@ class BundledLosslessTest : public ::testing::Test {
         "--parallelspec-model=" + kParallelSpec,
         "--parallelspec-static-tree=" + kParallelSpec + "/medusa_tree.json",
         "--specdec-model=" + kSpecDec};
+    if (const size_t plus = drafter.find("+vocab"); plus != std::string::npos) {
+      drafter.erase(plus);
+      args.push_back("--draft-vocab=" + kTarget + "/draft_vocab.json");
+    }
     std::string name = drafter;
     if (drafter.rfind("specformer", 0) == 0) {
       name = "specformer";
@@ -198,6 +203,12 @@ TEST_F(BundledLosslessTest, BeagleChainEqualsPlainGreedy) {
 // Dynamic trees from one node up to the paper's 60.
 TEST_F(BundledLosslessTest, BeagleDynamicTreeEqualsPlainGreedy) {
   CheckDrafter("beagle", {1, 4, 16, 60});
+}
+// The heads cut to the bundled draft vocabulary (the 1,024 tokens the target emits most).
+TEST_F(BundledLosslessTest, DraftVocabularyKeepsOutputsEqualToPlainGreedy) {
+  CheckDrafter("specformer-tree+vocab", {2, 4, 8});
+  CheckDrafter("beagle+vocab", {4, 16});
+  CheckDrafter("parallelspec-chain+vocab", {3, 5});
 }
 
 // ParallelSpec (target features, k = 4): argmax chains up to its k + 1 depths and budgeted
