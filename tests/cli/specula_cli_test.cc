@@ -13,6 +13,7 @@
 #include "common/model/cpu_runtime.h"
 #include "common/tokenizer/bpe_trainer.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/train/distill_dataset.h"
 #include "common/util/mapped_file.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/tiny_model.h"
@@ -213,8 +214,7 @@ TEST_F(SpeculaCliTest, SpeculationFlagErrors) {
   r = Run(base + " --drafter ngram --draft-len 1000");  // issue 19.8
   EXPECT_NE(r.err.find("--draft-len must be in [0, 256], got 1000"), std::string::npos) << r.err;
   r = Run(base + " --drafter ngram --draft-budget adaptive --max-draft-slowdown nan");
-  EXPECT_NE(r.err.find("--max-draft-slowdown must be a finite number"), std::string::npos)
-      << r.err;
+  EXPECT_NE(r.err.find("--max-draft-slowdown must be a finite number"), std::string::npos) << r.err;
   r = Run(base + " --drafter ngram --ngram-min 5 --ngram-max 2");
   EXPECT_NE(r.err.find("min_ngram"), std::string::npos) << r.err;
 }
@@ -445,6 +445,45 @@ TEST(SpeculaBlasTest, SwitchesOpenBlasKernelsInProcess) {
   } else {
     unsetenv("OPENBLAS_CORETYPE");
   }
+}
+
+// draft-vocab ranks the response tokens of a distill file (not its prompts, not the held-out
+// records) and writes the set a --draft-vocab loads; bad input names the flag.
+TEST_F(SpeculaCliTest, DraftVocabRanksResponseTokens) {
+  const std::string data = dir_->File("vocab_distill.bin");
+  {
+    size_t present = 0;
+    auto writer = DistillWriter::OpenForAppend(data, 16, &present);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE((*writer)->Append({9, 9, 9, 9}, {3, 3, 3, 5, 5, 7}).ok());
+    ASSERT_TRUE((*writer)->Append({9}, {5, 3, 1}).ok());
+    ASSERT_TRUE((*writer)->Append({2}, {11, 11, 11, 11, 11}).ok());  // held out below
+  }
+  const std::string out = dir_->File("vocab.json");
+  RunResult r = Run("draft-vocab --data " + data + " --size 2 --val-records 1 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(ReadFileToString(out).value());
+  EXPECT_EQ(j["tokens"], nlohmann::json::array({3, 5}));
+  EXPECT_EQ(j["vocab_size"], 16);
+  EXPECT_EQ(j["counted_tokens"], 9);
+  EXPECT_NEAR(j["coverage"].get<double>(), 7.0 / 9.0, 1e-9);
+  r = Run("draft-vocab --data " + data + " --size 0 --out " + out);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--size must be positive"), std::string::npos) << r.err;
+  r = Run("draft-vocab --data " + data);
+  EXPECT_NE(r.err.find("--out is required"), std::string::npos) << r.err;
+  r = Run("draft-vocab --data " + dir_->File("nope.bin") + " --out " + out);
+  EXPECT_NE(r.err.find("--data"), std::string::npos) << r.err;
+  r = Run("draft-vocab --data " + data + " --val-records 3 --out " + out);
+  EXPECT_NE(r.err.find("no records besides the 3 held out"), std::string::npos) << r.err;
+  // A set made for this 16-token vocabulary does not load against the test model's.
+  r = Run("generate --model " + model() +
+          " --prompt 'import os' --max-new-tokens 4 --drafter "
+          "ngram --draft-vocab " +
+          out);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--draft-vocab"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("made for a vocabulary of 16 tokens"), std::string::npos) << r.err;
 }
 
 TEST_F(SpeculaCliTest, BadFlags) {
