@@ -8,7 +8,8 @@
 #                                     OUT.md)
 # Environment: DRAFTERS (ngram,draft-model,specformer,beagle,parallelspec,specdec),
 # BATCHES (1,4,16,64), LENS (2,4,8,16,adaptive), REPEATS (2), MIN_REQUESTS (8), MAX_NEW (64),
-# BENCH_ARGS (extra `specula bench` flags). Run it on a quiet machine: speedups are timings.
+# TEMPS ("0 1": the temperatures to run; the table reads both files), BENCH_ARGS (extra
+# `specula bench` flags). Run it on a quiet machine: speedups are timings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-docs/leaderboard}"
@@ -16,7 +17,7 @@ BIN=build/bin/specula
 DRAFTERS="${DRAFTERS:-ngram,draft-model,specformer,beagle,parallelspec,specdec}"
 read -r -a EXTRA <<<"${BENCH_ARGS:-}"
 mkdir -p "$(dirname "$OUT")"
-for t in 0 1; do
+for t in ${TEMPS:-0 1}; do
   echo "== temperature $t" >&2
   "$BIN" bench --model models/pyllama-6m --drafter "$DRAFTERS" \
     --drafter-model models/pyllama-draft-1m --specformer-model models/specformer-pyllama-6m \

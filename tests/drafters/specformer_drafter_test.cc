@@ -292,6 +292,8 @@ TEST(SpecFormerDrafterTest, BudgetedTreeIsTheKMostProbablePaths) {
   }
 }
 
+// Sampled requests get a chain sampled from each slot's shaped distribution, with it attached, in
+// both modes.
 TEST(SpecFormerDrafterTest, SampledChainsCarryTheShapedSlotDistribution) {
   auto target = Runner(TargetModule());
   const SamplingParams sampling{.temperature = 0.8f, .top_k = 10, .seed = 3};
@@ -311,11 +313,10 @@ TEST(SpecFormerDrafterTest, SampledChainsCarryTheShapedSlotDistribution) {
     const CandidateTree& t = (*trees)[0];
     ASSERT_TRUE(t.Validate(kVocab, 4, 4).ok());
     ASSERT_EQ(t.size(), 4);
+    // A tree drafter drafts sampled requests as the sampled chain too (a deterministic candidate
+    // would be accepted with just the target's probability of it).
     for (int32_t i = 0; i < t.size(); ++i) {
-      if (tree) {
-        EXPECT_EQ(t.proposal(i), -1) << "tree candidates are deterministic";
-        continue;
-      }
+      EXPECT_EQ(t.parent(i), i - 1) << "tree " << tree << ": a chain";
       ASSERT_GE(t.proposal(i), 0);
       auto row = (*logits)[i].contiguous();
       const std::vector<float> want =

@@ -356,7 +356,12 @@ StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::Propose(
     State& st = *states[w];
     const DepthLogits rows{logits[w].data_ptr<float>(), logits[w].size(1)};
     const int32_t depth = static_cast<int32_t>(logits[w].size(0));
-    switch (options_.shape) {
+    // Trees for greedy requests only: a sampled request accepts a deterministic candidate with
+    // just the target's probability of it, a sampled draft with sum(min(p, q)) (held-out a at
+    // T = 1, k = 2: 1.12 as a marginal tree, 1.50 as a chain; docs/BENCHMARKS.md).
+    const ParallelSpecShape shape =
+        st.sampling.greedy() ? options_.shape : ParallelSpecShape::kChain;
+    switch (shape) {
       case ParallelSpecShape::kChain:
         trees[work[w]] = DraftMarginalChain(rows, depth, st.sampling, st.rng, r.proposal_top_k);
         break;

@@ -45,6 +45,8 @@ class ParallelSpecImpl;
 // measuring its central trade-off: no masks; depth i + 1 is drafted from a real-like row that
 // fuses depth i's output (the regressed next feature) with depth i's drafted token, as EAGLE
 // drafts: one forward per depth instead of one for all, a chain.
+// The shape of greedy requests' drafts; sampled requests always get the sampled chain (a tree's
+// deterministic candidates are accepted with just the target's probability of each).
 enum class ParallelSpecShape { kChain, kMarginalTree, kStaticTree, kAutoregressive };
 
 struct ParallelSpecDrafterOptions {

@@ -191,9 +191,13 @@ StatusOr<std::vector<CandidateTree>> SpecFormerDrafter::Propose(
     State& st = *states[w];
     const DepthLogits slots{logits.data_ptr<float>() + static_cast<int64_t>(w) * l * vocab, vocab};
     const int32_t depth = static_cast<int32_t>(std::min<int64_t>(l, r.max_depth));
-    trees[work[w]] = options_.tree ? DraftMarginalTree(slots, depth, r.max_nodes, st.sampling)
-                                   : DraftMarginalChain(slots, std::min(depth, r.max_nodes),
-                                                        st.sampling, st.rng, r.proposal_top_k);
+    // Trees for greedy requests only: a sampled request accepts a deterministic candidate with
+    // just the target's probability of it, a sampled draft with sum(min(p, q)) (held-out a at
+    // T = 1, k = 2: 1.20 as a tree, 1.40 as a chain; docs/BENCHMARKS.md).
+    const bool tree = options_.tree && st.sampling.greedy();
+    trees[work[w]] = tree ? DraftMarginalTree(slots, depth, r.max_nodes, st.sampling)
+                          : DraftMarginalChain(slots, std::min(depth, r.max_nodes), st.sampling,
+                                               st.rng, r.proposal_top_k);
   }
   return trees;
 }

@@ -14,11 +14,12 @@
 //   - chain (tree = false): slot j's argmax for depths 1..min(k, l_d, max_depth). Sampled requests
 //     sample slot j's distribution shaped like the target's (temperature, top-k, top-p) and
 //     attach it for the lossless rejection verifier.
-//   - budgeted tree (tree = true, default): the k nodes with the highest products of slot
-//     probabilities along their paths (slot distributions do not depend on the parent, so this is
-//     a best-first enumeration over per-depth sorted tokens). Deterministic candidates: lossless
-//     for sampled requests too (point masses in the verifier). With a peaked slot 0 it is the
-//     chain; with an uncertain one it spends the budget on siblings instead of depth.
+//   - budgeted tree (tree = true, default; greedy requests): the k nodes with the highest products
+//     of slot probabilities along their paths (slot distributions do not depend on the parent, so
+//     this is a best-first enumeration over per-depth sorted tokens). With a peaked slot 0 it is
+//     the chain; with an uncertain one it spends the budget on siblings instead of depth. Sampled
+//     requests get the sampled chain even then: a deterministic candidate is accepted with just
+//     the target's probability of it, a sampled one with sum(min(p, q)).
 //
 // Thread-compatible: one caller at a time (the engine's loop).
 #pragma once
@@ -43,7 +44,7 @@ namespace specula {
 class SpecFormerImpl;
 
 struct SpecFormerDrafterOptions {
-  bool tree = true;  // budgeted tree of k nodes; false: a chain (argmax / sampled per slot)
+  bool tree = true;  // greedy requests: a budgeted tree of k nodes; false: an argmax chain
   // The context attention's cache (one layer, the drafter's kv heads x head_dim per position).
   // num_blocks and memory_mb both 0 (the default): as many blocks of the target's block size as
   // the target's KV cache has, so every sequence the target admits fits (capacity() reports it).
