@@ -9,6 +9,7 @@
 #   top-hook     the context attention reads only the target's top state (1 hook instead of 4)
 #   paper-opt    the paper's Appendix A optimiser: lr 5e-4 -> 1e-5, AdamW eps 2e-4
 #   all-pos      every response position's slots trained each step (not a random quarter)
+#   pending-ld4  the pending token with l_d = 4 slots (not in the default NAMES)
 # Every training resumes from its checkpoint when run again; finished ones are skipped.
 #   scripts/sweep_specformer.sh [OUT]     (default docs/sweep-specformer)
 # Environment: STEPS (250), NAMES (all of the above), DATA (data/distill.bin),
@@ -39,6 +40,7 @@ setting() {
     top-hook) echo "${lr[*]} ${pf[*]} --hidden-layers 6" ;;
     paper-opt) echo "--lr 5e-4 --min-lr 1e-5 --adam-eps 2e-4 ${pf[*]}" ;;
     all-pos) echo "${lr[*]} --position-fraction 1" ;;
+    pending-ld4) echo "${lr[*]} ${pf[*]} --pending-token --draft-len 4" ;;
     *) echo "unknown setting '$1'" >&2; return 1 ;;
   esac
 }
