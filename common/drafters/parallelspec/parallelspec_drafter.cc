@@ -316,6 +316,17 @@ StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::DraftAutoregressive(
   }
 }
 
+ParallelSpecShape ParallelSpecDrafter::ShapeFor(const State& st) const {
+  // Trees for greedy requests only: a sampled request accepts a deterministic candidate with
+  // just the target's probability of it, a sampled draft with sum(min(p, q)) (held-out a at
+  // T = 1, k = 2: 1.12 as a marginal tree, 1.50 as a chain; docs/BENCHMARKS.md). The
+  // autoregressive baseline keeps its own shape (it samples each depth itself).
+  if (st.sampling.greedy() || options_.shape == ParallelSpecShape::kAutoregressive) {
+    return options_.shape;
+  }
+  return ParallelSpecShape::kChain;
+}
+
 StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::Propose(
     const std::vector<DraftRequest>& requests) {
   RETURN_IF_ERROR(CheckDraftRequests(requests, [&](SeqId seq) { return states_.contains(seq); }));
@@ -333,7 +344,7 @@ StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::Propose(
     // autoregressive baseline drafts as deep as the parallel shapes (k + 1), to compare them at
     // equal depth.
     int64_t depth = std::min<int64_t>({k + 1, r.max_depth, r.max_nodes});
-    if (options_.shape == ParallelSpecShape::kStaticTree) {
+    if (ShapeFor(*st) == ParallelSpecShape::kStaticTree) {
       depth = std::min<int64_t>(depth, options_.static_tree->max_depth());
     }
     work.push_back(i);
@@ -356,12 +367,7 @@ StatusOr<std::vector<CandidateTree>> ParallelSpecDrafter::Propose(
     State& st = *states[w];
     const DepthLogits rows{logits[w].data_ptr<float>(), logits[w].size(1)};
     const int32_t depth = static_cast<int32_t>(logits[w].size(0));
-    // Trees for greedy requests only: a sampled request accepts a deterministic candidate with
-    // just the target's probability of it, a sampled draft with sum(min(p, q)) (held-out a at
-    // T = 1, k = 2: 1.12 as a marginal tree, 1.50 as a chain; docs/BENCHMARKS.md).
-    const ParallelSpecShape shape =
-        st.sampling.greedy() ? options_.shape : ParallelSpecShape::kChain;
-    switch (shape) {
+    switch (ShapeFor(st)) {
       case ParallelSpecShape::kChain:
         trees[work[w]] = DraftMarginalChain(rows, depth, st.sampling, st.rng, r.proposal_top_k);
         break;

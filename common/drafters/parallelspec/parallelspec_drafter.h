@@ -114,6 +114,8 @@ class ParallelSpecDrafter : public Drafter {
 
  private:
   struct State;
+  // The shape `st`'s next draft takes: options_.shape, or the sampled chain for sampled requests.
+  ParallelSpecShape ShapeFor(const State& st) const;
   ParallelSpecDrafter(std::shared_ptr<ParallelSpecImpl> module, std::unique_ptr<PagedKvCache> kv,
                       ParallelSpecDrafterOptions options);
   // Logits [1 + masks[s], V] (float32, CPU) per state: its depth-1 row and `masks[s]` mask rows in
