@@ -56,10 +56,15 @@ constexpr int64_t kMaxVectors = 128;  // query vectors (rows x heads) sharing on
 constexpr int64_t kMaxHeadDim = 256;
 
 // exp(x) for x <= 0 (softmax after subtracting the max; silu uses it on clamped inputs):
-// Cephes' expf polynomial, relative error ~2 ulp, branch-free so loops over it vectorise.
+// Cephes' expf polynomial, relative error ~2 ulp. Branch-free and without float-to-int
+// conversions (which GCC will not vectorise without -fno-trapping-math), so loops over it
+// vectorise: adding 1.5 * 2^23 rounds x / ln 2 to the nearest integer n and leaves n in the low
+// mantissa bits, from which 2^n is built.
 __attribute__((always_inline)) inline float ExpNonPositive(float x) {
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
   x = std::max(x, -87.0f);
-  const float k = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float t = x * 1.44269504088896341f + kRound;
+  const float k = t - kRound;
   const float r = x - k * 0.693359375f + k * 2.12194440e-4f;
   float y = 1.9875691500e-4f;
   y = y * r + 1.3981999507e-3f;
@@ -68,7 +73,7 @@ __attribute__((always_inline)) inline float ExpNonPositive(float x) {
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  const int32_t bits = (std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kRound) + 127) << 23;
   return y * std::bit_cast<float>(bits);
 }
 
@@ -130,7 +135,7 @@ void SiluMulRows(const float* gu, float* out, int64_t rows, int64_t f) {
     for (int64_t i = 0; i < f; ++i) {
       // silu(g) = g / (1 + exp(-g)); exp of -|g| keeps the argument non-positive.
       const float e = ExpNonPositive(-std::fabs(g[i]));
-      const float sig = g[i] >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+      const float sig = (g[i] >= 0 ? 1.0f : e) / (1.0f + e);
       o[i] = g[i] * sig * u[i];
     }
   }
@@ -437,9 +442,10 @@ at::Tensor SmallMatmulCpu(const at::Tensor& x_in, const at::Tensor& weight, cons
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   const float* rp = res.defined() ? res.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
-  // Output features split across threads once each gets ~128K multiply-adds (the weights are read
-  // once either way; two cores read them twice as fast).
-  const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 17) / (k * rows));
+  // Output features split across threads once each gets ~32K multiply-adds (the weights are read
+  // once either way; two cores read them twice as fast). At one row a 256 x 256 projection then
+  // runs on both cores: 4x that bound kept it on one and made a batch-1 forward 15% slower.
+  const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 15) / (k * rows));
   // Every core: OpenBLAS's pool is idle while this kernel runs (see PagedAttentionCpu).
   ParallelRanges(0, n, grain, KernelThreads(), [&](int64_t n0, int64_t n1) {
     SmallMatmul(xp, wp, bp, rp, yp, rows, n0, n1, n, k);
