@@ -11,7 +11,8 @@
 # again; finished runs are skipped. Results land in RUNS/<kind> (config.json, model.safetensors,
 # training.json with the command and the validation figures); copying them to models/ is a
 # separate, deliberate step (models/README.md).
-# Environment: BUDGET_MIN (20), DATA (data/distill.bin), RUNS (runs/recipe), SEED (1).
+# Environment: BUDGET_MIN (20), DATA (data/distill.bin), RUNS (runs/recipe), SEED (1), EXTRA (more
+# train-drafter flags for every kind: a variant's shape, e.g. "--num-slots 16", with its own RUNS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bin/specula
@@ -41,7 +42,7 @@ flags() {
 }
 
 for kind in ${KINDS//,/ }; do
-  read -r -a own <<<"$(flags "$kind")"
+  read -r -a own <<<"$(flags "$kind") ${EXTRA:-}"
   out="$RUNS/$kind"
   if [ -f "$out/steps" ]; then
     steps="$(cat "$out/steps")"
