@@ -234,6 +234,48 @@ TEST(BeagleDrafterTest, TreeProbabilitiesEqualAPerPathRecompute) {
   }
 }
 
+// A sampled request drafts a chain: each node drawn from, and carrying, the drafter's distribution
+// at the request's temperature for the node's path (the per-path recompute), in both modes.
+TEST(BeagleDrafterTest, SampledRequestsDraftSampledChainsOfThePathDistribution) {
+  auto target_module = TargetModule();
+  auto target = Runner(target_module);
+  const std::vector<int32_t> tokens = RandomTokens(19, 8);
+  const torch::Tensor hidden = TopHidden(*target_module, {tokens.begin(), tokens.end() - 1});
+  const float temperature = 0.8f;
+  for (bool tree_mode : {true, false}) {
+    auto d = Drafter(*target, {.tree = tree_mode, .depth = 4});
+    ASSERT_TRUE(d->AddSequence(1, {.temperature = temperature, .seed = 5}).ok());
+    ASSERT_TRUE(d->AddSequence(2, {}).ok());  // a greedy neighbour in the same call
+    ASSERT_TRUE(d->Observe({{.seq = 1, .tokens = tokens, .hidden = {hidden}},
+                            {.seq = 2, .tokens = tokens, .hidden = {hidden}}})
+                    .ok());
+    auto trees = d->Propose(
+        {{.seq = 1, .max_nodes = 16, .max_depth = 4}, {.seq = 2, .max_nodes = 16, .max_depth = 4}});
+    ASSERT_TRUE(trees.ok()) << trees.status();
+    const CandidateTree& chain = (*trees)[0];
+    ASSERT_EQ(chain.size(), 4);
+    EXPECT_EQ((*trees)[1].size(), tree_mode ? 16 : 4);
+    std::vector<int32_t> path;
+    for (int32_t i = 0; i < chain.size(); ++i) {
+      EXPECT_EQ(chain.parent(i), i - 1);
+      ASSERT_GE(chain.proposal(i), 0) << "node " << i << " carries no distribution";
+      auto ref = torch::softmax(
+          ReferenceLogProbs(*d->module(), hidden, tokens.back(), path, /*concat=*/true, 1.0f) /
+              temperature,
+          -1);
+      const int32_t j = chain.proposal(i);
+      ASSERT_TRUE(chain.distribution_is_dense(j));
+      ASSERT_EQ(chain.distribution(j).size(), static_cast<size_t>(kVocab));
+      for (int32_t v = 0; v < kVocab; ++v) {
+        EXPECT_NEAR(chain.distribution(j)[v], ref[v].item<float>(), 1e-4)
+            << "tree " << tree_mode << " node " << i << " token " << v;
+      }
+      EXPECT_GT(ref[chain.token(i)].item<float>(), 0);
+      path.push_back(chain.token(i));
+    }
+  }
+}
+
 TEST(BeagleDrafterTest, TreesRespectEveryBudget) {
   auto target = Runner(TargetModule());
   auto d = Drafter(*target);
@@ -249,13 +291,21 @@ TEST(BeagleDrafterTest, TreesRespectEveryBudget) {
       auto trees = d->Propose({{.seq = 1, .max_nodes = budget, .max_depth = depth},
                                {.seq = 2, .max_nodes = budget, .max_depth = depth}});
       ASSERT_TRUE(trees.ok()) << trees.status();
-      for (const CandidateTree& t : *trees) {
+      for (size_t i = 0; i < trees->size(); ++i) {
+        const CandidateTree& t = (*trees)[i];
         EXPECT_TRUE(t.Validate(kVocab, budget, depth).ok()) << t.Validate(kVocab, budget, depth);
         EXPECT_LE(t.size(), std::min(budget, 60));
         EXPECT_LE(t.max_depth(), std::min(depth, BeagleDrafterOptions{}.depth));
-        // Depth 1 has only the root's 10 candidates; from depth 2 on there are >= 110.
-        if (budget > 0 && depth > 0) {
+        if (budget <= 0 || depth <= 0) continue;
+        if (i == 0) {
+          // Depth 1 has only the root's 10 candidates; from depth 2 on there are >= 110.
           EXPECT_EQ(t.size(), std::min(budget, depth == 1 ? 10 : 60)) << budget << " " << depth;
+        } else {
+          // The sampled request: a sampled chain, one node per depth.
+          EXPECT_EQ(t.size(), std::min({budget, depth, BeagleDrafterOptions{}.depth}))
+              << budget << " " << depth;
+          EXPECT_EQ(t.max_depth(), t.size());
+          EXPECT_EQ(t.num_distributions(), t.size());
         }
       }
     }

@@ -7,7 +7,9 @@
 
 #include "common/drafters/beagle/beagle_model.h"
 #include "common/drafters/beagle/dynamic_tree.h"
+#include "common/drafters/draft_sampling.h"
 #include "common/drafters/drafter_cache_size.h"
+#include "common/drafters/marginal_drafts.h"
 #include "common/model/cpu_kernels.h"
 #include "common/model/paged_attention.h"
 #include "common/model/paged_attention_layout.h"
@@ -39,9 +41,11 @@ Status BeagleDrafterOptions::Validate() const {
 }
 
 struct BeagleDrafter::State {
-  State(SeqId id, const SamplingParams& params) : kv_seq(id), sampling(params) {}
+  State(SeqId id, const SamplingParams& params)
+      : kv_seq(id), sampling(params), rng(DraftSeed(params.seed)) {}
   SeqId kv_seq;  // the true-state cache's id for the sequence (process-unique)
   SamplingParams sampling;
+  SequenceRng rng;               // sampled chains
   std::vector<int32_t> history;  // tokens observed; the last one is pending (no hidden state)
 };
 
@@ -152,20 +156,30 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
   std::vector<size_t> work;
   std::vector<State*> states;
   std::vector<DynamicTree> builders;
+  // Sampled requests draft a sampled chain whatever the mode (EAGLE's sampling): each depth's
+  // token drawn from the drafter's distribution shaped like the request's, that distribution
+  // attached, so lossless verification accepts it with sum(min(p, q)) rather than a deterministic
+  // candidate's p(x). The chain is built in `chains` as it is drawn; the DynamicTree (width 1)
+  // still drives the frontier and the paths' drafted states.
+  std::vector<uint8_t> sampled;
+  std::vector<CandidateTree> chains;
   for (size_t i = 0; i < requests.size(); ++i) {
     State* st = states_.find(requests[i].seq);
     if (requests[i].max_nodes <= 0 || requests[i].max_depth <= 0) continue;
     if (alloc.Length(st->kv_seq) == 0 || st->history.empty()) continue;
     const int32_t depth = std::min(options_.depth, requests[i].max_depth);
-    const int32_t budget = options_.tree ? std::min(options_.total_tokens, requests[i].max_nodes)
-                                         : std::min(depth, requests[i].max_nodes);
-    builders.emplace_back(budget, depth, options_.tree ? options_.top_k : 1);
+    const bool tree = options_.tree && st->sampling.greedy();
+    const int32_t budget = tree ? std::min(options_.total_tokens, requests[i].max_nodes)
+                                : std::min(depth, requests[i].max_nodes);
+    builders.emplace_back(budget, depth, tree ? options_.top_k : 1);
     if (builders.back().done()) {
       builders.pop_back();
       continue;
     }
     work.push_back(i);
     states.push_back(st);
+    sampled.push_back(!st->sampling.greedy());
+    chains.emplace_back();
   }
   if (work.empty()) return trees;
 
@@ -296,8 +310,22 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
                                     row_mask);
       }
       auto h = module_->Output(query.residual.view({M, F, -1}), attn);  // [M, F, d]
-      auto logits = module_->Logits(h).to(torch::kFloat) * inv_temp_t;
+      auto raw_logits = module_->Logits(h).to(torch::kFloat);           // [M, F, V]
+      auto logits = raw_logits * inv_temp_t;
       auto logprobs = torch::log_softmax(logits, -1);
+      // Sampled chains draw from the unscaled logits of their one frontier row (row s * F).
+      std::vector<int64_t> sampled_rows;
+      for (int64_t s = 0; s < M; ++s) {
+        if (sampled[s] && !builders[s].frontier().empty()) sampled_rows.push_back(s * F);
+      }
+      torch::Tensor sampled_logits;
+      if (!sampled_rows.empty()) {
+        sampled_logits = raw_logits.view({M * F, -1})
+                             .index_select(0, LongTensor(sampled_rows, device))
+                             .to(torch::kCPU)
+                             .contiguous();
+      }
+      const int64_t vocab = raw_logits.size(-1);
       const int64_t K = std::min<int64_t>(options_.tree ? options_.top_k : 1, module_->head_size());
       auto top = logprobs.topk(K, -1);
       auto top_lp = std::get<0>(top).to(torch::kCPU).contiguous();
@@ -318,11 +346,25 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
         drafted_v.push_back(v);
         drafted_rows += M * F;
       }
+      size_t next_sampled = 0;
       for (int64_t s = 0; s < M; ++s) {
         DynamicTree& tree = builders[s];
         const auto frontier = tree.frontier();
         if (frontier.empty()) continue;
         std::vector<std::vector<DraftChild>> children(frontier.size());
+        if (sampled[s]) {
+          (frontier[0] < 0 ? root_state[s] : node_state[s][frontier[0]]) = base + s * F;
+          CandidateTree& chain = chains[s];
+          const std::span<const float> row(
+              sampled_logits.data_ptr<float>() + static_cast<int64_t>(next_sampled++) * vocab,
+              static_cast<size_t>(vocab));
+          const int32_t token = AddChainNode(chain, chain.size() - 1, row, states[s]->sampling,
+                                             states[s]->rng, requests[work[s]].proposal_top_k);
+          children[0].push_back({token, 0.0f});  // a chain: the score only orders the frontier
+          tree.Expand(children);
+          node_state[s].resize(tree.num_candidates(), -1);
+          continue;
+        }
         for (size_t r = 0; r < frontier.size(); ++r) {
           const int64_t row = s * F + static_cast<int64_t>(r);
           if (frontier[r] < 0) {
@@ -341,7 +383,9 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
   } catch (const c10::Error& e) {
     return InternalError(StrCat("Beagle draft forward failed: ", e.what_without_backtrace()));
   }
-  for (size_t w = 0; w < work.size(); ++w) trees[work[w]] = builders[w].Build();
+  for (size_t w = 0; w < work.size(); ++w) {
+    trees[work[w]] = sampled[w] ? std::move(chains[w]) : builders[w].Build();
+  }
   return trees;
 }
 
