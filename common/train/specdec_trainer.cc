@@ -128,11 +128,15 @@ StatusOr<SpecDecTrainResult> TrainSpecDec(const SpecDecTrainOptions& o) {
   torch::manual_seed(o.seed);
   auto model = std::make_shared<SpecDecImpl>(config, tc);
   model->InitWeights(o.seed);
+  SpecDecTrainResult result;
+  if (!o.init_encoder_from.empty()) {
+    ASSIGN_OR_RETURN(result.encoder_layers_initialised,
+                     model->InitEncoderFrom(o.init_encoder_from));
+  }
   model->train();
   std::unique_ptr<torch::optim::AdamW> adamw = MakeDrafterAdamW(*model, o);
   torch::optim::AdamW& optimizer = *adamw;
 
-  SpecDecTrainResult result;
   result.parameters = config.parameters();
   result.val_loss = std::nan("");
   const fs::path ckpt_dir = fs::path(o.out_dir) / "checkpoint";

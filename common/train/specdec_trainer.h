@@ -38,6 +38,9 @@ struct SpecDecTrainOptions : DrafterTrainOptions {
   int64_t splits_per_record = 16;  // drafts trained per record and step
   double glancing_ratio = 0.5;     // start of the annealed ratio; 0 = no glancing
   double label_smoothing = 0.1;
+  // A token-only Llama LM of the encoder's geometry whose embedding, final norm and first layers
+  // initialise the context encoder (SpecDecImpl::InitEncoderFrom); empty = random init.
+  std::string init_encoder_from;
 };
 
 struct SpecDecTrainResult : DrafterTrainRun {
@@ -47,6 +50,7 @@ struct SpecDecTrainResult : DrafterTrainRun {
   std::vector<double> val_slot_loss;
   std::vector<double> val_slot_accuracy;
   int64_t parameters = 0;
+  int64_t encoder_layers_initialised = 0;  // from init_encoder_from
 };
 
 // Writes out_dir/{config.json, model.safetensors} when finished, and out_dir/checkpoint/ every

@@ -1,6 +1,7 @@
 // SpecDec config and model: the config round-trips through JSON and names bad fields; the
 // training forward (dense) gives the serving forward's (paged, incremental) slot logits for the
-// same prefix; revealed (glanced) slots change the inputs; checkpoints round-trip.
+// same prefix; revealed (glanced) slots change the inputs; checkpoints round-trip; the encoder
+// initialises from a token-only LM of its geometry.
 #include "common/drafters/specdec/specdec_model.h"
 
 #include <gmock/gmock.h>
@@ -11,6 +12,7 @@
 
 #include "common/drafters/specdec/specdec_config.h"
 #include "common/drafters/specdec/specdec_drafter.h"
+#include "common/model/model_runner.h"
 #include "tests/drafters/random_specdec.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/tiny_model.h"
@@ -150,6 +152,58 @@ TEST(SpecDecModelTest, CheckpointRoundTrip) {
   EXPECT_THAT(wrong.status().message(), HasSubstr("num_hidden_layers"));
   auto missing = LoadSpecDecDir(dir.File("nope"), TinyModelConfig());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+// A 2-layer LM of the encoder's geometry (3 layers): embedding, final norm and layers 0-1 come
+// from it; layer 2, the decoder and the slot embeddings keep their init. A mismatched or untied
+// LM is refused, naming the field.
+TEST(SpecDecModelTest, EncoderInitialisesFromATokenOnlyLm) {
+  TempDir dir;
+  const ModelConfig lm_config = Config().LayerConfig(TinyModelConfig(), 2);
+  torch::manual_seed(11);
+  auto lm = std::make_shared<CausalLMImpl>(lm_config);
+  lm->InitWeights(11);
+  ASSERT_TRUE(SaveModelDir(*lm, lm_config, dir.File("lm")).ok());
+  auto m = Module(4);
+  std::map<std::string, torch::Tensor> before;
+  for (const auto& p : m->named_parameters()) before[p.key()] = p.value().clone();
+  auto copied = m->InitEncoderFrom(dir.File("lm"));
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  EXPECT_EQ(*copied, 2);
+  auto lm_params = lm->named_parameters();
+  int64_t from_lm = 0;
+  for (const auto& p : m->named_parameters()) {
+    const std::string& name = p.key();
+    const std::string inner = name.rfind("encoder.", 0) == 0 ? name.substr(8) : "";
+    const bool shared =
+        !inner.empty() && lm_params.contains(inner) && inner.rfind("model.layers.2.", 0) != 0;
+    if (shared) {
+      ++from_lm;
+      EXPECT_TRUE(torch::equal(p.value(), lm_params[inner])) << name;
+    } else {
+      EXPECT_TRUE(torch::equal(p.value(), before[name])) << name << " changed";
+    }
+  }
+  EXPECT_EQ(from_lm, static_cast<int64_t>(lm_params.size()));
+
+  ModelConfig wide = lm_config;
+  wide.hidden_size *= 2;
+  wide.head_dim *= 2;
+  auto wide_lm = std::make_shared<CausalLMImpl>(wide);
+  ASSERT_TRUE(SaveModelDir(*wide_lm, wide, dir.File("wide")).ok());
+  auto refused = m->InitEncoderFrom(dir.File("wide"));
+  ASSERT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("hidden_size"));
+
+  ModelConfig untied = lm_config;
+  untied.tie_word_embeddings = false;
+  auto untied_lm = std::make_shared<CausalLMImpl>(untied);
+  ASSERT_TRUE(SaveModelDir(*untied_lm, untied, dir.File("untied")).ok());
+  auto refused_untied = m->InitEncoderFrom(dir.File("untied"));
+  ASSERT_EQ(refused_untied.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused_untied.status().message(), HasSubstr("tie_word_embeddings"));
+
+  EXPECT_FALSE(m->InitEncoderFrom(dir.File("missing")).ok());
 }
 
 }  // namespace

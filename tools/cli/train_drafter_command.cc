@@ -220,21 +220,23 @@ Status RunSpecDec(const Flags& f, const std::vector<std::string>& args) {
                o.glancing_ratio, o.lr.total_steps, o.batch_size);
   ASSIGN_OR_RETURN(SpecDecTrainResult result, TrainSpecDec(o));
   if (!result.finished) return ReportStopped(result.steps_done, o.lr.total_steps);
-  RETURN_IF_ERROR(WriteTrainingJson(f, o, args, result.steps_done, result.tokens_seen,
-                                    result.seconds,
-                                    WithSlotLosses({{"parameters", result.parameters},
-                                                    {"optimizer",
-                                                     {{"beta1", o.beta1},
-                                                      {"beta2", o.beta2},
-                                                      {"eps", o.adam_eps},
-                                                      {"weight_decay", o.weight_decay},
-                                                      {"schedule", "linear warmup, inverse sqrt"},
-                                                      {"peak_lr", o.lr.peak_lr},
-                                                      {"warmup_steps", o.lr.warmup_steps}}},
-                                                    {"glancing_ratio", o.glancing_ratio},
-                                                    {"label_smoothing", o.label_smoothing},
-                                                    {"splits_per_record", o.splits_per_record}},
-                                                   result)));
+  RETURN_IF_ERROR(WriteTrainingJson(
+      f, o, args, result.steps_done, result.tokens_seen, result.seconds,
+      WithSlotLosses({{"parameters", result.parameters},
+                      {"optimizer",
+                       {{"beta1", o.beta1},
+                        {"beta2", o.beta2},
+                        {"eps", o.adam_eps},
+                        {"weight_decay", o.weight_decay},
+                        {"schedule", "linear warmup, inverse sqrt"},
+                        {"peak_lr", o.lr.peak_lr},
+                        {"warmup_steps", o.lr.warmup_steps}}},
+                      {"glancing_ratio", o.glancing_ratio},
+                      {"label_smoothing", o.label_smoothing},
+                      {"splits_per_record", o.splits_per_record},
+                      {"init_encoder_from", o.init_encoder_from},
+                      {"encoder_layers_initialised", result.encoder_layers_initialised}},
+                     result)));
   std::fprintf(stderr, "done: %s (val loss %.4f)\n", o.out_dir.c_str(), result.val_loss);
   return OkStatus();
 }
@@ -322,6 +324,10 @@ int RunTrainDrafter(const std::vector<std::string>& args) {
   flags.AddDouble("glancing-ratio", &sd.glancing_ratio,
                   "specdec: share of wrong slots revealed, annealed linearly to 0 (0 = off)");
   flags.AddDouble("label-smoothing", &sd.label_smoothing, "specdec: CE label smoothing");
+  flags.AddString("init-encoder-from", &sd.init_encoder_from,
+                  "specdec: a token-only Llama LM of the encoder's geometry (e.g. "
+                  "models/pyllama-draft-1m) whose embedding, final norm and first layers "
+                  "initialise the context encoder");
   flags.AddInt("batch-size", &t.batch_size, "records per optimizer step");
   flags.AddInt("max-seq-len", &t.max_seq_len, "cut records to this many tokens (0 = context)");
   flags.AddInt("val-records", &t.val_records, "records held out for validation (the last ones)");

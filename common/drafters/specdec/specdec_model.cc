@@ -1,8 +1,10 @@
 #include "common/drafters/specdec/specdec_model.h"
 
 #include <cmath>
+#include <filesystem>
 
 #include "common/drafters/drafter_checkpoint.h"
+#include "common/model/checkpoint.h"
 #include "common/model/rope.h"
 
 namespace specula {
@@ -116,6 +118,57 @@ torch::Tensor SpecDecImpl::TrainLogits(const torch::Tensor& tokens, const torch:
     x = x + layer.mlp(layer.post_attention_layernorm(x));
   }
   return Logits(x).to(torch::kFloat).view({B, S, k, -1});
+}
+
+StatusOr<int64_t> SpecDecImpl::InitEncoderFrom(const std::string& lm_dir) {
+  ASSIGN_OR_RETURN(ModelConfig lm,
+                   ModelConfig::FromFile((std::filesystem::path(lm_dir) / "config.json").string()));
+  const ModelConfig& e = layer_config_;
+  const std::string where = StrCat(lm_dir, "/config.json: ");
+  for (const auto& [field, got, want] :
+       {std::tuple{"hidden_size", lm.hidden_size, e.hidden_size},
+        std::tuple{"num_attention_heads", lm.num_attention_heads, e.num_attention_heads},
+        std::tuple{"num_key_value_heads", lm.num_key_value_heads, e.num_key_value_heads},
+        std::tuple{"head_dim", lm.head_dim, e.head_dim},
+        std::tuple{"intermediate_size", lm.intermediate_size, e.intermediate_size},
+        std::tuple{"vocab_size", lm.vocab_size, e.vocab_size}}) {
+    if (got != want) {
+      return InvalidArgumentError(
+          StrCat(where, field, " is ", got, " but the SpecDec encoder has ", want));
+    }
+  }
+  if (lm.rope_theta != e.rope_theta) {
+    return InvalidArgumentError(StrCat(where, "rope_theta is ", lm.rope_theta,
+                                       " but the SpecDec encoder has ", e.rope_theta));
+  }
+  if (!lm.tie_word_embeddings || lm.qkv_bias || lm.o_bias || lm.qk_norm) {
+    return InvalidArgumentError(
+        StrCat(where,
+               "the SpecDec encoder is a Llama layer stack with a tied head "
+               "(tie_word_embeddings true, no attention biases, no qk_norm)"));
+  }
+  ASSIGN_OR_RETURN(auto weights, LoadSafetensorsDir(lm_dir));
+  const int64_t layers = std::min(lm.num_hidden_layers, e.num_hidden_layers);
+  const std::string layer_prefix = "model.layers.";
+  torch::NoGradGuard no_grad;
+  for (auto& p : encoder->named_parameters()) {
+    const std::string& name = p.key();
+    if (name.rfind(layer_prefix, 0) == 0 &&
+        std::stoll(name.substr(layer_prefix.size())) >= layers) {
+      continue;  // deeper than the LM: keeps its init
+    }
+    auto it = weights.find(name);
+    if (it == weights.end()) {
+      return InvalidArgumentError(StrCat(lm_dir, ": checkpoint has no tensor '", name, "'"));
+    }
+    if (it->second.sizes() != p.value().sizes()) {
+      return InvalidArgumentError(StrCat(lm_dir, ": tensor '", name, "' has shape ",
+                                         c10::str(it->second.sizes()), ", the encoder's is ",
+                                         c10::str(p.value().sizes())));
+    }
+    p.value().copy_(it->second.to(p.value().scalar_type()));
+  }
+  return layers;
 }
 
 void SpecDecImpl::InitWeights(uint64_t seed) {

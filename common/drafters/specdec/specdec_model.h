@@ -27,6 +27,7 @@
 #include "common/model/attention_inputs.h"
 #include "common/model/model_config.h"
 #include "common/model/transformer.h"
+#include "common/util/status.h"
 
 namespace specula {
 
@@ -67,6 +68,12 @@ class SpecDecImpl : public torch::nn::Module {
 
   // HF-style init of every layer (normal 0.02, depth-scaled residual projections, unit norms).
   void InitWeights(uint64_t seed);
+  // Initialises the context encoder from a token-only Llama LM of the encoder's geometry (e.g.
+  // models/pyllama-draft-1m): its embedding (also the tied head), final norm and first
+  // min(its layers, L_e) layers; the other encoder layers and the decoder keep their init. A
+  // config field that differs from the encoder's, an untied head, or a missing or misshapen
+  // tensor: INVALID_ARGUMENT naming it. Returns the layers copied.
+  StatusOr<int64_t> InitEncoderFrom(const std::string& lm_dir);
   // Fuses q/k/v and gate/up of every layer for serving (see CausalLMImpl::FuseForServing).
   void FuseForServing();
 
