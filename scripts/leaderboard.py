@@ -30,6 +30,8 @@ def training_cost(model_dir):
         parts.append(f"{t['steps']} steps" + (f" x {batch}" if batch else ""))
     if t.get("tokens_seen"):
         parts.append(f"{t['tokens_seen'] / 1e6:.1f}M tok")
+    if t.get("init_encoder_from"):  # SpecDec started from a trained LM: its training counts too
+        parts.append(f"encoder from {os.path.basename(t['init_encoder_from'].rstrip('/'))}")
     return ", ".join(parts)
 
 
