@@ -301,9 +301,8 @@ Status Run(const BenchFlags& f) {
     }
     std::vector<std::vector<RunResult>> runs(settings.size());
     for (int64_t rep = 0; rep < f.repeats; ++rep) {
-      // Every setting once, the baseline too, in an order rotated by the repeat so that none
-      // always runs first or right after another (the first run of a repeat measured up to 16%
-      // slow at batch 1 when the baseline was always it).
+      // Every setting once, the baseline too, in an order rotated by the repeat, so that no
+      // setting always runs first (the baseline used to) or right after another.
       std::vector<size_t> order;
       for (size_t i = 0; i < settings.size(); ++i) order.push_back((i + rep) % settings.size());
       for (size_t s : order) {
