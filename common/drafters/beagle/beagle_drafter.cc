@@ -215,13 +215,6 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
       true_len = LongTensor(length, device).view({M, 1, 1});
       key_pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(device));
     }
-    // Per sampled sequence, its temperature (1 for greedy: plain log-softmax).
-    std::vector<float> inv_temp(M);
-    for (int64_t s = 0; s < M; ++s) {
-      const SamplingParams& p = states[s]->sampling;
-      inv_temp[s] = (p.greedy() ? 1.0f : 1.0f / p.temperature) / options_.rank_temperature;
-    }
-    auto inv_temp_t = torch::tensor(inv_temp, torch::kFloat).view({M, 1, 1}).to(device);
 
     // Drafted states of this call: keys/values of every expanded node's output, appended per
     // depth. node_state[s][c] = its row (candidate c of sequence s); root_state[s] for h_P.
@@ -311,8 +304,8 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
       }
       auto h = module_->Output(query.residual.view({M, F, -1}), attn);  // [M, F, d]
       auto raw_logits = module_->Logits(h).to(torch::kFloat);           // [M, F, V]
-      auto logits = raw_logits * inv_temp_t;
-      auto logprobs = torch::log_softmax(logits, -1);
+      // Tree ranking (greedy requests; sampled ones draw from raw_logits below).
+      auto logprobs = torch::log_softmax(raw_logits / options_.rank_temperature, -1);
       // Sampled chains draw from the unscaled logits of their one frontier row (row s * F).
       std::vector<int64_t> sampled_rows;
       for (int64_t s = 0; s < M; ++s) {
