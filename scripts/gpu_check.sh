@@ -139,6 +139,19 @@ step bench_bf16 120 $b bench --model $m/pyllama-6m --device $device --dtype bflo
   --batch-sizes 1,16,64 --draft-lens 4,adaptive --max-new-tokens 64 --repeats 2 --min-requests 8 \
   --json "$r/bench-gpu-bf16.json" > "$r/bench_bf16.txt" 2>&1
 tail -45 "$r/bench_bf16.txt"
+# The adaptive budget's floor (issue 14) on the GPU in runs long enough to read (the runs above
+# last 0.3-0.5 s at batches 16 and 64): 128 requests per run at batches 16 and 64, 16 at batch 1,
+# three repeats in a rotated order.
+step bench_adaptive_b16_b64 150 $b bench --model $m/pyllama-6m --device $device --dtype bfloat16 \
+  --drafter ngram,draft-model,specformer,beagle,parallelspec,specdec "${drafter_flags[@]}" \
+  --batch-sizes 16,64 --draft-lens adaptive --max-new-tokens 64 --repeats 3 --min-requests 128 \
+  --json "$r/bench-gpu-adaptive-b16-b64.json" > "$r/bench_adaptive_b16_b64.txt" 2>&1
+tail -16 "$r/bench_adaptive_b16_b64.txt"
+step bench_adaptive_b1 130 $b bench --model $m/pyllama-6m --device $device --dtype bfloat16 \
+  --drafter ngram,draft-model,specformer,beagle,parallelspec,specdec "${drafter_flags[@]}" \
+  --batch-sizes 1 --draft-lens adaptive --max-new-tokens 64 --repeats 3 --min-requests 16 \
+  --json "$r/bench-gpu-adaptive-b1.json" > "$r/bench_adaptive_b1.txt" 2>&1
+tail -9 "$r/bench_adaptive_b1.txt"
 for temp in 0 0.8; do
   for place in host tensors; do
     step "bench_place_${place}_t$temp" 45 $b bench --model $m/pyllama-6m --device $device \
