@@ -144,9 +144,9 @@ tail -45 "$r/bench_bf16.txt"
 # three repeats in a rotated order.
 step bench_adaptive_b16_b64 150 $b bench --model $m/pyllama-6m --device $device --dtype bfloat16 \
   --drafter ngram,draft-model,specformer,beagle,parallelspec,specdec "${drafter_flags[@]}" \
-  --batch-sizes 16,64 --draft-lens adaptive --max-new-tokens 64 --repeats 3 --min-requests 128 \
+  --batch-sizes 16,64 --draft-lens adaptive --max-new-tokens 64 --repeats 3 --min-requests 128 --count-ops \
   --json "$r/bench-gpu-adaptive-b16-b64.json" > "$r/bench_adaptive_b16_b64.txt" 2>&1
-tail -16 "$r/bench_adaptive_b16_b64.txt"
+tail -30 "$r/bench_adaptive_b16_b64.txt"
 step bench_adaptive_b1 130 $b bench --model $m/pyllama-6m --device $device --dtype bfloat16 \
   --drafter ngram,draft-model,specformer,beagle,parallelspec,specdec "${drafter_flags[@]}" \
   --batch-sizes 1 --draft-lens adaptive --max-new-tokens 64 --repeats 3 --min-requests 16 \

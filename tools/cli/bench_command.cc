@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -27,6 +28,7 @@
 #include "tools/cli/bench_prompts.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/model_flags.h"
+#include "tools/cli/op_counter.h"
 #include "tools/cli/spec_flags.h"
 #include "tools/cli/target_log_probs.h"
 
@@ -51,6 +53,7 @@ struct BenchFlags {
   double temperature = 0;
   int64_t seed = 1;
   std::string json;
+  bool count_ops = false;
 };
 
 struct Setting {
@@ -139,6 +142,8 @@ struct RunResult {
   int64_t engine_steps = 0;  // target forwards (each serves the whole batch)
   int64_t budget_nodes = 0;  // adaptive: nodes the policy gave, over sequence-steps
   int64_t budgeted_sequence_steps = 0;
+  int64_t ops = 0;  // --count-ops: LibTorch ops dispatched on the engine's thread
+  std::map<std::string, int64_t> ops_by_name;
   std::optional<Quality> quality;  // lossy settings (and the baseline, for its log-probability)
   double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0; }
   // Tokens per verification step (accepted drafts + the target's own token).
@@ -163,9 +168,12 @@ double Min(const std::vector<double>& v) {
 // Runs `requests` in consecutive waves of `batch_size` concurrent requests.
 StatusOr<RunResult> RunOnce(SpecEngine& engine, const std::vector<SpecRequest>& requests,
                             size_t batch_size, const std::vector<std::vector<int32_t>>* baseline,
-                            std::vector<std::vector<int32_t>>* outputs, BudgetPlanner* planner) {
+                            std::vector<std::vector<int32_t>>* outputs, BudgetPlanner* planner,
+                            bool count_ops = false) {
   RunResult r;
   outputs->clear();
+  std::optional<OpCounter> counter;  // GenerateAll steps the engine on this thread
+  if (count_ops) counter.emplace();
   for (size_t start = 0; start < requests.size(); start += batch_size) {
     const std::vector<SpecRequest> wave(
         requests.begin() + start, requests.begin() + std::min(requests.size(), start + batch_size));
@@ -190,6 +198,10 @@ StatusOr<RunResult> RunOnce(SpecEngine& engine, const std::vector<SpecRequest>& 
       if (baseline && (*baseline)[i] != x.result.tokens) ++r.mismatches;
       outputs->push_back(x.result.tokens);
     }
+  }
+  if (counter) {
+    r.ops = counter->count();
+    r.ops_by_name = counter->by_name();
   }
   return r;
 }
@@ -308,8 +320,9 @@ Status Run(const BenchFlags& f) {
       for (size_t s : order) {
         ASSIGN_OR_RETURN(std::vector<SpecRequest> requests, requests_for(s));
         std::vector<std::vector<int32_t>> outputs;
-        ASSIGN_OR_RETURN(RunResult run, RunOnce(engine, requests, static_cast<size_t>(bs),
-                                                &reference, &outputs, planners[s].get()));
+        ASSIGN_OR_RETURN(RunResult run,
+                         RunOnce(engine, requests, static_cast<size_t>(bs), &reference, &outputs,
+                                 planners[s].get(), f.count_ops));
         // Quality is measured outside the timed run, with the engine idle.
         if (any_lossy && (s == 0 || requests[0].speculation.verify.lossy())) {
           std::vector<std::vector<int32_t>> request_prompts;
@@ -397,12 +410,38 @@ Status Run(const BenchFlags& f) {
         if (lim > 0) fractions.push_back(speedups[rep] / lim);
       }
       const double state_mb = peak_state / (1024.0 * 1024.0);
+      // --count-ops: LibTorch ops per engine step (each step serves the whole batch), over all
+      // repeats; on a GPU each is a kernel launch or host work of a few microseconds.
+      nlohmann::json ops_json = nullptr;
+      std::string ops_line;
+      if (f.count_ops) {
+        int64_t ops = 0, steps = 0;
+        std::map<std::string, int64_t> by_name;
+        for (const RunResult& r : runs[s]) {
+          ops += r.ops;
+          steps += r.engine_steps;
+          for (const auto& [name, n] : r.ops_by_name) by_name[name] += n;
+        }
+        const double per_step = steps ? static_cast<double>(ops) / steps : 0;
+        std::vector<std::pair<int64_t, std::string>> top;
+        for (const auto& [name, n] : by_name) top.push_back({n, name});
+        std::sort(top.rbegin(), top.rend());
+        nlohmann::json names = nlohmann::json::object();
+        ops_line = StrCat("ops/step ", static_cast<int64_t>(std::lround(per_step)), ":");
+        for (size_t i = 0; i < top.size(); ++i) {
+          const double n = steps ? static_cast<double>(top[i].first) / steps : 0;
+          names[top[i].second] = n;
+          if (i < 8) ops_line += StrCat(" ", top[i].second, " ", std::lround(n * 10) / 10.0);
+        }
+        ops_json = {{"per_engine_step", per_step}, {"by_name_per_engine_step", names}};
+      }
       nlohmann::json results_quality = nullptr;
       std::printf(
           "%-6lld %-18s %10.1f %10.1f %8.2fx %8.2fx %6.2f %6.2f %6.1f %6.1f%% %6.1f%% %8.2f %lld\n",
           static_cast<long long>(bs), settings[s].label().c_str(), Median(tps), Min(tps),
           Median(speedups), Min(speedups), a, kappa, k, 100 * Median(draft_share),
           100 * Median(verify_share), state_mb, static_cast<long long>(mismatches));
+      if (!ops_line.empty()) std::printf("%-6s   %s\n", "", ops_line.c_str());
       if (!log_prob.empty()) {
         auto mean = [](const std::vector<double>& v) {
           double total = 0;
@@ -453,6 +492,7 @@ Status Run(const BenchFlags& f) {
            {"draft_share_median", Median(draft_share)},
            {"verify_share_median", Median(verify_share)},
            {"output_mismatches", mismatches},
+           {"ops", ops_json},
            {"repeats", reps}});
     }
     std::fflush(stdout);
@@ -510,6 +550,9 @@ int RunBench(const std::vector<std::string>& args) {
   flags.AddDouble("temperature", &f.temperature, "0 = greedy");
   flags.AddInt("seed", &f.seed, "sampling seed of request 0 (request i uses seed + i)");
   flags.AddString("json", &f.json, "write every run and the summary here");
+  flags.AddBool("count-ops", &f.count_ops,
+                "count the LibTorch ops each engine step dispatches (what bounds a small model's "
+                "step on a GPU: each is a launch); slows every setting alike");
   return RunCommand(flags, args, [&] { return Run(f); });
 }
 

@@ -14,10 +14,10 @@
 #include "common/util/mapped_file.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/model_flags.h"
+#include "tools/cli/op_counter.h"
 #include "tools/cli/spec_flags.h"
 
 #include <ATen/ATen.h>
-#include <ATen/record_function.h>
 
 namespace specula::cli {
 namespace {
@@ -38,30 +38,6 @@ struct BenchFlags {
   bool list_ops = false;
 };
 
-// Dispatched LibTorch ops (every aten:: call, nested ones included) while a counter is installed:
-// the per-op overhead that bounds a small model's forward on CPU.
-int64_t g_op_count = 0;
-bool g_list_ops = false;
-
-class OpCounter {
- public:
-  OpCounter() {
-    g_op_count = 0;
-    handle_ = at::addThreadLocalCallback(
-        at::RecordFunctionCallback([](const at::RecordFunction& fn)
-                                       -> std::unique_ptr<at::ObserverContext> {
-          ++g_op_count;
-          if (g_list_ops) std::fprintf(stderr, "op %s\n", fn.name());
-          return nullptr;
-        }).scopes({at::RecordScope::FUNCTION}));
-  }
-  ~OpCounter() { at::removeCallback(handle_); }
-  int64_t count() const { return g_op_count; }
-
- private:
-  at::CallbackHandle handle_;
-};
-
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -80,12 +56,13 @@ struct Timing {
 // Calls `call` repeats + 1 times (the first warms up and counts ops); min and median of the rest,
 // each up to the end of the work it queued on the runner's device.
 template <typename Call>
-StatusOr<Timing> TimeCalls(const ModelRunner& runner, int64_t repeats, const Call& call) {
+StatusOr<Timing> TimeCalls(const ModelRunner& runner, int64_t repeats, bool list_ops,
+                           const Call& call) {
   std::vector<double> ms;
   Timing t;
   for (int64_t r = 0; r <= repeats; ++r) {
     std::optional<OpCounter> counter;
-    if (r == 0) counter.emplace();
+    if (r == 0) counter.emplace(list_ops);
     const auto t0 = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(call());
     runner.Synchronize();
@@ -140,13 +117,14 @@ Status RunDrafters(const BenchFlags& f, ModelRunner& runner, std::mt19937& rng,
         // The target's step these calls are measured against: one token per sequence.
         ForwardBatch step;
         for (SeqId s : seqs) step.seqs.push_back({.seq = s, .tokens = {token(rng)}});
-        ASSIGN_OR_RETURN(Timing target_step, TimeCalls(runner, f.repeats, [&]() -> Status {
+        ASSIGN_OR_RETURN(Timing target_step,
+                         TimeCalls(runner, f.repeats, f.list_ops, [&]() -> Status {
                            RETURN_IF_ERROR(runner.Forward(step).status());
                            for (SeqId s : seqs) RETURN_IF_ERROR(runner.Truncate(s, context));
                            return OkStatus();
                          }));
         // One committed token per sequence per call (its hidden state: the last prefill row's).
-        ASSIGN_OR_RETURN(Timing observe, TimeCalls(runner, f.repeats, [&]() -> Status {
+        ASSIGN_OR_RETURN(Timing observe, TimeCalls(runner, f.repeats, f.list_ops, [&]() -> Status {
                            std::vector<DrafterObservation> next(B);
                            for (int64_t b = 0; b < B; ++b) {
                              next[b] = {.seq = seqs[b], .tokens = {token(rng)}};
@@ -163,7 +141,8 @@ Status RunDrafters(const BenchFlags& f, ModelRunner& runner, std::mt19937& rng,
                                 .max_nodes = static_cast<int32_t>(depth),
                                 .max_depth = static_cast<int32_t>(depth)});
           }
-          ASSIGN_OR_RETURN(Timing propose, TimeCalls(runner, f.repeats, [&]() -> Status {
+          ASSIGN_OR_RETURN(Timing propose,
+                           TimeCalls(runner, f.repeats, f.list_ops, [&]() -> Status {
                              return drafter->Propose(requests).status();
                            }));
           const double vs_step =
@@ -197,7 +176,6 @@ Status RunDrafters(const BenchFlags& f, ModelRunner& runner, std::mt19937& rng,
 Status Run(const BenchFlags& f) {
   if (f.repeats <= 0) return InvalidArgumentError("--repeats must be positive");
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, f.model.Load());
-  g_list_ops = f.list_ops;
   const ModelConfig& config = runner->config();
   std::mt19937 rng(static_cast<uint32_t>(f.seed));
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size - 1));
@@ -234,7 +212,7 @@ Status Run(const BenchFlags& f) {
         int64_t ops = 0;
         for (int64_t r = 0; r <= f.repeats; ++r) {  // r == 0 warms up and counts ops
           std::optional<OpCounter> counter;
-          if (r == 0) counter.emplace();
+          if (r == 0) counter.emplace(f.list_ops);
           auto t0 = std::chrono::steady_clock::now();
           ASSIGN_OR_RETURN(ForwardOutput out, runner->Forward(step));
           at::Tensor host = out.logits.to(at::kCPU);  // includes the device sync a verifier pays
