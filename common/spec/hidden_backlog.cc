@@ -9,6 +9,7 @@ namespace specula {
 
 bool HiddenBacklog::UseBuffers(const std::vector<at::Tensor>& layers) const {
   // The path is chosen by the first append after a Take, so rows stay in order.
+  TORCH_CHECK(store_ == nullptr, "HiddenBacklog: rows appended to slots");
   if (rows_ > 0) return chunks_.empty();
   for (const at::Tensor& t : layers) {
     if (!t.device().is_cpu() || t.dim() != 2 || !t.is_contiguous()) return false;
@@ -39,6 +40,7 @@ void HiddenBacklog::AppendRange(const std::vector<at::Tensor>& layers, int64_t r
     for (const at::Tensor& t : layers) chunk.push_back(t.slice(0, row0, row_end).clone());
     chunks_.push_back(std::move(chunk));
     rows_ += n;
+    if (chunks_.size() >= kMaxChunks) Compact();
     return;
   }
   Reserve(layers, rows_ + n);
@@ -60,6 +62,7 @@ void HiddenBacklog::AppendRows(const std::vector<at::Tensor>& layers,
     for (const at::Tensor& t : layers) chunk.push_back(t.index_select(0, index));
     chunks_.push_back(std::move(chunk));
     rows_ += n;
+    if (chunks_.size() >= kMaxChunks) Compact();
     return;
   }
   Reserve(layers, rows_ + n);
@@ -75,16 +78,14 @@ void HiddenBacklog::AppendRows(const std::vector<at::Tensor>& layers,
   rows_ += n;
 }
 
-void HiddenBacklog::AppendGathered(std::vector<at::Tensor> rows) {
-  if (rows.empty() || rows[0].size(0) == 0) return;
-  const int64_t n = rows[0].size(0);
-  if (UseBuffers(rows)) {
-    AppendRange(rows, 0, n);
-    return;
-  }
-  chunks_.push_back(std::move(rows));
-  rows_ += n;
-  if (chunks_.size() >= kMaxChunks) Compact();
+void HiddenBacklog::AppendSlots(HiddenRowStore* store, const std::vector<int64_t>& layer_ids,
+                                const std::vector<int64_t>& slots) {
+  if (slots.empty()) return;
+  TORCH_CHECK(rows_ == 0 || store_ == store, "HiddenBacklog: slots appended to other rows");
+  store_ = store;
+  store_layers_ = layer_ids;
+  slots_.insert(slots_.end(), slots.begin(), slots.end());
+  rows_ += static_cast<int64_t>(slots.size());
 }
 
 void HiddenBacklog::Compact() {
@@ -98,28 +99,16 @@ void HiddenBacklog::Compact() {
   chunks_.push_back(std::move(joined));
 }
 
-std::vector<std::vector<at::Tensor>> GatherStepRows(
-    const std::vector<at::Tensor>& layers, const std::vector<std::vector<int64_t>>& rows_per_seq) {
-  std::vector<int64_t> all;
-  for (const auto& rows : rows_per_seq) all.insert(all.end(), rows.begin(), rows.end());
-  std::vector<std::vector<at::Tensor>> out(rows_per_seq.size());
-  if (layers.empty() || all.empty()) return out;
-  const at::Tensor index =
-      at::tensor(all, at::TensorOptions().dtype(at::kLong)).to(layers[0].device());
-  std::vector<at::Tensor> gathered;
-  for (const at::Tensor& t : layers) gathered.push_back(t.index_select(0, index));
-  int64_t offset = 0;
-  for (size_t i = 0; i < rows_per_seq.size(); ++i) {
-    const int64_t n = static_cast<int64_t>(rows_per_seq[i].size());
-    for (const at::Tensor& g : gathered) out[i].push_back(g.narrow(0, offset, n));
-    offset += n;
-  }
-  return out;
-}
-
 std::vector<at::Tensor> HiddenBacklog::Take() {
   std::vector<at::Tensor> out;
-  if (rows_ > 0 && chunks_.empty()) {
+  if (store_) {
+    try {
+      out = store_->Get(store_layers_, slots_);
+    } catch (...) {
+      Clear();  // the rows are lost either way: free their slots
+      throw;
+    }
+  } else if (rows_ > 0 && chunks_.empty()) {
     for (at::Tensor& buf : buffers_) out.push_back(buf.narrow(0, 0, rows_));
   } else if (!chunks_.empty()) {
     if (chunks_.size() > 1) Compact();
@@ -130,6 +119,10 @@ std::vector<at::Tensor> HiddenBacklog::Take() {
 }
 
 void HiddenBacklog::Clear() {
+  if (store_) store_->Free(slots_);
+  store_ = nullptr;
+  store_layers_.clear();
+  slots_.clear();
   rows_ = 0;
   buffers_.clear();
   chunks_.clear();

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "common/spec/hidden_backlog.h"
+#include "common/spec/hidden_row_store.h"
 #include "common/spec/tensor_verifier.h"
 
 namespace specula {
@@ -157,6 +158,7 @@ StatusOr<VerifyPlacement> ParseVerifyPlacement(const std::string& name) {
 SpecEngine::SpecEngine(ModelRunner* target, SpecEngineOptions options)
     : target_(target),
       options_(options),
+      hidden_store_(std::make_unique<HiddenRowStore>()),
       capacity_({.max_batch_size = options.max_batch_size,
                  .kv_cache_blocks = target->kv_stats().num_blocks,
                  .kv_block_size = target->kv_stats().block_size,
@@ -317,8 +319,9 @@ struct SpecEngine::ForwardGroup {
   // Per member: its tree verified on the logits tensor (VerifyPlacement), or empty when the host
   // verifier runs (prefill chunks, lossy rules, host placement).
   std::vector<std::optional<StatusOr<VerifyResult>>> verified;
-  // Decode members whose drafter reads device hidden states, and the step rows each keeps:
-  // gathered for all of them at once after the commits (FlushHiddenRows).
+  // Members whose drafter reads hidden states kept in the store (StoresHiddenRows), and the step
+  // rows each keeps (a prompt chunk's, an accepted path's): stored for all of them at once after
+  // the commits (FlushHiddenRows).
   std::vector<RequestId> hidden_owners;
   std::vector<std::vector<int64_t>> hidden_rows;
 };
@@ -790,31 +793,39 @@ void SpecEngine::CommitGroup(ForwardGroup& group, StepReport* report) {
   FlushCommits(group, report);
 }
 
+bool SpecEngine::StoresHiddenRows(const ForwardGroup& group) const {
+  return !group.out.hidden.empty() &&
+         (!group.out.hidden[0].device().is_cpu() || options_.hidden_row_store_on_cpu);
+}
+
 void SpecEngine::FlushHiddenRows(ForwardGroup& group) {
   if (group.hidden_owners.empty()) return;
-  std::vector<std::vector<at::Tensor>> rows;
-  const Status gathered = Guarded("hidden-state capture", [&] {
-    rows = GatherStepRows(group.out.hidden, group.hidden_rows);
+  std::vector<int64_t> all;
+  for (const auto& rows : group.hidden_rows) all.insert(all.end(), rows.begin(), rows.end());
+  std::vector<int64_t> slots;
+  const Status stored = Guarded("hidden-state capture", [&] {
+    slots = hidden_store_->Put(group.batch.hidden_layers, group.out.hidden, all);
     return OkStatus();
   });
-  const std::vector<int64_t>& have = group.batch.hidden_layers;
+  size_t offset = 0;
   for (size_t i = 0; i < group.hidden_owners.size(); ++i) {
+    const size_t n = group.hidden_rows[i].size();
+    std::vector<int64_t> mine;
+    if (stored.ok()) mine.assign(slots.begin() + offset, slots.begin() + offset + n);
+    offset += n;
     auto it = sequences_.find(group.hidden_owners[i]);
-    if (it == sequences_.end() || !it->second->drafter) continue;  // finished since its commit
+    if (it == sequences_.end() || !it->second->drafter) {  // finished since its commit
+      hidden_store_->Free(mine);
+      continue;
+    }
     Sequence& s = *it->second;
-    // Joining a long backlog (AppendGathered) allocates on the device and can throw as well.
-    const Status kept = !gathered.ok() ? gathered : Guarded("hidden-state capture", [&] {
-      std::vector<at::Tensor> mine;  // the layers its drafter reads, in the drafter's order
-      for (int64_t l : s.drafter->hidden_layers()) {
-        mine.push_back(rows[i][std::lower_bound(have.begin(), have.end(), l) - have.begin()]);
-      }
-      s.unobserved_hidden.AppendGathered(std::move(mine));
-      return OkStatus();
-    });
-    if (kept.ok()) continue;
+    if (stored.ok()) {
+      s.unobserved_hidden.AppendSlots(hidden_store_.get(), s.drafter->hidden_layers(), mine);
+      continue;
+    }
     // Its drafter would miss these rows: the request goes on without speculation.
     ++s.stats.draft_errors;
-    s.stats.last_draft_error = kept.ToString();
+    s.stats.last_draft_error = stored.ToString();
     Detach(s);
   }
 }
@@ -884,8 +895,14 @@ bool SpecEngine::CommitPrefillChunk(ForwardGroup& group, size_t b, const float* 
   const int64_t row0 = out.token_offset[b], row_end = out.token_offset[b + 1];
   if (s.drafter && !s.drafter->hidden_layers().empty()) {
     // This chunk's rows, kept until the drafter observes the whole prompt.
-    s.unobserved_hidden.AppendRange(DrafterLayers(group.batch, group.out, *s.drafter), row0,
-                                    row_end);
+    if (StoresHiddenRows(group)) {  // with every other member's rows, after the commits
+      group.hidden_owners.push_back(s.id);
+      group.hidden_rows.emplace_back();
+      for (int64_t r = row0; r < row_end; ++r) group.hidden_rows.back().push_back(r);
+    } else {
+      s.unobserved_hidden.AppendRange(DrafterLayers(group.batch, group.out, *s.drafter), row0,
+                                      row_end);
+    }
   }
   s.prompt_done += row_end - row0;
   const GenerationRequest& g = s.request.generation;
@@ -967,12 +984,12 @@ void SpecEngine::QueueObservation(ForwardGroup& group, size_t b, bool was_prefil
     const std::vector<int32_t>& prompt = s.request.generation.prompt;
     s.unobserved_tokens.insert(s.unobserved_tokens.end(), prompt.begin(), prompt.end());
   } else if (!s.drafter->hidden_layers().empty()) {
-    if (group.out.hidden.empty() || group.out.hidden[0].device().is_cpu()) {
-      s.unobserved_hidden.AppendRows(DrafterLayers(group.batch, group.out, *s.drafter),
-                                     hidden_rows);
-    } else {  // on a device: one gather for the whole group after the commits
+    if (StoresHiddenRows(group)) {  // one store for the whole group after the commits
       group.hidden_owners.push_back(s.id);
       group.hidden_rows.push_back(hidden_rows);
+    } else {
+      s.unobserved_hidden.AppendRows(DrafterLayers(group.batch, group.out, *s.drafter),
+                                     hidden_rows);
     }
   }
   s.unobserved_tokens.insert(s.unobserved_tokens.end(), emitted.begin(), emitted.end());

@@ -27,6 +27,8 @@
 
 namespace specula {
 
+class HiddenRowStore;
+
 // Where lossless verification runs (tensor_verifier.h). kAuto: on the logits tensor when it is on
 // an accelerator (greedy copies back one int32 per row, sampling runs as tensor ops), on the host
 // when the logits are already there (per-node loops over host rows are cheaper than dozens of
@@ -49,6 +51,11 @@ struct SpecEngineOptions {
   // deferred states are memory, and catching up would cost what not drafting saved).
   int64_t max_deferred_observation = 256;
   VerifyPlacement verify_placement = VerifyPlacement::kAuto;
+  // Where the hidden-state rows that drafters have not observed yet wait: false = per-sequence
+  // host buffers when the target runs on the CPU (memcpy per sequence, the cheapest there), the
+  // shared HiddenRowStore elsewhere (a few ops per step whatever the batch); true = the store on
+  // the CPU as well (tests run a device's path with it).
+  bool hidden_row_store_on_cpu = false;
 };
 
 class SpecEngine {
@@ -120,9 +127,11 @@ class SpecEngine {
   // The KV commit of every accepted path of the group in one CommitPaths; on failure, one by one
   // so that only the failing sequences end.
   void FlushCommits(ForwardGroup& group, StepReport* report);
-  // The hidden-state rows the group's members keep for their drafters, when the hidden states are
-  // on a device: one gather per layer for the whole group (hidden_backlog.h). A member whose rows
-  // cannot be kept goes on without speculation.
+  // Whether the group's hidden-state rows go to the shared store (else per-sequence buffers).
+  bool StoresHiddenRows(const ForwardGroup& group) const;
+  // The hidden-state rows the group's members keep for their drafters, when they go to the
+  // store: one upload and two ops per layer for the whole group (hidden_row_store.h). A member
+  // whose rows cannot be kept goes on without speculation.
   void FlushHiddenRows(ForwardGroup& group);
   // Per member of a forward: a prefill chunk or a verified tree, then stops, then what its drafter
   // will observe. `rows`: the member's logits rows on the host (null when verified on the tensor).
@@ -155,6 +164,8 @@ class SpecEngine {
   ModelRunner* target_;
   SpecEngineOptions options_;
   std::map<std::string, std::unique_ptr<Drafter>> drafters_;
+  // Declared before sequences_: their backlogs free their slots into it when destroyed.
+  std::unique_ptr<HiddenRowStore> hidden_store_;
   std::map<RequestId, std::unique_ptr<Sequence>> sequences_;  // waiting and running
   CapacityScheduler capacity_;  // the waiting queue (FIFO), the running batch, their KV blocks
   std::vector<RequestId> cancelled_;

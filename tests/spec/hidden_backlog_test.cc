@@ -1,4 +1,5 @@
 #include "common/spec/hidden_backlog.h"
+#include "common/spec/hidden_row_store.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -70,20 +71,8 @@ TEST(HiddenBacklogTest, NonContiguousStepsTakeTheGeneralPathWithTheSameResult) {
   EXPECT_EQ(RowIds(backlog.Take())[1], (std::vector<float>{100, 101, 127}));
 }
 
-TEST(GatherStepRowsTest, EachSequenceGetsItsRowsInOrderFromOneGatherPerLayer) {
-  const std::vector<at::Tensor> layers = StepLayers(12, 4);
-  const auto rows = GatherStepRows(layers, {{3, 1}, {}, {11, 0, 5}});
-  ASSERT_EQ(rows.size(), 3u);
-  EXPECT_EQ(RowIds(rows[0]), (std::vector<std::vector<float>>{{3, 1}, {103, 101}}));
-  EXPECT_EQ(rows[1][0].size(0), 0);
-  EXPECT_EQ(RowIds(rows[2]), (std::vector<std::vector<float>>{{11, 0, 5}, {111, 100, 105}}));
-  // Views of one gather per layer, not copies per sequence.
-  EXPECT_EQ(rows[0][0].storage().data(), rows[2][0].storage().data());
-  EXPECT_TRUE(GatherStepRows(layers, {{}, {}})[0].empty());
-}
-
-TEST(HiddenBacklogTest, GatheredViewsAreKeptAndCompactedInOrder) {
-  // The device path on CPU tensors: non-contiguous gathers are kept as they are (no buffer).
+TEST(HiddenBacklogTest, StridedChunksAreKeptAndCompactedInOrder) {
+  // Rows the buffers cannot take (strided tensors): kept as chunks, joined every kMaxChunks.
   HiddenBacklog backlog;
   std::vector<float> want;
   const int steps = static_cast<int>(HiddenBacklog::kMaxChunks) + 7;
@@ -91,21 +80,77 @@ TEST(HiddenBacklogTest, GatheredViewsAreKeptAndCompactedInOrder) {
     std::vector<at::Tensor> strided;
     for (const at::Tensor& t : StepLayers(3, 5, 10 * step))
       strided.push_back(t.t().contiguous().t());
-    const auto rows = GatherStepRows(strided, {{0}, {2, 1}});
-    std::vector<at::Tensor> mine;
-    for (const at::Tensor& r : rows[1]) mine.push_back(r.t().contiguous().t());  // keep it strided
-    backlog.AppendGathered(std::move(mine));
+    backlog.AppendRows(strided, {2, 1});
     want.push_back(10 * step + 2);
     want.push_back(10 * step + 1);
     EXPECT_LT(backlog.chunks(), HiddenBacklog::kMaxChunks) << "step " << step;
   }
   EXPECT_EQ(backlog.rows(), 2 * steps);
   EXPECT_EQ(RowIds(backlog.Take())[0], want);
-  // Contiguous CPU rows are copied into the buffers instead.
-  backlog.AppendGathered(GatherStepRows(StepLayers(4, 8), {{3, 2}})[0]);
-  backlog.AppendGathered(GatherStepRows(StepLayers(4, 8, 40), {{0}})[0]);
-  EXPECT_EQ(backlog.chunks(), 1u);
-  EXPECT_EQ(RowIds(backlog.Take())[1], (std::vector<float>{103, 102, 140}));
+}
+
+TEST(HiddenRowStoreTest, StepsOfManySequencesGoInAndComeBackInOrder) {
+  HiddenRowStore store;
+  HiddenBacklog a, b;
+  const std::vector<int64_t> ids = {2, 5};  // model layers of the step's two tensors
+  std::vector<float> want_a, want_b;
+  // Enough steps to grow the store several times (it starts at 64 rows).
+  for (int step = 0; step < 60; ++step) {
+    const std::vector<at::Tensor> layers = StepLayers(6, 4, 10 * step);
+    // Sequence a keeps rows 0 and 3, b keeps row 5 (in a step's packed order: a, then b).
+    const std::vector<int64_t> slots = store.Put(ids, layers, {0, 3, 5});
+    ASSERT_EQ(slots.size(), 3u);
+    a.AppendSlots(&store, ids, {slots[0], slots[1]});
+    b.AppendSlots(&store, {5}, {slots[2]});  // b's drafter reads layer 5 only
+    want_a.insert(want_a.end(), {10.0f * step, 10.0f * step + 3});
+    want_b.push_back(100 + 10.0f * step + 5);
+    if (step == 29) {  // a catches up midway: its slots are reused by later steps
+      EXPECT_EQ(RowIds(a.Take()), (std::vector<std::vector<float>>{want_a, [&] {
+                                                                     std::vector<float> v;
+                                                                     for (float x : want_a)
+                                                                       v.push_back(x + 100);
+                                                                     return v;
+                                                                   }()}));
+      want_a.clear();
+      EXPECT_EQ(store.held(), 30);
+    }
+  }
+  EXPECT_GE(store.capacity(), 120);
+  EXPECT_EQ(a.rows(), 60);
+  EXPECT_EQ(RowIds(a.Take())[0], want_a);
+  EXPECT_EQ(RowIds(b.Take()), (std::vector<std::vector<float>>{want_b}));
+  // Nothing held: the storage is given back.
+  EXPECT_EQ(store.held(), 0);
+  EXPECT_EQ(store.capacity(), 0);
+}
+
+TEST(HiddenRowStoreTest, ClearedAndDestroyedBacklogsFreeTheirSlots) {
+  HiddenRowStore store;
+  {
+    HiddenBacklog kept, cleared;
+    const std::vector<int64_t> slots = store.Put({0}, {StepLayers(4, 3)[0]}, {0, 1, 2});
+    kept.AppendSlots(&store, {0}, {slots[0], slots[1]});
+    cleared.AppendSlots(&store, {0}, {slots[2]});
+    cleared.Clear();
+    EXPECT_EQ(cleared.rows(), 0);
+    EXPECT_EQ(store.held(), 2);
+  }
+  EXPECT_EQ(store.held(), 0);
+}
+
+TEST(HiddenRowStoreTest, ABadPutKeepsNothing) {
+  HiddenRowStore store;
+  const std::vector<at::Tensor> layers = StepLayers(4, 3);
+  EXPECT_THROW(store.Put({0, 1}, layers, {0, 9}), c10::Error);  // row 9 of a 4-row step
+  EXPECT_EQ(store.held(), 0);
+  EXPECT_THROW(store.Put({0}, layers, {0}), c10::Error);  // two tensors for one layer id
+  const std::vector<int64_t> ok = store.Put({0}, {layers[0]}, {1});
+  EXPECT_EQ(store.held(), 1);
+  // A layer whose width changes is refused, and the slots of that call are free again.
+  EXPECT_THROW(store.Put({0}, {StepLayers(4, 7)[0]}, {1}), c10::Error);
+  EXPECT_EQ(store.held(), 1);
+  EXPECT_EQ(store.Get({0}, ok)[0][0][0].item<float>(), 1.0f);
+  EXPECT_THROW(store.Get({3}, ok), c10::Error);  // a layer never stored
 }
 
 TEST(HiddenBacklogTest, ClearDropsEverything) {

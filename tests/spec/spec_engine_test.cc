@@ -857,19 +857,23 @@ TEST_F(SpecEngineTest, RejectsBadRequestsNamingTheField) {
 TEST_F(SpecEngineTest, DraftersObserveTheTargetsHiddenStatesOfCommittedPositions) {
   // Also with chunked prefill (a step budget of 1 or 7 tokens): the drafter sees the same prompt
   // rows as after a one-shot prefill, and the final layer's states (hence the logits) match.
-  for (int64_t max_step_tokens : {kDefaultMaxStepTokens, int64_t{7}, int64_t{1}}) {
-    SCOPED_TRACE(max_step_tokens);
-    const auto requests = Prompts(4, 16, 31);
-    const auto plain = Plain(requests);
-    auto drafter = std::make_unique<HiddenRecordingDrafter>();
-    HiddenRecordingDrafter* raw = drafter.get();
-    SpecEngine engine(target_.get(), {.max_step_tokens = max_step_tokens});
-    ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
-    auto results = GenerateAll(engine, WithDrafter(requests, "hidden", 3));
-    ASSERT_TRUE(results.ok()) << results.status();
-    EXPECT_EQ(Tokens(*results), plain);
-    ExpectObservedMatchesTarget(*raw, requests, plain);
-  }
+  // Both ways of keeping the rows: per-sequence buffers (the CPU's) and the shared row store (a
+  // device's).
+  for (const bool store : {false, true})
+    for (int64_t max_step_tokens : {kDefaultMaxStepTokens, int64_t{7}, int64_t{1}}) {
+      SCOPED_TRACE(testing::Message() << "store " << store << ", step tokens " << max_step_tokens);
+      const auto requests = Prompts(4, 16, 31);
+      const auto plain = Plain(requests);
+      auto drafter = std::make_unique<HiddenRecordingDrafter>();
+      HiddenRecordingDrafter* raw = drafter.get();
+      SpecEngine engine(target_.get(),
+                        {.max_step_tokens = max_step_tokens, .hidden_row_store_on_cpu = store});
+      ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+      auto results = GenerateAll(engine, WithDrafter(requests, "hidden", 3));
+      ASSERT_TRUE(results.ok()) << results.status();
+      EXPECT_EQ(Tokens(*results), plain);
+      ExpectObservedMatchesTarget(*raw, requests, plain);
+    }
 }
 
 TEST_F(SpecEngineTest, DeferredObservationCatchesUpBeforeTheNextDraft) {
@@ -877,31 +881,34 @@ TEST_F(SpecEngineTest, DeferredObservationCatchesUpBeforeTheNextDraft) {
   // up on everything at once and sees exactly the target's tokens and hidden states.
   const auto requests = Prompts(3, 20, 41);
   const auto plain = Plain(requests);
-  auto drafter = std::make_unique<HiddenRecordingDrafter>();
-  HiddenRecordingDrafter* raw = drafter.get();
-  SpecEngine engine(target_.get());
-  ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
-  std::vector<RequestId> ids;
-  for (const SpecRequest& r : WithDrafter(requests, "hidden", 3)) {
-    auto id = engine.Submit(r);
-    ASSERT_TRUE(id.ok()) << id.status();
-    ids.push_back(*id);
-  }
-  std::map<RequestId, std::vector<int32_t>> out;
-  int64_t deferred = 0;
-  for (int step = 0; engine.HasWork(); ++step) {
-    for (RequestId id : ids) (void)engine.SetDraftBudget(id, step % 3 == 0 ? 3 : 0);
-    auto report = engine.Step();
-    ASSERT_TRUE(report.ok()) << report.status();
-    for (const RequestUpdate& u : report->updates) {
-      out[u.id].insert(out[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
-      if (!u.finished) deferred = std::max(deferred, u.unobserved_tokens);
-      EXPECT_TRUE(u.error.ok()) << u.error;
+  for (const bool store : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "store " << store);
+    auto drafter = std::make_unique<HiddenRecordingDrafter>();
+    HiddenRecordingDrafter* raw = drafter.get();
+    SpecEngine engine(target_.get(), {.hidden_row_store_on_cpu = store});
+    ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+    std::vector<RequestId> ids;
+    for (const SpecRequest& r : WithDrafter(requests, "hidden", 3)) {
+      auto id = engine.Submit(r);
+      ASSERT_TRUE(id.ok()) << id.status();
+      ids.push_back(*id);
     }
+    std::map<RequestId, std::vector<int32_t>> out;
+    int64_t deferred = 0;
+    for (int step = 0; engine.HasWork(); ++step) {
+      for (RequestId id : ids) (void)engine.SetDraftBudget(id, step % 3 == 0 ? 3 : 0);
+      auto report = engine.Step();
+      ASSERT_TRUE(report.ok()) << report.status();
+      for (const RequestUpdate& u : report->updates) {
+        out[u.id].insert(out[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+        if (!u.finished) deferred = std::max(deferred, u.unobserved_tokens);
+        EXPECT_TRUE(u.error.ok()) << u.error;
+      }
+    }
+    for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(out[ids[i]], plain[i]) << i;
+    EXPECT_GT(deferred, 1) << "some steps must have deferred their observation";
+    ExpectObservedMatchesTarget(*raw, requests, plain);
   }
-  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(out[ids[i]], plain[i]) << i;
-  EXPECT_GT(deferred, 1) << "some steps must have deferred their observation";
-  ExpectObservedMatchesTarget(*raw, requests, plain);
 }
 
 TEST_F(SpecEngineTest, LongDeferredObservationDetachesAHiddenStateDrafter) {
@@ -909,33 +916,38 @@ TEST_F(SpecEngineTest, LongDeferredObservationDetachesAHiddenStateDrafter) {
   // released from the sequence (speculation off for the rest of it); the output is unchanged.
   const auto requests = Prompts(2, 30, 43);
   const auto plain = Plain(requests);
-  auto drafter = std::make_unique<HiddenRecordingDrafter>();
-  HiddenRecordingDrafter* raw = drafter.get();
-  SpecEngine engine(target_.get(), {.max_deferred_observation = 5});
-  ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
-  std::vector<RequestId> ids;
-  for (const SpecRequest& r : WithDrafter(requests, "hidden", 3)) ids.push_back(*engine.Submit(r));
-  std::map<RequestId, std::vector<int32_t>> out;
-  std::map<RequestId, int32_t> room;
-  while (engine.HasWork()) {
-    for (RequestId id : ids) (void)engine.SetDraftBudget(id, 0);
-    auto report = engine.Step();
-    ASSERT_TRUE(report.ok()) << report.status();
-    for (const RequestUpdate& u : report->updates) {
-      out[u.id].insert(out[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
-      EXPECT_LE(u.unobserved_tokens, static_cast<int64_t>(requests[0].prompt.size() +
-                                                          requests[1].prompt.size() + 5 + 2));
-      if (!u.finished) room[u.id] = u.max_draft_nodes;
-      EXPECT_EQ(u.draft_nodes, 0);
+  for (const bool store : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "store " << store);
+    auto drafter = std::make_unique<HiddenRecordingDrafter>();
+    HiddenRecordingDrafter* raw = drafter.get();
+    SpecEngine engine(target_.get(),
+                      {.max_deferred_observation = 5, .hidden_row_store_on_cpu = store});
+    ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+    std::vector<RequestId> ids;
+    for (const SpecRequest& r : WithDrafter(requests, "hidden", 3))
+      ids.push_back(*engine.Submit(r));
+    std::map<RequestId, std::vector<int32_t>> out;
+    std::map<RequestId, int32_t> room;
+    while (engine.HasWork()) {
+      for (RequestId id : ids) (void)engine.SetDraftBudget(id, 0);
+      auto report = engine.Step();
+      ASSERT_TRUE(report.ok()) << report.status();
+      for (const RequestUpdate& u : report->updates) {
+        out[u.id].insert(out[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+        EXPECT_LE(u.unobserved_tokens, static_cast<int64_t>(requests[0].prompt.size() +
+                                                            requests[1].prompt.size() + 5 + 2));
+        if (!u.finished) room[u.id] = u.max_draft_nodes;
+        EXPECT_EQ(u.draft_nodes, 0);
+      }
     }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_EQ(out[ids[i]], plain[i]) << i;
+      EXPECT_EQ(room[ids[i]], 0) << "detached: no draft room left";
+    }
+    // Released at detach time, having observed nothing.
+    ASSERT_EQ(raw->finished_.size(), 2u);
+    for (const auto& seen : raw->finished_) EXPECT_TRUE(seen.tokens.empty());
   }
-  for (size_t i = 0; i < ids.size(); ++i) {
-    EXPECT_EQ(out[ids[i]], plain[i]) << i;
-    EXPECT_EQ(room[ids[i]], 0) << "detached: no draft room left";
-  }
-  // Released at detach time, having observed nothing.
-  ASSERT_EQ(raw->finished_.size(), 2u);
-  for (const auto& seen : raw->finished_) EXPECT_TRUE(seen.tokens.empty());
 }
 
 TEST_F(SpecEngineTest, AdaptiveBudgetsKeepGreedyOutputAndRespectCaps) {
