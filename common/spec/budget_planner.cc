@@ -93,6 +93,8 @@ std::vector<StepPlan::DraftBudget> BudgetPlanner::Plan() {
   base.chunks = {.tokens = prefill,
                  .attention = static_cast<double>(prefill) * static_cast<double>(prefill) / 2};
   base.shape.attention += base.chunks.attention;
+  if (max_step_tokens_ > 0)
+    base.max_nodes = std::max<int64_t>(0, max_step_tokens_ - base.shape.tokens);
   last_ = policy_.Plan(base, candidates);
   std::vector<StepPlan::DraftBudget> budgets;
   for (size_t i = 0; i < candidates.size(); ++i) {

@@ -346,6 +346,7 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     };
     double target_seconds = target_cost_.Predict(shape);
     double drafters_seconds = 0;
+    int64_t nodes = 0;  // allocated so far, against base.max_nodes
     auto total = [&] { return target_seconds + drafters_seconds + other_seconds_; };
     // What a node must beat: the batch's decoding rate, tokens over the step's seconds without
     // its prompt chunks (work the step does anyway: counting it would make any draft look cheap
@@ -414,6 +415,11 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       }
       // Worth it only if it raises the batch's tokens per second.
       if (dy <= 0 || ratio <= rate()) continue;
+      if (base.max_nodes >= 0 && nodes + m > base.max_nodes) {
+        // Past the step's token budget: a smaller first bundle may still fit.
+        if (m > 1 && nodes < base.max_nodes) heap.emplace(ratio, i, m - 1);
+        continue;
+      }
       if (total() + dt > step_limit) {
         // Past the latency bound: a smaller first bundle may still fit.
         if (m > 1) heap.emplace(ratio, i, m - 1);
@@ -430,6 +436,7 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       shape.attention += AttentionRows(c.context, b[i] + m) - AttentionRows(c.context, b[i]);
       tokens += dy;
       b[i] += m;
+      nodes += m;
       g.nodes += m;
       g.depth = std::max(g.depth, b[i]);
       drafters_seconds += drafter_seconds(c.drafter, g) - before;
@@ -459,6 +466,10 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   const std::vector<int32_t> optimum = decision.budgets;
   std::vector<int32_t> explore = optimum;
   double explored = 0;
+  int64_t room_left = base.max_nodes;  // probes stay within the step's token budget too
+  if (room_left >= 0) {
+    for (int32_t x : optimum) room_left -= x;
+  }
   std::vector<int64_t> probed;
   for (size_t i = 0; i < n; ++i) {
     int32_t& idle = idle_plans_[candidates[i].id];
@@ -467,8 +478,10 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       continue;
     }
     if (options_.probe_after <= 0 || ++idle < options_.probe_after) continue;
-    const int32_t probe = std::min(candidates[i].max_nodes, options_.probe_nodes);
+    int32_t probe = std::min(candidates[i].max_nodes, options_.probe_nodes);
+    if (room_left >= 0) probe = static_cast<int32_t>(std::min<int64_t>(probe, room_left));
     if (probe <= 0) continue;
+    if (room_left >= 0) room_left -= probe;
     explore[i] = probe;
     explored += probe;
     probed.push_back(candidates[i].id);
@@ -479,7 +492,7 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     for (size_t i = 0; i < n; ++i) {
       if (explore[i] < candidates[i].max_nodes) room.push_back(i);
     }
-    if (!room.empty()) {
+    if (!room.empty() && room_left != 0) {
       ++explore[room[SplitMix(rng_) % room.size()]];
       explored += 1;
     }

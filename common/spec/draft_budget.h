@@ -195,6 +195,10 @@ struct StepBase {
   int32_t decoding = 0;  // decoding sequences (each yields one token without drafts)
   StepShape shape;
   StepShape chunks;  // the part of `shape` that is prompt chunks
+  // The most draft nodes the step may hold in all (negative: no bound): what the step's token
+  // budget leaves after the decodes and the prompt chunks, so that drafts never displace a prompt
+  // chunk (prefill progresses as without speculation) nor grow the step past its budget.
+  int64_t max_nodes = -1;
 };
 
 struct BudgetDecision {

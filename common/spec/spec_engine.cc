@@ -1036,6 +1036,8 @@ StatusOr<std::vector<SpecGenerationResult>> GenerateAll(SpecEngine& engine,
     if (planner) planner->OnStep(report, SecondsSince(t_step));
     ++st.steps;
     st.peak_drafter_state_bytes = std::max(st.peak_drafter_state_bytes, engine.DrafterStateBytes());
+    st.peak_step_tokens =
+        std::max(st.peak_step_tokens, report.prefill_tokens + report.verify_tokens);
     st.draft_seconds += report.draft_seconds;
     st.verify_seconds += report.verify_seconds;
     for (RequestUpdate& u : report.updates) {

@@ -190,6 +190,8 @@ struct SpecRunStats {
   int64_t budgeted_sequence_steps = 0;
   // The most bytes the engine's drafters held at once (after any step; Drafter::StateBytes).
   int64_t peak_drafter_state_bytes = 0;
+  // The most tokens one step's target forward held (prompt chunks, pending tokens and drafts).
+  int64_t peak_step_tokens = 0;
 };
 
 // Submits every request, steps the engine until all finish, and returns results in request order.

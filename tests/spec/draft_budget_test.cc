@@ -180,6 +180,35 @@ TEST(DraftBudgetPolicyTest, GrowsToTheCapWhenVerificationIsFree) {
   EXPECT_GT(d.predicted_speedup(), 2.0);
 }
 
+TEST(DraftBudgetPolicyTest, DraftsStayWithinTheStepsTokenBudget) {
+  // Verification is free (a GPU's flat forward) and every sequence accepts well, so without a
+  // bound each of 64 sequences would draft to its cap of 8: 576 tokens in a 256-token step, and
+  // prompt chunks waiting behind them would crawl at one token per step.
+  std::mt19937 rng(21);
+  DraftBudgetPolicy policy(
+      {.probe_after = 3, .probe_nodes = 2, .explore_every = 1, .exploration_share = 1.0});
+  Train(policy, Curve{.base = 5e-3, .knee = 1024, .per_token = 1e-6}, 400, rng, 0.01);
+  for (int64_t id = 1; id <= 64; ++id) TrainAcceptance(policy, "ngram", id, 0.8, 30, rng);
+  TrainDrafter(policy, "ngram", 5e-5, 1e-7);
+  const auto candidates = Candidates(64, "ngram", 8, 50);
+  auto sum = [](const BudgetDecision& d) {
+    int64_t n = 0;
+    for (int32_t b : d.budgets) n += b;
+    return n;
+  };
+  EXPECT_GT(sum(policy.Plan(Decoding(64, 50), candidates)), 256);  // unbounded
+  for (int64_t room : {int64_t{0}, int64_t{1}, int64_t{40}, int64_t{192}}) {
+    SCOPED_TRACE(room);
+    StepBase base = Decoding(64, 50);
+    base.max_nodes = room;
+    for (int step = 0; step < 8; ++step) {  // exploration and probes included
+      const auto d = policy.Plan(base, candidates);
+      EXPECT_LE(sum(d), room);
+      if (room >= 40) EXPECT_GE(sum(d), room - 8) << "the room is used";
+    }
+  }
+}
+
 TEST(DraftBudgetPolicyTest, BudgetsFollowEachSequencesAcceptance) {
   std::mt19937 rng(4);
   DraftBudgetPolicy policy(NoExploration());

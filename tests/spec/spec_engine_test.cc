@@ -980,6 +980,30 @@ TEST_F(SpecEngineTest, AdaptiveBudgetsKeepGreedyOutputAndRespectCaps) {
   }
 }
 
+TEST_F(SpecEngineTest, AdaptiveDraftsNeverDisplacePromptChunks) {
+  // A small step budget (16 tokens) and 8 prompts of 30 tokens: the prompts are prefilled over
+  // many steps while the first sequences decode. The policy's drafts fill only what the decodes
+  // and the chunks leave, so no step exceeds the budget and prefill runs as without drafts.
+  const auto requests = Prompts(8, 30, 77);
+  const auto plain = Plain(requests);
+  constexpr int64_t kBudget = 16;
+  SpecEngine engine(target_.get(), {.max_step_tokens = kBudget});
+  ASSERT_TRUE(engine
+                  .AddDrafter(std::make_unique<ScriptedDrafter>("d", ScriptedDrafter::Kind::kOracle,
+                                                                References(requests, plain), 64))
+                  .ok());
+  BudgetPlanner planner(
+      {.probe_after = 2, .probe_nodes = 4, .explore_every = 1, .exploration_share = 1.0}, kBudget);
+  SpecRunStats run;
+  auto results = GenerateAll(engine, WithDrafter(requests, "d", 8), nullptr, &run, &planner);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ(Tokens(*results), plain);
+  EXPECT_LE(run.peak_step_tokens, kBudget);
+  int64_t drafted = 0;
+  for (const auto& r : *results) drafted += r.stats.draft_tokens;
+  EXPECT_GT(drafted, 0) << "drafts fill the room the budget leaves";
+}
+
 TEST_F(SpecEngineTest, ChunkedPrefillGivesTheOneShotLogits) {
   // The target appends a prompt chunk by chunk (no logits until the last chunk) and ends with the
   // logits of a one-shot prefill, within fp32 rounding.
