@@ -477,6 +477,9 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       idle = 0;
       continue;
     }
+    // A step with no room for drafts (prompt chunks fill its token budget) is not a plan that
+    // left the sequence idle: counting it would probe every sequence at once when room opens.
+    if (room_left == 0) continue;
     if (options_.probe_after <= 0 || ++idle < options_.probe_after) continue;
     int32_t probe = std::min(candidates[i].max_nodes, options_.probe_nodes);
     if (room_left >= 0) probe = static_cast<int32_t>(std::min<int64_t>(probe, room_left));

@@ -209,6 +209,29 @@ TEST(DraftBudgetPolicyTest, DraftsStayWithinTheStepsTokenBudget) {
   }
 }
 
+TEST(DraftBudgetPolicyTest, StepsWithoutRoomDoNotCountTowardsAProbe) {
+  // 40 steps whose token budget the prompt chunks fill, then room: the sequences are probed one
+  // probe_after apart as usual, not all at once the moment room opens.
+  std::mt19937 rng(9);
+  DraftBudgetPolicy policy(
+      {.probe_after = 5, .probe_nodes = 2, .explore_every = 0, .exploration_share = 1.0});
+  Train(policy, Curve{.base = 1e-4, .knee = 0, .per_token = 1e-4}, 300, rng);
+  for (int64_t id = 1; id <= 4; ++id) TrainAcceptance(policy, "ngram", id, 0.05, 50, rng);
+  const auto candidates = Candidates(4, "ngram", 8, 10);
+  StepBase full = Decoding(4, 10);
+  full.max_nodes = 0;
+  for (int step = 0; step < 40; ++step) {
+    for (int32_t b : policy.Plan(full, candidates).budgets) EXPECT_EQ(b, 0);
+  }
+  StepBase room = Decoding(4, 10);
+  room.max_nodes = 100;
+  for (int step = 0; step < 4; ++step) {
+    const auto d = policy.Plan(room, candidates);
+    EXPECT_EQ(d.explored_nodes, 0) << "step " << step << ": no sequence has been idle 5 plans yet";
+  }
+  EXPECT_EQ(policy.Plan(room, candidates).explored_nodes, 8);  // the 5th plan with room
+}
+
 TEST(DraftBudgetPolicyTest, BudgetsFollowEachSequencesAcceptance) {
   std::mt19937 rng(4);
   DraftBudgetPolicy policy(NoExploration());
