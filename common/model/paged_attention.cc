@@ -2,6 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
+
 #include "common/model/cpu_kernels.h"
 #include "common/model/rope.h"
 #include "common/model/transformer.h"
@@ -14,6 +17,19 @@ bool PagedKernelSupports(at::Device device, at::ScalarType dtype) {
 
 AttentionInputs MakePagedInputs(const PagedAttentionLayout& layout, at::Tensor cos,
                                 at::Tensor sin) {
+  if (!PagedKernelSupports(cos.device(), cos.scalar_type())) {
+    return MakePaddedInputs(layout, std::move(cos), std::move(sin));
+  }
+  AttentionInputs in;
+  in.layout = &layout;
+  in.batch = layout.num_sequences();
+  in.cos = std::move(cos);
+  in.sin = std::move(sin);
+  return in;
+}
+
+AttentionInputs MakePaddedInputs(const PagedAttentionLayout& layout, at::Tensor cos,
+                                 at::Tensor sin) {
   AttentionInputs in;
   in.layout = &layout;
   in.batch = layout.num_sequences();
@@ -27,7 +43,6 @@ AttentionInputs MakePagedInputs(const PagedAttentionLayout& layout, at::Tensor c
   };
   in.cos = std::move(cos);
   in.sin = std::move(sin);
-  if (PagedKernelSupports(device, in.cos.scalar_type())) return in;
   in.write_slots = to_device(layout.write_slots());
   PagedAttentionLayout::Padded padded = layout.ToPadded();
   in.max_q = padded.max_q;
@@ -37,8 +52,53 @@ AttentionInputs MakePagedInputs(const PagedAttentionLayout& layout, at::Tensor c
   in.mask = torch::from_blob(padded.mask.data(), {in.batch, 1, 1, in.max_q, in.max_k},
                              torch::TensorOptions().dtype(torch::kBool))
                 .to(device, /*non_blocking=*/false, /*copy=*/true);
+  // Built once per forward for every layer (each op on a device is a launch): the rotation's
+  // signed sin, and the mask as an additive bias (one add per layer instead of a scale, a
+  // logical_not, an expanded copy and a masked_fill).
+  in.sin_signed = SignedSin(in.sin);
+  in.bias = torch::zeros({in.batch, 1, in.max_q, 1, in.max_k}, in.cos.options())
+                .masked_fill_(in.mask.view({in.batch, 1, in.max_q, 1, in.max_k}).logical_not(),
+                              -std::numeric_limits<float>::infinity());
   return in;
 }
+
+namespace {
+
+// q and k as one [N, nh + nkv, hd] view when they are adjacent heads of one fused projection (the
+// serving path's qkv matmul): one rotation instead of two. Undefined otherwise.
+at::Tensor AdjacentHeads(const at::Tensor& q, const at::Tensor& k) {
+  if (q.dim() != 3 || k.dim() != 3 || q.size(0) != k.size(0) || q.size(2) != k.size(2) ||
+      // A dimension of size 1 may report any stride (views of one row do).
+      (q.size(0) > 1 && q.stride(0) != k.stride(0)) || q.stride(1) != k.stride(1) ||
+      q.stride(2) != k.stride(2) || q.scalar_type() != k.scalar_type() ||
+      q.stride(1) != q.size(2) || q.stride(2) != 1) {
+    return {};
+  }
+  const char* q_end =
+      static_cast<const char*>(q.data_ptr()) + q.size(1) * q.stride(1) * q.element_size();
+  if (static_cast<const char*>(k.data_ptr()) != q_end) return {};
+  return q.as_strided({q.size(0), q.size(1) + k.size(1), q.size(2)}, q.strides());
+}
+
+// MaskedAttention's arithmetic for the padded serving path with a precomputed additive bias:
+// q [B, Tq, nh, hd], k/v [B, Tk, nkv, hd], bias [B, 1, Tq, 1, Tk]. Returns [B, Tq, nh, hd].
+at::Tensor BiasedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& bias) {
+  const int64_t B = q.size(0), Tq = q.size(1), nh = q.size(2), hd = q.size(3);
+  const int64_t Tk = k.size(1), nkv = k.size(2), group = nh / nkv;
+  auto qg =
+      q.view({B, Tq, nkv, group, hd}).permute({0, 2, 1, 3, 4}).reshape({B, nkv, Tq * group, hd});
+  auto scores = torch::matmul(qg, k.permute({0, 2, 3, 1}));  // [B, nkv, Tq * g, Tk]
+  // bias + scale * scores in one op, broadcast over the kv heads and the group.
+  scores = torch::add(bias, scores.view({B, nkv, Tq, group, Tk}),
+                      1.0 / std::sqrt(static_cast<double>(hd)));
+  auto probs =
+      torch::softmax(scores.view({B, nkv, Tq * group, Tk}), -1, torch::kFloat).to(q.scalar_type());
+  auto out = torch::matmul(probs, v.permute({0, 2, 1, 3}));  // [B, nkv, Tq * g, hd]
+  return out.view({B, nkv, Tq, group, hd}).permute({0, 2, 1, 3, 4}).reshape({B, Tq, nh, hd});
+}
+
+}  // namespace
 
 at::Tensor PagedSelfAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const AttentionInputs& in, at::Tensor& key_cache,
@@ -50,16 +110,31 @@ at::Tensor PagedSelfAttention(const at::Tensor& q, const at::Tensor& k, const at
   }
   const int64_t nh = q.size(1), hd = q.size(2), nkv = k.size(1);
   const int64_t B = in.batch, Tq = in.max_q, Tk = in.max_k;
-  auto q_rot = ApplyRope(q, in.cos, in.sin);
-  auto k_rot = ApplyRope(k, in.cos, in.sin);
-  key_cache.index_copy_(0, in.write_slots, k_rot.to(key_cache.scalar_type()));
-  value_cache.index_copy_(0, in.write_slots, v.to(value_cache.scalar_type()));
+  at::Tensor q_rot, k_rot;
+  const at::Tensor qk = in.sin_signed.defined() ? AdjacentHeads(q, k) : at::Tensor();
+  if (qk.defined()) {
+    const at::Tensor qk_rot = ApplyRopeSigned(qk, in.cos, in.sin_signed);
+    q_rot = qk_rot.narrow(1, 0, nh);
+    k_rot = qk_rot.narrow(1, nh, nkv);
+  } else if (in.sin_signed.defined()) {
+    q_rot = ApplyRopeSigned(q, in.cos, in.sin_signed);
+    k_rot = ApplyRopeSigned(k, in.cos, in.sin_signed);
+  } else {
+    q_rot = ApplyRope(q, in.cos, in.sin);
+    k_rot = ApplyRope(k, in.cos, in.sin);
+  }
+  auto same_type = [](const at::Tensor& t, const at::Tensor& like) {
+    return t.scalar_type() == like.scalar_type() ? t : t.to(like.scalar_type());
+  };
+  key_cache.index_copy_(0, in.write_slots, same_type(k_rot, key_cache));
+  value_cache.index_copy_(0, in.write_slots, same_type(v, value_cache));
   auto k_all = key_cache.index_select(0, in.read_slots).view({B, Tk, nkv, hd});
   auto v_all = value_cache.index_select(0, in.read_slots).view({B, Tk, nkv, hd});
   auto q_pad = torch::zeros({B * Tq, nh, hd}, q_rot.options()).index_copy(0, in.q_index, q_rot);
-  auto out = MaskedAttention(q_pad.view({B, Tq, nh, hd}), k_all, v_all, in.mask)
-                 .reshape({B * Tq, nh * hd});
-  return out.index_select(0, in.q_index);
+  auto out = in.bias.defined()
+                 ? BiasedAttention(q_pad.view({B, Tq, nh, hd}), k_all, v_all, in.bias)
+                 : MaskedAttention(q_pad.view({B, Tq, nh, hd}), k_all, v_all, in.mask);
+  return out.reshape({B * Tq, nh * hd}).index_select(0, in.q_index);
 }
 
 }  // namespace specula

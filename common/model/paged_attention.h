@@ -18,6 +18,10 @@ bool PagedKernelSupports(at::Device device, at::ScalarType dtype);
 // [N, head_dim] (the model's device and dtype): write slots, and the padded form where the kernel
 // does not run.
 AttentionInputs MakePagedInputs(const PagedAttentionLayout& layout, at::Tensor cos, at::Tensor sin);
+// The same, always in the padded form (what MakePagedInputs gives where the kernel does not run;
+// tests force it on the CPU).
+AttentionInputs MakePaddedInputs(const PagedAttentionLayout& layout, at::Tensor cos,
+                                 at::Tensor sin);
 
 // q [N, nh, hd], k/v [N, nkv, hd] of this forward's rows (q and k not yet rotated): rotates them,
 // writes keys and values to the cache and returns attention over each row's visible positions,

@@ -46,4 +46,17 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
   return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
 }
 
+at::Tensor SignedSin(const at::Tensor& sin) {
+  const int64_t half = sin.size(-1) / 2;
+  return torch::cat({-sin.narrow(-1, 0, half), sin.narrow(-1, half, half)}, -1);
+}
+
+at::Tensor ApplyRopeSigned(const at::Tensor& x, const at::Tensor& cos,
+                           const at::Tensor& sin_signed) {
+  const int64_t N = x.size(0), heads = x.size(1), dim = x.size(2);
+  // [x1, x2] -> [x2, x1]: one copy (flip of the halves axis).
+  auto swapped = x.reshape({N, heads, 2, dim / 2}).flip({2}).view({N, heads, dim});
+  return torch::addcmul(x * cos.unsqueeze(1), swapped, sin_signed.unsqueeze(1));
+}
+
 }  // namespace specula

@@ -11,6 +11,13 @@ namespace specula {
 
 namespace F = torch::nn::functional;
 
+torch::Tensor RmsNormFewOps(const torch::Tensor& x, const torch::Tensor& weight,
+                            const torch::Tensor& eps) {
+  auto norm = at::linalg_vector_norm(x, 2, {-1}, /*keepdim=*/true, torch::kFloat);
+  auto inv = torch::addcmul(eps, norm, norm, 1.0 / static_cast<double>(x.size(-1))).rsqrt_();
+  return weight * (x * inv).to(x.scalar_type());
+}
+
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
@@ -18,6 +25,13 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   if (!torch::GradMode::is_enabled() && CpuKernelsApply(x) && CpuKernelsApply(weight)) {
     return RmsNormCpu(x, weight, eps_);  // one pass instead of six ops
+  }
+  if (!torch::GradMode::is_enabled()) {  // inference elsewhere (a GPU, half precision)
+    if (!eps_tensor_.defined() || eps_tensor_.device() != x.device()) {
+      eps_tensor_ =
+          torch::full({}, eps_, torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
+    }
+    return RmsNormFewOps(x, weight, eps_tensor_);
   }
   // As HF: normalise in float32, cast back, then scale.
   auto xf = x.to(torch::kFloat);

@@ -15,6 +15,13 @@
 
 namespace specula {
 
+// RMSNorm as HF computes it (float32 statistics, cast back, then the weight) in five ops (six in
+// half precision) instead of six (eight): ||x|| in float32 straight from x, then
+// rsqrt(||x||^2 / d + eps) as one addcmul and one rsqrt on the [..., 1] column. The inference
+// path where each op is a launch (a GPU). eps: a float32 scalar tensor on x's device.
+torch::Tensor RmsNormFewOps(const torch::Tensor& x, const torch::Tensor& weight,
+                            const torch::Tensor& eps);
+
 class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t dim, double eps);
@@ -23,6 +30,7 @@ class RMSNormImpl : public torch::nn::Module {
 
  private:
   double eps_;
+  torch::Tensor eps_tensor_;  // eps as a float32 scalar on the weight's device (inference path)
 };
 TORCH_MODULE(RMSNorm);
 

@@ -88,9 +88,19 @@ class PagedAttentionTest : public ::testing::Test {
       N += c.seqs[b].num_new;
     }
     EXPECT_EQ(layout.num_rows(), N);
-    auto q = torch::randn({N, c.nh, c.hd});
-    auto k = torch::randn({N, c.nkv, c.hd});
-    auto v = torch::randn({N, c.nkv, c.hd});
+    // Odd seeds: q, k and v as adjacent heads of one fused projection (the serving layout, which
+    // the padded path rotates in one go); even seeds: three separate tensors.
+    torch::Tensor q, k, v;
+    if (seed % 2) {
+      auto qkv = torch::randn({N, c.nh + 2 * c.nkv, c.hd});
+      q = qkv.narrow(1, 0, c.nh);
+      k = qkv.narrow(1, c.nh, c.nkv);
+      v = qkv.narrow(1, c.nh + c.nkv, c.nkv);
+    } else {
+      q = torch::randn({N, c.nh, c.hd});
+      k = torch::randn({N, c.nkv, c.hd});
+      v = torch::randn({N, c.nkv, c.hd});
+    }
     std::vector<int64_t> pos = layout.positions();
     auto pos_t = torch::tensor(pos, torch::kLong);
     ModelConfig config;
@@ -143,19 +153,10 @@ class PagedAttentionTest : public ::testing::Test {
       EXPECT_LT((dev_values.cpu() - ref_values).abs().max().item<double>(), 1e-6);
       return (out - reference).abs().max().item<double>();
     }
-    AttentionInputs in = MakePagedInputs(layout, cos, sin);
-    if (padded) {
-      // The fallback's padded form, forced on CPU float32.
-      PagedAttentionLayout::Padded p = layout.ToPadded();
-      in.max_q = p.max_q;
-      in.max_k = p.max_k;
-      in.write_slots = torch::tensor(layout.write_slots(), torch::kLong);
-      in.q_index = torch::tensor(p.q_index, torch::kLong);
-      in.read_slots = torch::tensor(p.read_slots, torch::kLong);
-      in.mask = torch::tensor(std::vector<int64_t>(p.mask.begin(), p.mask.end()), torch::kLong)
-                    .to(torch::kBool)
-                    .view({in.batch, 1, 1, in.max_q, in.max_k});
-    }
+    // padded: the fallback's form, forced on CPU float32.
+    AttentionInputs in =
+        padded ? MakePaddedInputs(layout, cos, sin) : MakePagedInputs(layout, cos, sin);
+    EXPECT_EQ(in.padded(), padded);
     auto out = PagedSelfAttention(q, k, v, in, key_cache, value_cache);
     EXPECT_EQ(out.sizes(), reference.sizes());
     // The cache holds exactly the rotated keys and the values afterwards.
@@ -176,6 +177,17 @@ TEST_F(PagedAttentionTest, DecodeRowsOverRaggedContexts) {
   }
   EXPECT_LT(MaxError(c, false, 1), kTolerance);
   EXPECT_LT(MaxError(c, true, 1), kTolerance);
+}
+
+TEST_F(PagedAttentionTest, OneRowForward) {
+  // Batch 1, one new token (a plain decode step): one-row views report any stride for their size-1
+  // dimension, which must not stop the padded path from rotating q and k together (odd seed).
+  Case c;
+  c.seqs.push_back({.cached = 37, .num_new = 1});
+  for (uint64_t seed : {1, 2}) {
+    EXPECT_LT(MaxError(c, false, seed), kTolerance) << seed;
+    EXPECT_LT(MaxError(c, true, seed), kTolerance) << seed;
+  }
 }
 
 TEST_F(PagedAttentionTest, ChunksAndPrefillsAcrossBlockBoundaries) {
@@ -352,6 +364,49 @@ TEST(CpuKernelsTest, RmsNormAndSiluMulMatchLibTorch) {
   EXPECT_EQ(silu.sizes(), silu_ref.sizes());
   EXPECT_LT((silu - silu_ref).abs().max().item<double>(), 1e-4);
   EXPECT_LT(((silu - silu_ref).abs() / (silu_ref.abs() + 1e-3)).max().item<double>(), 1e-5);
+}
+
+TEST(RopeTest, SignedFormEqualsRotateHalf) {
+  torch::manual_seed(3);
+  ModelConfig config;
+  config.head_dim = 32;
+  config.rope_theta = 10000.0;
+  auto positions = torch::arange(0, 40, torch::kLong) * 7;
+  auto [cos, sin] =
+      RopeCosSin(RopeInverseFrequencies(config, torch::kCPU), positions, torch::kFloat);
+  auto fused = torch::randn({40, 12, 32});
+  auto x = fused.narrow(1, 2, 8);  // strided heads, as in a fused projection
+  auto want = ApplyRope(x, cos, sin);
+  auto got = ApplyRopeSigned(x, cos, SignedSin(sin));
+  EXPECT_LT((got - want).abs().max().item<double>(), 1e-6);
+}
+
+TEST(RmsNormTest, FewOpsFormEqualsTheReferenceFormula) {
+  // RmsNormFewOps (RMSNorm's inference path off the CPU kernel: a GPU, half precision) against
+  // HF's formula, in float32 and bfloat16, a zero row included (eps keeps it finite).
+  torch::manual_seed(4);
+  auto weight = torch::rand({64}) + 0.5;
+  const auto eps = torch::full({}, 1e-5, torch::kFloat);
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    auto x = (torch::randn({9, 64}) * 3).to(dtype);
+    x[2].zero_();
+    auto xf = x.to(torch::kFloat);
+    auto want = weight.to(dtype) * (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + 1e-5)).to(dtype);
+    auto got = RmsNormFewOps(x, weight.to(dtype), eps);
+    EXPECT_EQ(got.scalar_type(), dtype);
+    EXPECT_TRUE(torch::isfinite(got).all().item<bool>());
+    // bfloat16: one rounding of the normalised value may land on the neighbouring bf16 (2^-7).
+    const double tol = dtype == torch::kFloat ? 2e-6 : 2e-2;
+    EXPECT_LT((got.to(torch::kFloat) - want.to(torch::kFloat)).abs().max().item<double>(), tol)
+        << dtype;
+  }
+  // The module takes this path for bfloat16 on the CPU (no autograd).
+  RMSNorm norm(64, 1e-5);
+  torch::NoGradGuard no_grad;
+  norm->weight.copy_(weight);
+  norm->to(torch::kBFloat16);
+  auto x = torch::randn({5, 64}).to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(norm->forward(x), RmsNormFewOps(x, norm->weight, eps)));
 }
 
 }  // namespace
