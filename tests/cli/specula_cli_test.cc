@@ -256,6 +256,35 @@ TEST_F(SpeculaCliTest, BenchComparesWithNoSpeculationAndWritesJson) {
   EXPECT_NE(r.err.find("line 1"), std::string::npos) << r.err;
 }
 
+TEST_F(SpeculaCliTest, BenchCountsOpsPerEngineStepWhenAsked) {
+  const std::string prompts = dir_->File("ops_prompts.jsonl");
+  ASSERT_TRUE(WriteStringToFile(prompts, "{\"prompt\": \"def f(x):\\n    return x\"}\n").ok());
+  const std::string base = "bench --model " + model() + " --drafter ngram --prompts " + prompts +
+                           " --batch-sizes 2 --draft-lens 2 --max-new-tokens 6 --repeats 1 "
+                           "--min-requests 2 --json ";
+  RunResult r = Run(base + dir_->File("no_ops.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("ops/step"), std::string::npos) << "off unless asked: " << r.out;
+  auto off = nlohmann::json::parse(ReadFileToString(dir_->File("no_ops.json")).value());
+  EXPECT_TRUE(off["results"][0]["ops"].is_null());
+
+  r = Run(base + dir_->File("ops.json") + " --count-ops");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("ops/step"), std::string::npos) << r.out;
+  auto j = nlohmann::json::parse(ReadFileToString(dir_->File("ops.json")).value());
+  ASSERT_EQ(j["results"].size(), 2u);  // none, ngram k=2
+  for (const auto& row : j["results"]) {
+    const double per_step = row["ops"]["per_engine_step"].get<double>();
+    EXPECT_GT(per_step, 10.0) << row.dump();  // a forward is dozens of ATen calls at least
+    double by_name = 0;
+    for (const auto& [name, n] : row["ops"]["by_name_per_engine_step"].items()) {
+      EXPECT_EQ(name.rfind("aten::", 0), 0u) << name;
+      by_name += n.get<double>();
+    }
+    EXPECT_NEAR(by_name, per_step, 1e-6 * per_step);
+  }
+}
+
 // Issue 16: a lossy rule in bench reports what it cost against the lossless baseline.
 TEST_F(SpeculaCliTest, BenchReportsQualityWhenALossyRuleRuns) {
   const std::string prompts = dir_->File("quality_prompts.jsonl");
