@@ -245,6 +245,19 @@ double AcceptanceModel::Expected(const std::string& drafter, int64_t id, int32_t
   return sum;
 }
 
+std::vector<double> AcceptanceModel::ExpectedTable(const std::string& drafter, int64_t id,
+                                                   int32_t max_nodes) const {
+  std::vector<double> table(std::max(max_nodes, 0) + 1, 0.0);
+  const auto it = seq_.find(id);
+  const auto& conditional = it != seq_.end() ? it->second : Prior(drafter);
+  double reach = 1.0;
+  for (int32_t d = 1; d <= max_nodes; ++d) {
+    reach *= conditional[std::min(d, kMaxDepth)];
+    table[d] = table[d - 1] + reach;
+  }
+  return table;
+}
+
 // ---------------------------------------------------------------------------------------------
 // DraftBudgetPolicy
 
@@ -359,12 +372,17 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     // The latency bound: the most seconds the step may take with drafts.
     const double step_limit = StepLimit(decision.no_draft_seconds);
 
+    // Each candidate's expected tokens at every budget, computed once per plan.
+    std::vector<std::vector<double>> expected(n);
+    for (size_t i = 0; i < n; ++i) {
+      expected[i] = acceptance_.ExpectedTable(candidates[i].drafter, candidates[i].id,
+                                              candidates[i].max_nodes);
+    }
     // Expected tokens and added seconds of giving candidate i `m` more nodes now.
     auto delta = [&](size_t i, int32_t m) {
       const BudgetCandidate& c = candidates[i];
       const int32_t from = b[i], to = b[i] + m;
-      const double dy =
-          acceptance_.Expected(c.drafter, c.id, to) - acceptance_.Expected(c.drafter, c.id, from);
+      const double dy = expected[i][to] - expected[i][from];
       StepShape next = shape;
       next.tokens += m;
       next.attention += AttentionRows(c.context, to) - AttentionRows(c.context, from);

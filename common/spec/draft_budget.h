@@ -150,6 +150,9 @@ class AcceptanceModel {
   double Conditional(const std::string& drafter, int64_t id, int32_t d) const;
   // Expected accepted tokens of a chain of `nodes` nodes.
   double Expected(const std::string& drafter, int64_t id, int32_t nodes) const;
+  // Expected(drafter, id, n) for n = 0..max_nodes in one pass (the policy's inner loop).
+  std::vector<double> ExpectedTable(const std::string& drafter, int64_t id,
+                                    int32_t max_nodes) const;
   // The drafter's average P(depth d accepted | d-1), for metrics.
   double DrafterConditional(const std::string& drafter, int32_t d) const;
 

@@ -157,6 +157,20 @@ TEST(AcceptanceModelTest, ExpectedTokensOfAChain) {
   EXPECT_DOUBLE_EQ(model.Conditional("other", 2, 2), 0.5);
 }
 
+TEST(AcceptanceModelTest, ExpectedTableEqualsExpectedAtEveryBudget) {
+  AcceptanceModel model(/*rate=*/0.3, /*prior_rate=*/0.2);
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int32_t> depth(0, 6);
+  for (int i = 0; i < 50; ++i) model.Observe("d", 1 + i % 3, 8, depth(rng));
+  for (int64_t id : {int64_t{1}, int64_t{2}, int64_t{9}}) {  // 9: never seen (the prior)
+    const std::vector<double> table = model.ExpectedTable("d", id, 70);  // past kMaxDepth
+    ASSERT_EQ(table.size(), 71u);
+    for (int32_t n = 0; n <= 70; ++n)
+      EXPECT_EQ(table[n], model.Expected("d", id, n)) << id << " " << n;
+  }
+  EXPECT_EQ(model.ExpectedTable("d", 1, 0), std::vector<double>{0.0});
+}
+
 TEST(DraftBudgetPolicyTest, ZeroBudgetWhenDraftingCannotPay) {
   std::mt19937 rng(1);
   DraftBudgetPolicy policy(NoExploration());
