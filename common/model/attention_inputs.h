@@ -32,7 +32,7 @@ struct AttentionInputs {
   at::Tensor q_index;     // [N] int64 row of each packed token in the [B * max_q] grid
   at::Tensor read_slots;  // [B * max_k] int64 KV slots gathered as keys
   at::Tensor sin_signed;  // SignedSin(sin), for ApplyRopeSigned
-  at::Tensor bias;        // [B, 1, max_q, 1, max_k] in the model dtype: 0 = may attend, -inf not
+  at::Tensor bias;        // `mask` as [B, 1, max_q, 1, max_k] in the model dtype: 0 or -inf
   bool paged() const { return layout != nullptr; }
   bool padded() const { return q_index.defined(); }
 };

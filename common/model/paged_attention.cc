@@ -7,7 +7,6 @@
 
 #include "common/model/cpu_kernels.h"
 #include "common/model/rope.h"
-#include "common/model/transformer.h"
 
 namespace specula {
 
@@ -111,17 +110,13 @@ at::Tensor PagedSelfAttention(const at::Tensor& q, const at::Tensor& k, const at
   const int64_t nh = q.size(1), hd = q.size(2), nkv = k.size(1);
   const int64_t B = in.batch, Tq = in.max_q, Tk = in.max_k;
   at::Tensor q_rot, k_rot;
-  const at::Tensor qk = in.sin_signed.defined() ? AdjacentHeads(q, k) : at::Tensor();
-  if (qk.defined()) {
+  if (const at::Tensor qk = AdjacentHeads(q, k); qk.defined()) {
     const at::Tensor qk_rot = ApplyRopeSigned(qk, in.cos, in.sin_signed);
     q_rot = qk_rot.narrow(1, 0, nh);
     k_rot = qk_rot.narrow(1, nh, nkv);
-  } else if (in.sin_signed.defined()) {
+  } else {
     q_rot = ApplyRopeSigned(q, in.cos, in.sin_signed);
     k_rot = ApplyRopeSigned(k, in.cos, in.sin_signed);
-  } else {
-    q_rot = ApplyRope(q, in.cos, in.sin);
-    k_rot = ApplyRope(k, in.cos, in.sin);
   }
   auto same_type = [](const at::Tensor& t, const at::Tensor& like) {
     return t.scalar_type() == like.scalar_type() ? t : t.to(like.scalar_type());
@@ -131,10 +126,9 @@ at::Tensor PagedSelfAttention(const at::Tensor& q, const at::Tensor& k, const at
   auto k_all = key_cache.index_select(0, in.read_slots).view({B, Tk, nkv, hd});
   auto v_all = value_cache.index_select(0, in.read_slots).view({B, Tk, nkv, hd});
   auto q_pad = torch::zeros({B * Tq, nh, hd}, q_rot.options()).index_copy(0, in.q_index, q_rot);
-  auto out = in.bias.defined()
-                 ? BiasedAttention(q_pad.view({B, Tq, nh, hd}), k_all, v_all, in.bias)
-                 : MaskedAttention(q_pad.view({B, Tq, nh, hd}), k_all, v_all, in.mask);
-  return out.reshape({B * Tq, nh * hd}).index_select(0, in.q_index);
+  return BiasedAttention(q_pad.view({B, Tq, nh, hd}), k_all, v_all, in.bias)
+      .reshape({B * Tq, nh * hd})
+      .index_select(0, in.q_index);
 }
 
 }  // namespace specula

@@ -1,6 +1,6 @@
 // Paged attention for every cache in the engine (the target's and the drafters'): the inputs
 // builder and the attention call, which reads the cache in place on CPU (cpu_kernels) and falls
-// back to a padded gather + MaskedAttention through LibTorch ops elsewhere (CUDA, half precision).
+// back to a padded gather through LibTorch ops elsewhere (CUDA, half precision).
 // Include only from .cc files.
 #pragma once
 

@@ -433,13 +433,8 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       }
       // Worth it only if it raises the batch's tokens per second.
       if (dy <= 0 || ratio <= rate()) continue;
-      if (base.max_nodes >= 0 && nodes + m > base.max_nodes) {
-        // Past the step's token budget: a smaller first bundle may still fit.
-        if (m > 1 && nodes < base.max_nodes) heap.emplace(ratio, i, m - 1);
-        continue;
-      }
-      if (total() + dt > step_limit) {
-        // Past the latency bound: a smaller first bundle may still fit.
+      if ((base.max_nodes >= 0 && nodes + m > base.max_nodes) || total() + dt > step_limit) {
+        // Past the step's token budget or the latency bound: a smaller first bundle may fit.
         if (m > 1) heap.emplace(ratio, i, m - 1);
         continue;
       }

@@ -7,15 +7,22 @@
 
 namespace specula {
 
-bool HiddenBacklog::UseBuffers(const std::vector<at::Tensor>& layers) const {
-  // The path is chosen by the first append after a Take, so rows stay in order.
-  TORCH_CHECK(store_ == nullptr, "HiddenBacklog: rows appended to slots");
-  if (rows_ > 0) return chunks_.empty();
+namespace {
+
+// The step tensors as contiguous CPU [rows, hidden] tensors (views unless they are strided), so
+// that rows can be memcpy'd.
+std::vector<at::Tensor> HostRows(const std::vector<at::Tensor>& layers) {
+  std::vector<at::Tensor> out;
   for (const at::Tensor& t : layers) {
-    if (!t.device().is_cpu() || t.dim() != 2 || !t.is_contiguous()) return false;
+    TORCH_CHECK(t.device().is_cpu() && t.dim() == 2,
+                "HiddenBacklog: rows are appended from CPU [rows, hidden] tensors (a device's "
+                "go to the HiddenRowStore)");
+    out.push_back(t.is_contiguous() ? t : t.contiguous());
   }
-  return true;
+  return out;
 }
+
+}  // namespace
 
 void HiddenBacklog::Reserve(const std::vector<at::Tensor>& layers, int64_t rows) {
   if (buffers_.size() != layers.size()) buffers_.assign(layers.size(), at::Tensor());
@@ -31,18 +38,12 @@ void HiddenBacklog::Reserve(const std::vector<at::Tensor>& layers, int64_t rows)
   }
 }
 
-void HiddenBacklog::AppendRange(const std::vector<at::Tensor>& layers, int64_t row0,
+void HiddenBacklog::AppendRange(const std::vector<at::Tensor>& step_layers, int64_t row0,
                                 int64_t row_end) {
-  if (layers.empty() || row_end <= row0) return;
+  if (step_layers.empty() || row_end <= row0) return;
+  TORCH_CHECK(store_ == nullptr, "HiddenBacklog: rows appended to slots");
+  const std::vector<at::Tensor> layers = HostRows(step_layers);
   const int64_t n = row_end - row0;
-  if (!UseBuffers(layers)) {
-    std::vector<at::Tensor> chunk;
-    for (const at::Tensor& t : layers) chunk.push_back(t.slice(0, row0, row_end).clone());
-    chunks_.push_back(std::move(chunk));
-    rows_ += n;
-    if (chunks_.size() >= kMaxChunks) Compact();
-    return;
-  }
   Reserve(layers, rows_ + n);
   for (size_t k = 0; k < layers.size(); ++k) {
     const size_t row_bytes = layers[k].size(1) * layers[k].element_size();
@@ -52,25 +53,19 @@ void HiddenBacklog::AppendRange(const std::vector<at::Tensor>& layers, int64_t r
   rows_ += n;
 }
 
-void HiddenBacklog::AppendRows(const std::vector<at::Tensor>& layers,
+void HiddenBacklog::AppendRows(const std::vector<at::Tensor>& step_layers,
                                const std::vector<int64_t>& rows) {
-  if (layers.empty() || rows.empty()) return;
+  if (step_layers.empty() || rows.empty()) return;
+  TORCH_CHECK(store_ == nullptr, "HiddenBacklog: rows appended to slots");
+  const std::vector<at::Tensor> layers = HostRows(step_layers);
   const int64_t n = static_cast<int64_t>(rows.size());
-  if (!UseBuffers(layers)) {
-    at::Tensor index = at::tensor(rows, at::kLong).to(layers[0].device());
-    std::vector<at::Tensor> chunk;
-    for (const at::Tensor& t : layers) chunk.push_back(t.index_select(0, index));
-    chunks_.push_back(std::move(chunk));
-    rows_ += n;
-    if (chunks_.size() >= kMaxChunks) Compact();
-    return;
-  }
   Reserve(layers, rows_ + n);
   for (size_t k = 0; k < layers.size(); ++k) {
     const size_t row_bytes = layers[k].size(1) * layers[k].element_size();
     char* dst = static_cast<char*>(buffers_[k].data_ptr()) + rows_ * row_bytes;
     const char* src = static_cast<const char*>(layers[k].data_ptr());
     for (int64_t r : rows) {
+      TORCH_CHECK(r >= 0 && r < layers[k].size(0), "HiddenBacklog: row ", r, " outside the step");
       std::memcpy(dst, src + r * row_bytes, row_bytes);
       dst += row_bytes;
     }
@@ -88,17 +83,6 @@ void HiddenBacklog::AppendSlots(HiddenRowStore* store, const std::vector<int64_t
   rows_ += static_cast<int64_t>(slots.size());
 }
 
-void HiddenBacklog::Compact() {
-  std::vector<at::Tensor> joined;
-  for (size_t k = 0; k < chunks_[0].size(); ++k) {
-    std::vector<at::Tensor> parts;
-    for (const auto& chunk : chunks_) parts.push_back(chunk[k]);
-    joined.push_back(at::cat(parts, 0));
-  }
-  chunks_.clear();
-  chunks_.push_back(std::move(joined));
-}
-
 std::vector<at::Tensor> HiddenBacklog::Take() {
   std::vector<at::Tensor> out;
   if (store_) {
@@ -108,11 +92,8 @@ std::vector<at::Tensor> HiddenBacklog::Take() {
       Clear();  // the rows are lost either way: free their slots
       throw;
     }
-  } else if (rows_ > 0 && chunks_.empty()) {
+  } else if (rows_ > 0) {
     for (at::Tensor& buf : buffers_) out.push_back(buf.narrow(0, 0, rows_));
-  } else if (!chunks_.empty()) {
-    if (chunks_.size() > 1) Compact();
-    out = std::move(chunks_[0]);
   }
   Clear();
   return out;
@@ -125,7 +106,6 @@ void HiddenBacklog::Clear() {
   slots_.clear();
   rows_ = 0;
   buffers_.clear();
-  chunks_.clear();
 }
 
 }  // namespace specula

@@ -26,7 +26,8 @@ class HiddenBacklog {
   HiddenBacklog(const HiddenBacklog&) = delete;
   HiddenBacklog& operator=(const HiddenBacklog&) = delete;
 
-  // Appends rows [row0, row_end) of each layer's packed step tensor ([step rows, hidden]).
+  // Appends rows [row0, row_end) of each layer's packed step tensor ([step rows, hidden], on the
+  // CPU), copied into the buffers.
   void AppendRange(const std::vector<at::Tensor>& layers, int64_t row0, int64_t row_end);
   // Appends the given rows of each layer's packed step tensor, in order.
   void AppendRows(const std::vector<at::Tensor>& layers, const std::vector<int64_t>& rows);
@@ -35,27 +36,19 @@ class HiddenBacklog {
   // Takes. The backlog frees the slots when it is taken, cleared or destroyed.
   void AppendSlots(HiddenRowStore* store, const std::vector<int64_t>& layer_ids,
                    const std::vector<int64_t>& slots);
-  static constexpr size_t kMaxChunks = 32;
   // Every row appended since the last Take, one [rows, hidden] tensor per layer (empty if no
   // rows), and a fresh start.
   std::vector<at::Tensor> Take();
   void Clear();
   int64_t rows() const { return rows_; }
-  // Tensors held per layer (1 on the CPU path; grows by one per chunk append until compacted).
-  size_t chunks() const { return chunks_.empty() ? (rows_ > 0 ? 1 : 0) : chunks_.size(); }
 
  private:
-  bool UseBuffers(const std::vector<at::Tensor>& layers) const;
-  void Compact();
   void Reserve(const std::vector<at::Tensor>& layers, int64_t rows);
 
   int64_t rows_ = 0;
   // CPU: one growing buffer per layer, the first rows_ rows in use. Take hands the buffers over
   // (the drafter may keep what it observes), so they are never written after a Take.
   std::vector<at::Tensor> buffers_;
-  // Tensors the buffers cannot take (not contiguous CPU [rows, hidden]): per append, one tensor
-  // per layer, joined every kMaxChunks appends.
-  std::vector<std::vector<at::Tensor>> chunks_;
   // AppendSlots: rows in a shared store.
   HiddenRowStore* store_ = nullptr;
   std::vector<int64_t> store_layers_;
