@@ -117,6 +117,7 @@ void StepCostModel::WarmStart(const std::vector<std::pair<StepShape, double>>& p
   for (const auto& [shape, seconds] : points) Observe(shape, seconds);
   // The measured curve becomes the anchor that shapes no recent step visited fall back to.
   if (observed_ > 0) fit_.Reset(fit_.coefficients());
+  RefreshKnots();
 }
 
 void StepCostModel::Observe(const StepShape& shape, double seconds) {
@@ -136,20 +137,30 @@ void StepCostModel::Observe(const StepShape& shape, double seconds) {
   // The anchor follows the fit, so a shape no recent step visited keeps its last fitted cost
   // instead of sliding back to the first guess.
   if (observed_ % kAnchorEvery == 0) fit_.SetAnchor(fit_.coefficients());
+  RefreshKnots();
 }
 
-double StepCostModel::Predict(const StepShape& shape) const {
-  if (shape.tokens <= 0 || !ready()) return 0;
+void StepCostModel::RefreshKnots() {
   // Monotone in tokens: each knot at least the one before (noise must never make a bigger step
   // look cheaper), and the attention term at least 0.
   const std::vector<double>& theta = fit_.coefficients();
   const size_t nk = Knots().size();
-  std::vector<double> knots(theta.begin(), theta.begin() + static_cast<std::ptrdiff_t>(nk));
-  for (size_t i = 1; i < nk; ++i) knots[i] = std::max(knots[i], knots[i - 1]);
-  const std::vector<double> x = Features(shape);
-  double y = 0;
-  for (size_t i = 0; i < nk; ++i) y += knots[i] * x[i];
-  y += std::max(theta.back(), 0.0) * x.back();
+  knots_.assign(theta.begin(), theta.begin() + static_cast<std::ptrdiff_t>(nk));
+  for (size_t i = 1; i < nk; ++i) knots_[i] = std::max(knots_[i], knots_[i - 1]);
+  per_attention_ = std::max(theta.back(), 0.0) / kAttentionUnit;
+}
+
+double StepCostModel::Predict(const StepShape& shape) const {
+  if (shape.tokens <= 0 || !ready()) return 0;
+  // Features() inlined on the cached knots: the policy predicts hundreds of shapes per plan.
+  const std::vector<int64_t>& k = Knots();
+  const double t = static_cast<double>(shape.tokens);
+  size_t seg = 0;
+  while (seg + 2 < k.size() && t > static_cast<double>(k[seg + 1])) ++seg;
+  const double lo = static_cast<double>(k[seg]), hi = static_cast<double>(k[seg + 1]);
+  const double f = (t - lo) / (hi - lo);
+  const double y =
+      knots_[seg] * (1.0 - f) + knots_[seg + 1] * f + per_attention_ * shape.attention;
   return std::max(y, 0.0);
 }
 
@@ -187,8 +198,14 @@ DrafterCostModel::Parts DrafterCostModel::parts() const {
 double DrafterCostModel::Predict(int32_t sequences, int64_t nodes, int32_t max_depth,
                                  int64_t observed_tokens) const {
   if (sequences <= 0) return 0;
-  // The parts are fitted jointly (clamping one alone would bias the others' sum).
-  return std::max(fit_.Predict(DrafterFeatures(sequences, nodes, max_depth, observed_tokens)), 0.0);
+  // The parts are fitted jointly (clamping one alone would bias the others' sum). Features
+  // inlined (no allocation: the policy predicts hundreds of calls per plan).
+  const std::vector<double>& t = fit_.coefficients();
+  const double y = t[0] + t[1] * (sequences / kSeqUnit) +
+                   t[2] * (static_cast<double>(nodes) / kNodeUnit) +
+                   t[3] * (max_depth / kDepthUnit) +
+                   t[4] * (static_cast<double>(observed_tokens) / kObservedUnit);
+  return std::max(y, 0.0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -270,8 +287,6 @@ uint64_t SplitMix(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-// Attention work of a decoding sequence with `nodes` draft nodes: its pending token and nodes
-// each read the context plus the new rows.
 // What one drafter's call in a step covers, summed over its drafting sequences.
 struct Group {
   int32_t sequences = 0;
@@ -280,6 +295,8 @@ struct Group {
   int64_t observed = 0;
 };
 
+// Attention work of a decoding sequence with `nodes` draft nodes: its pending token and nodes
+// each read the context plus the new rows.
 double AttentionRows(int64_t context, int32_t nodes) {
   const double rows = 1.0 + nodes;
   return rows * (static_cast<double>(context) + rows);
@@ -339,6 +356,127 @@ std::pair<double, double> DraftBudgetPolicy::Evaluate(
   return {seconds, tokens};
 }
 
+std::vector<int32_t> DraftBudgetPolicy::Allocate(
+    const StepBase& base, const std::vector<BudgetCandidate>& candidates,
+    const std::vector<std::vector<double>>& expected, double step_limit) const {
+  // Greedy marginal allocation (see the header). State of the allocation so far:
+  const size_t n = candidates.size();
+  std::vector<int32_t> b(n, 0);
+  StepShape shape = base.shape;
+  double tokens = base.decoding;
+  std::map<std::string, Group> groups;
+  auto drafter_seconds = [&](const std::string& name, const Group& g) {
+    return DrafterSeconds(name, g.sequences, g.nodes, g.depth, g.observed);
+  };
+  double target_seconds = target_cost_.Predict(shape);
+  double drafters_seconds = 0;
+  int64_t nodes = 0;  // allocated so far, against base.max_nodes
+  auto total = [&] { return target_seconds + drafters_seconds + other_seconds_; };
+  // What a node must beat: the batch's decoding rate, tokens over the step's seconds without
+  // its prompt chunks (work the step does anyway: counting it would make any draft look cheap
+  // next to a long chunk).
+  StepShape decode_only = base.shape;
+  decode_only.tokens -= base.chunks.tokens;
+  decode_only.attention -= base.chunks.attention;
+  const double chunk_seconds = target_seconds - target_cost_.Predict(decode_only);
+  auto rate = [&] { return tokens / std::max(total() - chunk_seconds, 1e-12); };
+  // Expected tokens and added seconds of giving candidate i `m` more nodes now.
+  auto delta = [&](size_t i, int32_t m) {
+    const BudgetCandidate& c = candidates[i];
+    const int32_t from = b[i], to = b[i] + m;
+    const double dy = expected[i][to] - expected[i][from];
+    StepShape next = shape;
+    next.tokens += m;
+    next.attention += AttentionRows(c.context, to) - AttentionRows(c.context, from);
+    const Group& g = groups[c.drafter];
+    Group h = g;
+    if (from == 0) {
+      ++h.sequences;
+      h.observed += c.unobserved_tokens;
+    }
+    h.nodes += m;
+    h.depth = std::max(h.depth, to);
+    const double dt = (target_cost_.Predict(next) - target_seconds) +
+                      (drafter_seconds(c.drafter, h) - drafter_seconds(c.drafter, g));
+    return std::pair<double, double>(dy, std::max(dt, 1e-12));
+  };
+  // A sequence not drafting yet: its best first bundle (it pays the per-sequence costs once).
+  constexpr int32_t kMaxFirstBundle = 16;
+  auto best_move = [&](size_t i) {
+    int32_t best_m = 0;
+    double best_ratio = -1;
+    const int32_t limit = b[i] == 0 ? std::min(candidates[i].max_nodes, kMaxFirstBundle)
+                                    : std::min(1, candidates[i].max_nodes - b[i]);
+    for (int32_t m = 1; m <= limit; ++m) {
+      const auto [dy, dt] = delta(i, m);
+      if (dy / dt > best_ratio) {
+        best_ratio = dy / dt;
+        best_m = m;
+      }
+    }
+    return std::pair<int32_t, double>(best_m, best_ratio);
+  };
+  using Entry = std::tuple<double, size_t, int32_t>;  // ratio, candidate, nodes
+  std::priority_queue<Entry> heap;
+  for (size_t i = 0; i < n; ++i) {
+    if (candidates[i].max_nodes <= 0) continue;
+    const auto [m, ratio] = best_move(i);
+    if (m > 0) heap.emplace(ratio, i, m);
+  }
+  while (!heap.empty()) {
+    auto [stale, i, m] = heap.top();
+    heap.pop();
+    const auto [dy, dt] = delta(i, m);
+    const double ratio = dy / dt;
+    // The shape moved since the entry was made: re-queue it unless it still leads.
+    if (!heap.empty() && ratio < std::get<0>(heap.top()) * 0.999 && ratio < stale * 0.999) {
+      heap.emplace(ratio, i, m);
+      continue;
+    }
+    // Worth it only if it raises the batch's tokens per second.
+    if (dy <= 0 || ratio <= rate()) continue;
+    if ((base.max_nodes >= 0 && nodes + m > base.max_nodes) || total() + dt > step_limit) {
+      // Past the step's token budget or the latency bound: a smaller first bundle may fit.
+      if (m > 1) heap.emplace(ratio, i, m - 1);
+      continue;
+    }
+    const BudgetCandidate& c = candidates[i];
+    Group& g = groups[c.drafter];
+    const double before = drafter_seconds(c.drafter, g);
+    if (b[i] == 0) {
+      ++g.sequences;
+      g.observed += c.unobserved_tokens;
+    }
+    shape.tokens += m;
+    shape.attention += AttentionRows(c.context, b[i] + m) - AttentionRows(c.context, b[i]);
+    tokens += dy;
+    b[i] += m;
+    nodes += m;
+    g.nodes += m;
+    g.depth = std::max(g.depth, b[i]);
+    drafters_seconds += drafter_seconds(c.drafter, g) - before;
+    target_seconds = target_cost_.Predict(shape);
+    if (b[i] < c.max_nodes) {
+      const auto [next_m, next_ratio] = best_move(i);
+      if (next_m > 0) heap.emplace(next_ratio, i, next_m);
+    }
+  }
+  // A drafter whose per-call cost the allocation does not earn back is left off.
+  for (const auto& [name, g] : groups) {
+    if (g.sequences == 0) continue;
+    std::vector<int32_t> without = b;
+    for (size_t i = 0; i < n; ++i) {
+      if (candidates[i].drafter == name) without[i] = 0;
+    }
+    const auto [s_with, y_with] = Evaluate(base, candidates, b);
+    const auto [s_without, y_without] = Evaluate(base, candidates, without);
+    if (y_without / (s_without - chunk_seconds) >= y_with / (s_with - chunk_seconds)) {
+      b = without;
+    }
+  }
+  return b;
+}
+
 BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
                                        const std::vector<BudgetCandidate>& candidates) {
   ++plans_;
@@ -348,130 +486,32 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   std::tie(decision.no_draft_seconds, decision.no_draft_tokens) =
       Evaluate(base, candidates, decision.budgets);
 
+  // The most seconds a step with prompt chunks may take (infinity: no such bound).
+  double prefill_limit = std::numeric_limits<double>::infinity();
   if (target_cost_.ready() && n > 0) {
-    // Greedy marginal allocation (see the header). State of the allocation so far:
-    std::vector<int32_t>& b = decision.budgets;
-    StepShape shape = base.shape;
-    double tokens = base.decoding;
-    std::map<std::string, Group> groups;
-    auto drafter_seconds = [&](const std::string& name, const Group& g) {
-      return DrafterSeconds(name, g.sequences, g.nodes, g.depth, g.observed);
-    };
-    double target_seconds = target_cost_.Predict(shape);
-    double drafters_seconds = 0;
-    int64_t nodes = 0;  // allocated so far, against base.max_nodes
-    auto total = [&] { return target_seconds + drafters_seconds + other_seconds_; };
-    // What a node must beat: the batch's decoding rate, tokens over the step's seconds without
-    // its prompt chunks (work the step does anyway: counting it would make any draft look cheap
-    // next to a long chunk).
-    StepShape decode_only = base.shape;
-    decode_only.tokens -= base.chunks.tokens;
-    decode_only.attention -= base.chunks.attention;
-    const double chunk_seconds = target_seconds - target_cost_.Predict(decode_only);
-    auto rate = [&] { return tokens / std::max(total() - chunk_seconds, 1e-12); };
-    // The latency bound: the most seconds the step may take with drafts.
-    const double step_limit = StepLimit(decision.no_draft_seconds);
-
     // Each candidate's expected tokens at every budget, computed once per plan.
     std::vector<std::vector<double>> expected(n);
     for (size_t i = 0; i < n; ++i) {
       expected[i] = acceptance_.ExpectedTable(candidates[i].drafter, candidates[i].id,
                                               candidates[i].max_nodes);
     }
-    // Expected tokens and added seconds of giving candidate i `m` more nodes now.
-    auto delta = [&](size_t i, int32_t m) {
-      const BudgetCandidate& c = candidates[i];
-      const int32_t from = b[i], to = b[i] + m;
-      const double dy = expected[i][to] - expected[i][from];
-      StepShape next = shape;
-      next.tokens += m;
-      next.attention += AttentionRows(c.context, to) - AttentionRows(c.context, from);
-      const Group& g = groups[c.drafter];
-      Group h = g;
-      if (from == 0) {
-        ++h.sequences;
-        h.observed += c.unobserved_tokens;
-      }
-      h.nodes += m;
-      h.depth = std::max(h.depth, to);
-      const double dt = (target_cost_.Predict(next) - target_seconds) +
-                        (drafter_seconds(c.drafter, h) - drafter_seconds(c.drafter, g));
-      return std::pair<double, double>(dy, std::max(dt, 1e-12));
-    };
-    // A sequence not drafting yet: its best first bundle (it pays the per-sequence costs once).
-    constexpr int32_t kMaxFirstBundle = 16;
-    auto best_move = [&](size_t i) {
-      int32_t best_m = 0;
-      double best_ratio = -1;
-      const int32_t limit = b[i] == 0 ? std::min(candidates[i].max_nodes, kMaxFirstBundle)
-                                      : std::min(1, candidates[i].max_nodes - b[i]);
-      for (int32_t m = 1; m <= limit; ++m) {
-        const auto [dy, dt] = delta(i, m);
-        if (dy / dt > best_ratio) {
-          best_ratio = dy / dt;
-          best_m = m;
-        }
-      }
-      return std::pair<int32_t, double>(best_m, best_ratio);
-    };
-    using Entry = std::tuple<double, size_t, int32_t>;  // ratio, candidate, nodes
-    std::priority_queue<Entry> heap;
-    for (size_t i = 0; i < n; ++i) {
-      if (candidates[i].max_nodes <= 0) continue;
-      const auto [m, ratio] = best_move(i);
-      if (m > 0) heap.emplace(ratio, i, m);
+    double step_limit = StepLimit(decision.no_draft_seconds);
+    if (base.chunks.tokens > 0 && options_.max_prefill_step_increase >= 0) {
+      // The prefill-step bound (see the header): what the decodes alone would take with their
+      // drafts, or the step without drafts plus the allowed increase, whichever is longer.
+      StepBase decodes = base;
+      decodes.shape.tokens -= base.chunks.tokens;
+      decodes.shape.attention -= base.chunks.attention;
+      decodes.chunks = {};
+      const double decodes_seconds = Evaluate(decodes, candidates, decision.budgets).first;
+      const std::vector<int32_t> alone =
+          Allocate(decodes, candidates, expected, StepLimit(decodes_seconds));
+      prefill_limit =
+          std::max(decision.no_draft_seconds * (1 + options_.max_prefill_step_increase),
+                   Evaluate(decodes, candidates, alone).first);
+      step_limit = std::min(step_limit, prefill_limit);
     }
-    while (!heap.empty()) {
-      auto [stale, i, m] = heap.top();
-      heap.pop();
-      const auto [dy, dt] = delta(i, m);
-      const double ratio = dy / dt;
-      // The shape moved since the entry was made: re-queue it unless it still leads.
-      if (!heap.empty() && ratio < std::get<0>(heap.top()) * 0.999 && ratio < stale * 0.999) {
-        heap.emplace(ratio, i, m);
-        continue;
-      }
-      // Worth it only if it raises the batch's tokens per second.
-      if (dy <= 0 || ratio <= rate()) continue;
-      if ((base.max_nodes >= 0 && nodes + m > base.max_nodes) || total() + dt > step_limit) {
-        // Past the step's token budget or the latency bound: a smaller first bundle may fit.
-        if (m > 1) heap.emplace(ratio, i, m - 1);
-        continue;
-      }
-      const BudgetCandidate& c = candidates[i];
-      Group& g = groups[c.drafter];
-      const double before = drafter_seconds(c.drafter, g);
-      if (b[i] == 0) {
-        ++g.sequences;
-        g.observed += c.unobserved_tokens;
-      }
-      shape.tokens += m;
-      shape.attention += AttentionRows(c.context, b[i] + m) - AttentionRows(c.context, b[i]);
-      tokens += dy;
-      b[i] += m;
-      nodes += m;
-      g.nodes += m;
-      g.depth = std::max(g.depth, b[i]);
-      drafters_seconds += drafter_seconds(c.drafter, g) - before;
-      target_seconds = target_cost_.Predict(shape);
-      if (b[i] < c.max_nodes) {
-        const auto [next_m, next_ratio] = best_move(i);
-        if (next_m > 0) heap.emplace(next_ratio, i, next_m);
-      }
-    }
-    // A drafter whose per-call cost the allocation does not earn back is left off.
-    for (const auto& [name, g] : groups) {
-      if (g.sequences == 0) continue;
-      std::vector<int32_t> without = b;
-      for (size_t i = 0; i < n; ++i) {
-        if (candidates[i].drafter == name) without[i] = 0;
-      }
-      const auto [s_with, y_with] = Evaluate(base, candidates, b);
-      const auto [s_without, y_without] = Evaluate(base, candidates, without);
-      if (y_without / (s_without - chunk_seconds) >= y_with / (s_with - chunk_seconds)) {
-        b = without;
-      }
-    }
+    decision.budgets = Allocate(base, candidates, expected, step_limit);
   }
 
   // Bounded exploration: probes for sequences left at 0, one extra node now and then, applied
@@ -485,15 +525,16 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   }
   std::vector<int64_t> probed;
   for (size_t i = 0; i < n; ++i) {
-    int32_t& idle = idle_plans_[candidates[i].id];
+    IdleState& state = idle_plans_[candidates[i].id];
+    int32_t& idle = state.plans;
     if (optimum[i] > 0) {
-      idle = 0;
+      state = {};
       continue;
     }
     // A step with no room for drafts (prompt chunks fill its token budget) is not a plan that
     // left the sequence idle: counting it would probe every sequence at once when room opens.
     if (room_left == 0) continue;
-    if (options_.probe_after <= 0 || ++idle < options_.probe_after) continue;
+    if (options_.probe_after <= 0 || ++idle < options_.probe_after * state.backoff) continue;
     int32_t probe = std::min(candidates[i].max_nodes, options_.probe_nodes);
     if (room_left >= 0) probe = static_cast<int32_t>(std::min<int64_t>(probe, room_left));
     if (probe <= 0) continue;
@@ -518,15 +559,25 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   if (explored > 0) {
     // Not bound by max_step_increase: a cost model that overestimates drafts would otherwise
     // never see one measured and never correct itself. The share bounds how often it happens.
-    const double extra = std::max(0.0, Evaluate(base, candidates, explore).first - optimum_seconds);
-    if (explored_seconds_ + extra <= options_.exploration_share * measured_seconds_) {
+    // A step with prompt chunks is not explored past its bound (decode-only steps measure the
+    // same drafts without lengthening the longest gaps).
+    const double explored_seconds = Evaluate(base, candidates, explore).first;
+    const double extra = std::max(0.0, explored_seconds - optimum_seconds);
+    if (explored_seconds_ + extra <= options_.exploration_share * measured_seconds_ &&
+        explored_seconds <= std::max(prefill_limit, optimum_seconds)) {
       explored_seconds_ += extra;
       // Observe charges what the step measures beyond the optimum's prediction, if more.
       pending_exploration_ = {.optimum_seconds = optimum_seconds, .charged_seconds = extra};
       decision.budgets = explore;
-      for (int64_t id : probed) idle_plans_[id] = 0;
+      for (int64_t id : probed) {
+        // The next probe of a sequence that stays at 0 waits twice as long (up to the cap):
+        // a drafter that keeps not paying costs ever less of the exploration share.
+        IdleState& state = idle_plans_[id];
+        state.plans = 0;
+        state.backoff = std::min(2 * state.backoff, std::max(options_.max_probe_backoff, 1));
+      }
     } else {
-      explored = 0;  // waits (the idle counts keep growing) until the share allows it
+      explored = 0;  // waits (the idle counts keep growing) until the share and bound allow it
     }
   }
   decision.explored_nodes = explored;

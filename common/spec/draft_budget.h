@@ -24,7 +24,10 @@
 // batch's decoding rate R = Y/T, Y the expected tokens so far and T the predicted seconds without
 // the step's prompt chunks (work the step does anyway: counted in T, a long chunk would make any
 // draft look cheap). A drafter's per-call cost is charged once when any of its sequences drafts,
-// and the drafter is left off when the step's decoding rate is higher without it.
+// and the drafter is left off when the step's decoding rate is higher without it. A step that
+// prefills prompt chunks is bounded as well (DraftBudgetOptions::max_prefill_step_increase):
+// its gap is the longest its decoding sequences see, so drafts may not make it much longer than
+// without them, unless its decodes alone would take that long with their drafts.
 //
 // Worked example (batch of 1, verification free up to 8 tokens, a chain drafter with p = 0.8 at
 // every depth, drafting 0.2 ms per call and 0.05 ms per node, the step 5 ms): one node adds
@@ -34,7 +37,8 @@
 // acceptance makes 0.8^d / (0.03 ms) beat R keep drafting, and a sequence with p = 0.2 gets 0.
 //
 // Exploration (bounded, deterministic): a sequence whose budget was 0 for `probe_after` plans in a
-// row gets a probe of `probe_nodes` nodes (so a drafter whose acceptance was once low is
+// row (twice as many after each probe that did not make it draft, up to `max_probe_backoff`
+// times) gets a probe of `probe_nodes` nodes (so a drafter whose acceptance was once low is
 // re-measured), and every `explore_every`-th plan one sequence gets one node past the optimum
 // (so the cost curve is measured around the operating point). Both are capped by the requests'
 // own limits, and their cost by `exploration_share` (1%) of the measured time of all steps (each
@@ -102,8 +106,12 @@ class StepCostModel {
 
  private:
   std::vector<double> Features(const StepShape& shape) const;
+  // Caches the fit's knots made monotone, and the attention coefficient, for Predict.
+  void RefreshKnots();
 
   ForgettingLeastSquares fit_;
+  std::vector<double> knots_;
+  double per_attention_ = 0;
   bool has_prior_ = false;
   int64_t observed_ = 0;
 };
@@ -170,6 +178,11 @@ struct DraftBudgetOptions {
   // A sequence at budget 0 this many plans in a row is probed with probe_nodes (0 = never).
   int32_t probe_after = 32;
   int32_t probe_nodes = 2;
+  // Each probe after which the sequence stays at 0 doubles its wait for the next, up to this
+  // factor (1 = no backoff); drafting resets it. Bounds what a drafter that never pays costs
+  // (the exploration share, mostly unused) and still re-measures it every
+  // probe_after x max_probe_backoff plans.
+  int32_t max_probe_backoff = 8;
   // Every explore_every-th plan, one sequence gets one node past the optimum (0 = never).
   int32_t explore_every = 16;
   // Exploration (probes and extra nodes) may cost at most this share of the measured steps'
@@ -181,6 +194,12 @@ struct DraftBudgetOptions {
   // free. Exploration (within exploration_share) is exempt, so that the cost of the drafts the
   // bound forbids is still measured. < 0: no bound (tokens per second alone decide).
   double max_step_increase = -1;
+  // The prefill-step bound: a step that also prefills prompt chunks is already the longest gap
+  // in its decoding sequences' streams (under load these steps set the p99 inter-token latency),
+  // so drafts may make it take at most the longer of (1 + max_prefill_step_increase) times its
+  // time without drafts and the time its decodes alone would take with their drafts. A short
+  // chunk thus drafts as a decode-only step would; a long one is not made longer. < 0: no bound.
+  double max_prefill_step_increase = 0.05;
   uint64_t seed = 0x5eed;
 };
 
@@ -261,6 +280,12 @@ class DraftBudgetPolicy {
                         int32_t max_depth, int64_t observed_tokens) const;
   // The most seconds a step may take with drafts (max_step_increase; infinity without a bound).
   double StepLimit(double no_draft_seconds) const;
+  // Greedy marginal allocation of the step's nodes within `step_limit` seconds (see the header);
+  // expected[i][m]: candidate i's expected tokens at m nodes.
+  std::vector<int32_t> Allocate(const StepBase& base,
+                                const std::vector<BudgetCandidate>& candidates,
+                                const std::vector<std::vector<double>>& expected,
+                                double step_limit) const;
 
   DraftBudgetOptions options_;
   StepCostModel target_cost_;
@@ -268,7 +293,11 @@ class DraftBudgetPolicy {
   AcceptanceModel acceptance_;
   double other_seconds_ = 0;
   bool other_seen_ = false;
-  std::unordered_map<int64_t, int32_t> idle_plans_;  // plans in a row at budget 0
+  struct IdleState {
+    int32_t plans = 0;    // plans in a row at budget 0
+    int32_t backoff = 1;  // the next probe waits probe_after x backoff plans
+  };
+  std::unordered_map<int64_t, IdleState> idle_plans_;
   uint64_t plans_ = 0;
   uint64_t rng_;
   double measured_seconds_ = 0;  // every measured step's seconds so far

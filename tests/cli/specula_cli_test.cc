@@ -215,6 +215,9 @@ TEST_F(SpeculaCliTest, SpeculationFlagErrors) {
   EXPECT_NE(r.err.find("--draft-len must be in [0, 256], got 1000"), std::string::npos) << r.err;
   r = Run(base + " --drafter ngram --draft-budget adaptive --max-draft-slowdown nan");
   EXPECT_NE(r.err.find("--max-draft-slowdown must be a finite number"), std::string::npos) << r.err;
+  r = Run(base + " --drafter ngram --draft-budget adaptive --max-prefill-step-slowdown inf");
+  EXPECT_NE(r.err.find("--max-prefill-step-slowdown must be a finite number"), std::string::npos)
+      << r.err;
   r = Run(base + " --drafter ngram --ngram-min 5 --ngram-max 2");
   EXPECT_NE(r.err.find("min_ngram"), std::string::npos) << r.err;
 }

@@ -218,7 +218,9 @@ TEST(DraftBudgetPolicyTest, DraftsStayWithinTheStepsTokenBudget) {
     for (int step = 0; step < 8; ++step) {  // exploration and probes included
       const auto d = policy.Plan(base, candidates);
       EXPECT_LE(sum(d), room);
-      if (room >= 40) EXPECT_GE(sum(d), room - 8) << "the room is used";
+      if (room >= 40) {
+        EXPECT_GE(sum(d), room - 8) << "the room is used";
+      }
     }
   }
 }
@@ -320,8 +322,11 @@ TEST(DraftBudgetPolicyTest, RespectsEveryCap) {
 
 TEST(DraftBudgetPolicyTest, ProbesASequenceLeftAtZero) {
   std::mt19937 rng(8);
-  DraftBudgetPolicy policy(
-      {.probe_after = 5, .probe_nodes = 2, .explore_every = 0, .exploration_share = 1.0});
+  DraftBudgetPolicy policy({.probe_after = 5,
+                            .probe_nodes = 2,
+                            .max_probe_backoff = 1,
+                            .explore_every = 0,
+                            .exploration_share = 1.0});
   Train(policy, Curve{.base = 1e-4, .knee = 0, .per_token = 1e-4}, 300, rng);
   TrainAcceptance(policy, "ngram", 1, 0.05, 50, rng);
   int probes = 0;
@@ -333,7 +338,38 @@ TEST(DraftBudgetPolicyTest, ProbesASequenceLeftAtZero) {
       ++probes;
     }
   }
-  EXPECT_EQ(probes, 4);  // every 5th plan
+  EXPECT_EQ(probes, 4);  // every 5th plan (no backoff)
+}
+
+// A probe after which the sequence stays at 0 doubles the wait for its next probe, up to the cap;
+// a plan that drafts resets it.
+TEST(DraftBudgetPolicyTest, ProbesBackOffWhileTheDrafterDoesNotPay) {
+  std::mt19937 rng(15);
+  DraftBudgetPolicy policy({.probe_after = 5,
+                            .probe_nodes = 2,
+                            .max_probe_backoff = 4,
+                            .explore_every = 0,
+                            .exploration_share = 1.0});
+  Train(policy, Curve{.base = 1e-4, .knee = 0, .per_token = 1e-4}, 300, rng);
+  TrainAcceptance(policy, "ngram", 1, 0.05, 50, rng);
+  std::vector<int> probe_plans;
+  for (int plan = 1; plan <= 80; ++plan) {
+    const auto d = policy.Plan(Decoding(1, 10), Candidates(1, "ngram", 8, 10));
+    if (d.budgets[0] > 0) probe_plans.push_back(plan);
+  }
+  // Waits of 5, 10, 20, then 20 (the cap) plans.
+  EXPECT_EQ(probe_plans, (std::vector<int>{5, 15, 35, 55, 75}));
+  // Drafting pays again (verification became free): the sequence drafts, and its backoff resets.
+  Train(policy, Curve{.base = 1e-4, .knee = 64, .per_token = 1e-4}, 300, rng, 0.01);
+  TrainAcceptance(policy, "ngram", 1, 0.9, 50, rng);
+  EXPECT_GT(policy.Plan(Decoding(1, 10), Candidates(1, "ngram", 8, 10)).budgets[0], 0);
+  TrainAcceptance(policy, "ngram", 1, 0.0, 200, rng);
+  Train(policy, Curve{.base = 1e-4, .knee = 0, .per_token = 1e-4}, 300, rng, 0.01);
+  int first = 0;
+  for (int plan = 1; plan <= 10 && first == 0; ++plan) {
+    if (policy.Plan(Decoding(1, 10), Candidates(1, "ngram", 8, 10)).budgets[0] > 0) first = plan;
+  }
+  EXPECT_EQ(first, 5) << "the backoff was not reset by drafting";
 }
 
 TEST(DraftBudgetPolicyTest, ExplorationStaysWithinItsShareOfMeasuredTime) {
@@ -414,6 +450,83 @@ TEST(DraftBudgetPolicyTest, LatencyBoundCapsTheStepTime) {
       EXPECT_EQ(drafted, 0);
     }
   }
+}
+
+// A step that also prefills a prompt chunk is the longest gap its decoding sequences see: drafts
+// may make it at most 5% longer (the p99 inter-token latency of no speculation), unless the
+// decodes alone would take that long with their drafts (a short chunk drafts as usual).
+TEST(DraftBudgetPolicyTest, PrefillStepsAreNotMadeLonger) {
+  // Every token costs 0.1 ms on top of 5 ms: a 200-token chunk makes the step 25 ms.
+  const Curve curve{.base = 5e-3, .knee = 0, .per_token = 1e-4};
+  DraftBudgetOptions guarded = NoExploration();
+  DraftBudgetOptions unguarded = NoExploration();
+  unguarded.max_prefill_step_increase = -1;
+  DraftBudgetPolicy with_bound(guarded), without_bound(unguarded);
+  for (DraftBudgetPolicy* policy : {&with_bound, &without_bound}) {
+    std::mt19937 r(13);
+    Train(*policy, curve, 400, r, 0.01);
+    for (int64_t id = 1; id <= 4; ++id) TrainAcceptance(*policy, "ngram", id, 0.85, 60, r);
+    TrainDrafter(*policy, "ngram", 2e-5, 1e-6);
+  }
+  auto with_chunk = [](int64_t chunk) {
+    StepBase base = Decoding(4, 100);
+    base.chunks = {.tokens = chunk, .attention = static_cast<double>(chunk * chunk) / 2};
+    base.shape.tokens += base.chunks.tokens;
+    base.shape.attention += base.chunks.attention;
+    return base;
+  };
+  auto nodes = [](const BudgetDecision& d) {
+    int32_t total = 0;
+    for (int32_t b : d.budgets) total += b;
+    return total;
+  };
+  const auto candidates = Candidates(4, "ngram", 12, 100);
+  const auto decodes = without_bound.Plan(Decoding(4, 100), candidates);
+  ASSERT_GT(nodes(decodes), 8) << "the test's numbers no longer draft";
+
+  // A long chunk: unbounded, the step drafts as the decodes alone would (drafts are judged
+  // against the decoding rate); bounded, it stays within 5% of its time without drafts.
+  const auto long_free = without_bound.Plan(with_chunk(200), candidates);
+  EXPECT_GT(long_free.predicted_seconds, 1.1 * long_free.no_draft_seconds)
+      << "the test's numbers no longer show the bound";
+  const auto long_bounded = with_bound.Plan(with_chunk(200), candidates);
+  EXPECT_LE(long_bounded.predicted_seconds, 1.05 * long_bounded.no_draft_seconds * (1 + 1e-9));
+  EXPECT_GT(nodes(long_bounded), 0) << "drafts that fit within 5% were left out";
+  EXPECT_LT(nodes(long_bounded), nodes(long_free));
+
+  // A short chunk: the step may take as long as the decodes alone with their drafts.
+  const auto short_bounded = with_bound.Plan(with_chunk(4), candidates);
+  EXPECT_LE(short_bounded.predicted_seconds, decodes.predicted_seconds * (1 + 1e-9));
+  EXPECT_GE(nodes(short_bounded), nodes(decodes) - 4);
+
+  // Decode-only steps are not bounded.
+  const auto plain = with_bound.Plan(Decoding(4, 100), candidates);
+  EXPECT_EQ(plain.budgets, decodes.budgets);
+}
+
+// Exploration is exempt from the latency bound but not from the prefill-step bound: a probe
+// waits for a step without a long prompt chunk.
+TEST(DraftBudgetPolicyTest, ProbesWaitForAStepWithoutALongChunk) {
+  std::mt19937 rng(14);
+  DraftBudgetPolicy policy(
+      {.probe_after = 2, .probe_nodes = 8, .explore_every = 0, .exploration_share = 1.0});
+  // Drafting never pays (acceptance 0.05), so every draft is a probe; a node costs 1 ms.
+  const Curve curve{.base = 5e-3, .knee = 0, .per_token = 1e-3};
+  Train(policy, curve, 400, rng, 0.01);
+  TrainAcceptance(policy, "ngram", 1, 0.05, 60, rng);
+  TrainDrafter(policy, "ngram", 2e-5, 1e-6);
+  for (int i = 0; i < 50; ++i) policy.Observe({.shape = {.tokens = 1}, .target_seconds = 6e-3});
+  StepBase chunked = Decoding(1, 100);
+  chunked.chunks = {.tokens = 64, .attention = 64.0 * 64 / 2};
+  chunked.shape.tokens += 64;
+  chunked.shape.attention += chunked.chunks.attention;
+  const auto candidates = Candidates(1, "ngram", 8, 100);
+  for (int step = 0; step < 6; ++step) {
+    const auto d = policy.Plan(chunked, candidates);
+    EXPECT_EQ(d.budgets[0], 0) << "step " << step;
+  }
+  EXPECT_GT(policy.Plan(Decoding(1, 100), candidates).budgets[0], 0)
+      << "the probe waited for a decode-only step";
 }
 
 TEST(DraftBudgetPolicyTest, PlansNothingBeforeAnyMeasurement) {

@@ -53,7 +53,7 @@ const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSection
     {"router flags (--role router, all)",
      {"target-address", "connect-timeout-s", "target-step-deadline-s", "max-prompt-bytes",
       "max-request-bytes", "max-queue", "max-batch-size", "default-drafter", "draft-budget",
-      "draft-len", "draft-cap", "max-draft-slowdown", "cost-profile", "verify", "beta", "tau",
+      "draft-len", "draft-cap", "max-draft-slowdown", "max-prefill-step-slowdown", "cost-profile", "verify", "beta", "tau",
       "typical-epsilon", "typical-delta", "log-stats-interval-s"}},
     {"target flags (--role target, all)",
      {"kv-memory-mb", "kv-block-size", "max-step-tokens", "verify-placement", "drafter-address",

@@ -43,6 +43,11 @@ void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
                   "adaptive: drafts may make a step at most this fraction slower than without "
                   "them (bounds the inter-token latency they add; negative = no bound, tokens "
                   "per second alone decide)");
+  flags.AddDouble("max-prefill-step-slowdown", &max_prefill_step_slowdown,
+                  "adaptive: a step that also prefills prompt chunks (the longest gap in the "
+                  "other streams: p99 inter-token latency under load) may be made at most this "
+                  "fraction slower by drafts, or as slow as its decodes alone with their drafts "
+                  "(negative = no bound)");
   flags.AddString("cost-profile", &cost_profile,
                   "adaptive: warm-start the step cost model from `specula bench-forward --json`");
   flags.AddString("verify", &verify,
@@ -134,7 +139,12 @@ StatusOr<DraftBudgetOptions> SpecFlags::BudgetOptions() const {
     return InvalidArgumentError(
         StrCat("--max-draft-slowdown must be a finite number, got ", max_draft_slowdown));
   }
-  return DraftBudgetOptions{.max_step_increase = max_draft_slowdown};
+  if (!std::isfinite(max_prefill_step_slowdown)) {
+    return InvalidArgumentError(StrCat("--max-prefill-step-slowdown must be a finite number, got ",
+                                       max_prefill_step_slowdown));
+  }
+  return DraftBudgetOptions{.max_step_increase = max_draft_slowdown,
+                            .max_prefill_step_increase = max_prefill_step_slowdown};
 }
 
 StatusOr<std::unique_ptr<BudgetPlanner>> SpecFlags::MakePlanner(int64_t max_step_tokens) const {

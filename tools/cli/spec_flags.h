@@ -18,6 +18,10 @@ namespace specula::cli {
 inline constexpr int64_t kDefaultDraftCap = 16;
 // --max-draft-slowdown: no latency bound unless asked for (see docs/BENCHMARKS.md, issue 14).
 inline constexpr double kDefaultMaxDraftSlowdown = -1;
+// --max-prefill-step-slowdown: steps that prefill prompt chunks (the p99 inter-token gaps under
+// load) are not made longer by drafts beyond this (DraftBudgetOptions::max_prefill_step_increase).
+inline constexpr double kDefaultMaxPrefillStepSlowdown =
+    DraftBudgetOptions{}.max_prefill_step_increase;
 
 struct SpecFlags {
   std::string drafter = "none";  // generate: one name; bench: a comma-separated list
@@ -37,6 +41,8 @@ struct SpecFlags {
   std::string cost_profile;  // adaptive: `bench-forward --json` curve (warm start)
   // adaptive: the latency bound (DraftBudgetOptions::max_step_increase; < 0 = none).
   double max_draft_slowdown = kDefaultMaxDraftSlowdown;
+  // adaptive: the prefill-step bound (DraftBudgetOptions::max_prefill_step_increase; < 0 = none).
+  double max_prefill_step_slowdown = kDefaultMaxPrefillStepSlowdown;
 
   void Register(FlagSet& flags, bool many_drafters);
   // The drafter names in --drafter, each "none" or one of the registry's (INVALID_ARGUMENT
