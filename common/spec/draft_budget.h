@@ -39,8 +39,8 @@
 // Exploration (bounded, deterministic): a sequence whose budget was 0 for `probe_after` plans in a
 // row (twice as many after each probe that did not make it draft, up to `max_probe_backoff`
 // times) gets a probe of `probe_nodes` nodes (so a drafter whose acceptance was once low is
-// re-measured), and every `explore_every`-th plan one sequence gets one node past the optimum
-// (so the cost curve is measured around the operating point). Both are capped by the requests'
+// re-measured), and every `explore_every`-th plan one drafting sequence gets one node past the
+// optimum (so the cost curve is measured around the operating point). Both are capped by the requests'
 // own limits, and their cost by `exploration_share` (1%) of the measured time of all steps (each
 // exploration is charged its predicted cost, or what its step measured beyond the prediction
 // without it, whichever is more): an expensive drafter (whose catch-up Observe costs more than a
@@ -183,7 +183,8 @@ struct DraftBudgetOptions {
   // (the exploration share, mostly unused) and still re-measures it every
   // probe_after x max_probe_backoff plans.
   int32_t max_probe_backoff = 8;
-  // Every explore_every-th plan, one sequence gets one node past the optimum (0 = never).
+  // Every explore_every-th plan, one drafting sequence gets one node past the optimum (0 =
+  // never).
   int32_t explore_every = 16;
   // Exploration (probes and extra nodes) may cost at most this share of the measured steps'
   // time; what does not fit waits.

@@ -341,6 +341,30 @@ TEST(DraftBudgetPolicyTest, ProbesASequenceLeftAtZero) {
   EXPECT_EQ(probes, 4);  // every 5th plan (no backoff)
 }
 
+// The extra node past the optimum measures the cost curve where sequences draft; a sequence at 0
+// is left to its probes (which back off), so a drafter that does not pay is not drafted by it.
+TEST(DraftBudgetPolicyTest, ExtraNodesOnlyWhereSequencesDraft) {
+  std::mt19937 rng(16);
+  DraftBudgetPolicy policy(
+      {.probe_after = 0, .explore_every = 1, .exploration_share = 1.0});
+  Train(policy, Curve{.base = 1e-4, .knee = 0, .per_token = 1e-4}, 300, rng);
+  TrainAcceptance(policy, "ngram", 1, 0.05, 50, rng);
+  TrainAcceptance(policy, "ngram", 2, 0.95, 50, rng);
+  TrainDrafter(policy, "ngram", 1e-7, 1e-8);
+  // Sequence 1 alone (it does not pay): never drafted.
+  for (int plan = 0; plan < 20; ++plan) {
+    EXPECT_EQ(policy.Plan(Decoding(1, 10), Candidates(1, "ngram", 8, 10)).budgets[0], 0);
+  }
+  // Sequence 2 pays (its optimum, ~9 nodes, is below its cap): it drafts and gets the extra node.
+  int32_t extra = 0;
+  for (int plan = 0; plan < 20; ++plan) {
+    const auto d = policy.Plan(Decoding(1, 10), Candidates(1, "ngram", 16, 10, /*first_id=*/2));
+    EXPECT_GT(d.budgets[0], 0);
+    extra += static_cast<int32_t>(d.explored_nodes);
+  }
+  EXPECT_GT(extra, 0);
+}
+
 // A probe after which the sequence stays at 0 doubles the wait for its next probe, up to the cap;
 // a plan that drafts resets it.
 TEST(DraftBudgetPolicyTest, ProbesBackOffWhileTheDrafterDoesNotPay) {
