@@ -523,25 +523,29 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   if (room_left >= 0) {
     for (int32_t x : optimum) room_left -= x;
   }
-  std::vector<int64_t> probed;
+  std::vector<size_t> probed;
   for (size_t i = 0; i < n; ++i) {
-    IdleState& state = idle_plans_[candidates[i].id];
-    int32_t& idle = state.plans;
+    int32_t& idle = idle_plans_[candidates[i].id];
     if (optimum[i] > 0) {
-      state = {};
+      idle = 0;
+      probe_backoff_[candidates[i].drafter] = 1;  // the drafter pays: probes as usual
       continue;
     }
     // A step with no room for drafts (prompt chunks fill its token budget) is not a plan that
     // left the sequence idle: counting it would probe every sequence at once when room opens.
     if (room_left == 0) continue;
-    if (options_.probe_after <= 0 || ++idle < options_.probe_after * state.backoff) continue;
+    if (options_.probe_after <= 0) continue;
+    auto backoff = probe_backoff_.find(candidates[i].drafter);
+    const int32_t wait =
+        options_.probe_after * (backoff == probe_backoff_.end() ? 1 : backoff->second);
+    if (++idle < wait) continue;
     int32_t probe = std::min(candidates[i].max_nodes, options_.probe_nodes);
     if (room_left >= 0) probe = static_cast<int32_t>(std::min<int64_t>(probe, room_left));
     if (probe <= 0) continue;
     if (room_left >= 0) room_left -= probe;
     explore[i] = probe;
     explored += probe;
-    probed.push_back(candidates[i].id);
+    probed.push_back(i);
   }
   if (options_.explore_every > 0 && n > 0 &&
       plans_ % static_cast<uint64_t>(options_.explore_every) == 0) {
@@ -571,12 +575,17 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       // Observe charges what the step measures beyond the optimum's prediction, if more.
       pending_exploration_ = {.optimum_seconds = optimum_seconds, .charged_seconds = extra};
       decision.budgets = explore;
-      for (int64_t id : probed) {
-        // The next probe of a sequence that stays at 0 waits twice as long (up to the cap):
-        // a drafter that keeps not paying costs ever less of the exploration share.
-        IdleState& state = idle_plans_[id];
-        state.plans = 0;
-        state.backoff = std::min(2 * state.backoff, std::max(options_.max_probe_backoff, 1));
+      // The drafter's next probes wait twice as long (up to the cap; once per plan), until one
+      // of its sequences drafts: a drafter that keeps not paying costs ever less of the share,
+      // also through short requests that each would get their first probe.
+      std::vector<std::string> backed_off;
+      for (size_t i : probed) {
+        idle_plans_[candidates[i].id] = 0;
+        const std::string& drafter = candidates[i].drafter;
+        if (std::find(backed_off.begin(), backed_off.end(), drafter) != backed_off.end()) continue;
+        backed_off.push_back(drafter);
+        auto [it, added] = probe_backoff_.try_emplace(drafter, 1);
+        it->second = std::min(2 * it->second, std::max(options_.max_probe_backoff, 1));
       }
     } else {
       explored = 0;  // waits (the idle counts keep growing) until the share and bound allow it

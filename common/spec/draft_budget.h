@@ -37,8 +37,8 @@
 // acceptance makes 0.8^d / (0.03 ms) beat R keep drafting, and a sequence with p = 0.2 gets 0.
 //
 // Exploration (bounded, deterministic): a sequence whose budget was 0 for `probe_after` plans in a
-// row (twice as many after each probe that did not make it draft, up to `max_probe_backoff`
-// times) gets a probe of `probe_nodes` nodes (so a drafter whose acceptance was once low is
+// row (times its drafter's backoff: doubled by each plan that probes the drafter, up to
+// `max_probe_backoff`, and reset when one of its sequences drafts) gets a probe of `probe_nodes` nodes (so a drafter whose acceptance was once low is
 // re-measured), and every `explore_every`-th plan one drafting sequence gets one node past the
 // optimum (so the cost curve is measured around the operating point). Both are capped by the requests'
 // own limits, and their cost by `exploration_share` (1%) of the measured time of all steps (each
@@ -178,10 +178,10 @@ struct DraftBudgetOptions {
   // A sequence at budget 0 this many plans in a row is probed with probe_nodes (0 = never).
   int32_t probe_after = 32;
   int32_t probe_nodes = 2;
-  // Each probe after which the sequence stays at 0 doubles its wait for the next, up to this
-  // factor (1 = no backoff); drafting resets it. Bounds what a drafter that never pays costs
-  // (the exploration share, mostly unused) and still re-measures it every
-  // probe_after x max_probe_backoff plans.
+  // Each plan that probes a drafter doubles the wait for its next probes, up to this factor
+  // (1 = no backoff); a plan where one of its sequences drafts resets it. Bounds what a drafter
+  // that does not pay costs (short requests would each get a probe) and still re-measures it
+  // every probe_after x max_probe_backoff plans of a sequence.
   int32_t max_probe_backoff = 8;
   // Every explore_every-th plan, one drafting sequence gets one node past the optimum (0 =
   // never).
@@ -294,11 +294,9 @@ class DraftBudgetPolicy {
   AcceptanceModel acceptance_;
   double other_seconds_ = 0;
   bool other_seen_ = false;
-  struct IdleState {
-    int32_t plans = 0;    // plans in a row at budget 0
-    int32_t backoff = 1;  // the next probe waits probe_after x backoff plans
-  };
-  std::unordered_map<int64_t, IdleState> idle_plans_;
+  std::unordered_map<int64_t, int32_t> idle_plans_;  // plans in a row at budget 0
+  // Per drafter: its sequences' probes wait probe_after x this many plans.
+  std::map<std::string, int32_t> probe_backoff_;
   uint64_t plans_ = 0;
   uint64_t rng_;
   double measured_seconds_ = 0;  // every measured step's seconds so far

@@ -365,8 +365,8 @@ TEST(DraftBudgetPolicyTest, ExtraNodesOnlyWhereSequencesDraft) {
   EXPECT_GT(extra, 0);
 }
 
-// A probe after which the sequence stays at 0 doubles the wait for its next probe, up to the cap;
-// a plan that drafts resets it.
+// Each plan that probes a drafter doubles the wait for its sequences' next probes, up to the cap;
+// a plan in which one of its sequences drafts resets it.
 TEST(DraftBudgetPolicyTest, ProbesBackOffWhileTheDrafterDoesNotPay) {
   std::mt19937 rng(15);
   DraftBudgetPolicy policy({.probe_after = 5,
@@ -383,6 +383,13 @@ TEST(DraftBudgetPolicyTest, ProbesBackOffWhileTheDrafterDoesNotPay) {
   }
   // Waits of 5, 10, 20, then 20 (the cap) plans.
   EXPECT_EQ(probe_plans, (std::vector<int>{5, 15, 35, 55, 75}));
+  // A new sequence of the same drafter inherits the backoff (short requests would each get one).
+  int first_new = 0;
+  for (int plan = 1; plan <= 30 && first_new == 0; ++plan) {
+    const auto d = policy.Plan(Decoding(1, 10), Candidates(1, "ngram", 8, 10, /*first_id=*/3));
+    if (d.budgets[0] > 0) first_new = plan;
+  }
+  EXPECT_EQ(first_new, 20);
   // Drafting pays again (verification became free): the sequence drafts, and its backoff resets.
   Train(policy, Curve{.base = 1e-4, .knee = 64, .per_token = 1e-4}, 300, rng, 0.01);
   TrainAcceptance(policy, "ngram", 1, 0.9, 50, rng);
