@@ -159,8 +159,7 @@ double StepCostModel::Predict(const StepShape& shape) const {
   while (seg + 2 < k.size() && t > static_cast<double>(k[seg + 1])) ++seg;
   const double lo = static_cast<double>(k[seg]), hi = static_cast<double>(k[seg + 1]);
   const double f = (t - lo) / (hi - lo);
-  const double y =
-      knots_[seg] * (1.0 - f) + knots_[seg + 1] * f + per_attention_ * shape.attention;
+  const double y = knots_[seg] * (1.0 - f) + knots_[seg + 1] * f + per_attention_ * shape.attention;
   return std::max(y, 0.0);
 }
 
@@ -356,9 +355,10 @@ std::pair<double, double> DraftBudgetPolicy::Evaluate(
   return {seconds, tokens};
 }
 
-std::vector<int32_t> DraftBudgetPolicy::Allocate(
-    const StepBase& base, const std::vector<BudgetCandidate>& candidates,
-    const std::vector<std::vector<double>>& expected, double step_limit) const {
+std::vector<int32_t> DraftBudgetPolicy::Allocate(const StepBase& base,
+                                                 const std::vector<BudgetCandidate>& candidates,
+                                                 const std::vector<std::vector<double>>& expected,
+                                                 double step_limit) const {
   // Greedy marginal allocation (see the header). State of the allocation so far:
   const size_t n = candidates.size();
   std::vector<int32_t> b(n, 0);
@@ -506,9 +506,8 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       const double decodes_seconds = Evaluate(decodes, candidates, decision.budgets).first;
       const std::vector<int32_t> alone =
           Allocate(decodes, candidates, expected, StepLimit(decodes_seconds));
-      prefill_limit =
-          std::max(decision.no_draft_seconds * (1 + options_.max_prefill_step_increase),
-                   Evaluate(decodes, candidates, alone).first);
+      prefill_limit = std::max(decision.no_draft_seconds * (1 + options_.max_prefill_step_increase),
+                               Evaluate(decodes, candidates, alone).first);
       step_limit = std::min(step_limit, prefill_limit);
     }
     decision.budgets = Allocate(base, candidates, expected, step_limit);

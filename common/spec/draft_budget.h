@@ -38,13 +38,14 @@
 //
 // Exploration (bounded, deterministic): a sequence whose budget was 0 for `probe_after` plans in a
 // row (times its drafter's backoff: doubled by each plan that probes the drafter, up to
-// `max_probe_backoff`, and reset when one of its sequences drafts) gets a probe of `probe_nodes` nodes (so a drafter whose acceptance was once low is
-// re-measured), and every `explore_every`-th plan one drafting sequence gets one node past the
-// optimum (so the cost curve is measured around the operating point). Both are capped by the requests'
-// own limits, and their cost by `exploration_share` (1%) of the measured time of all steps (each
-// exploration is charged its predicted cost, or what its step measured beyond the prediction
-// without it, whichever is more): an expensive drafter (whose catch-up Observe costs more than a
-// step) is probed rarely.
+// `max_probe_backoff`, and reset when one of its sequences drafts) gets a probe of `probe_nodes`
+// nodes (so a drafter whose acceptance was once low is re-measured), and every
+// `explore_every`-th plan one drafting sequence gets one node past the optimum (so the cost curve
+// is measured around the operating point). Both are capped by the requests' own limits, and
+// their cost by `exploration_share` (1%) of the measured time of all steps (each exploration is
+// charged its predicted cost, or what its step measured beyond the prediction without it,
+// whichever is more): an expensive drafter (whose catch-up Observe costs more than a step) is
+// probed rarely.
 #pragma once
 
 #include <cstdint>

@@ -325,6 +325,10 @@ TEST(SpeculaServeFlagsTest, HelpIsGroupedByRole) {
   EXPECT_STREQ(section_of("max-queue"), "router");
   EXPECT_STREQ(section_of("log-stats-interval-s"), "router");
   EXPECT_STREQ(section_of("target-address"), "router");
+  // The draft budget's own section sits within the router's part (the router runs the policy).
+  EXPECT_NE(help.find("\ndraft budget flags (--role router, all):\n"), std::string::npos);
+  EXPECT_STREQ(section_of("draft-budget"), "router");
+  EXPECT_STREQ(section_of("max-prefill-step-slowdown"), "router");
   EXPECT_STREQ(section_of("drafter-address"), "target");
   EXPECT_STREQ(section_of("kv-memory-mb"), "target");
   EXPECT_STREQ(section_of("ngram-max"), "drafter");

@@ -345,8 +345,7 @@ TEST(DraftBudgetPolicyTest, ProbesASequenceLeftAtZero) {
 // is left to its probes (which back off), so a drafter that does not pay is not drafted by it.
 TEST(DraftBudgetPolicyTest, ExtraNodesOnlyWhereSequencesDraft) {
   std::mt19937 rng(16);
-  DraftBudgetPolicy policy(
-      {.probe_after = 0, .explore_every = 1, .exploration_share = 1.0});
+  DraftBudgetPolicy policy({.probe_after = 0, .explore_every = 1, .exploration_share = 1.0});
   Train(policy, Curve{.base = 1e-4, .knee = 0, .per_token = 1e-4}, 300, rng);
   TrainAcceptance(policy, "ngram", 1, 0.05, 50, rng);
   TrainAcceptance(policy, "ngram", 2, 0.95, 50, rng);
