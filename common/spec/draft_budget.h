@@ -40,12 +40,12 @@
 // row (times its drafter's backoff: doubled by each plan that probes the drafter, up to
 // `max_probe_backoff`, and reset when one of its sequences drafts) gets a probe of `probe_nodes`
 // nodes (so a drafter whose acceptance was once low is re-measured), and every
-// `explore_every`-th plan one drafting sequence gets one node past the optimum (so the cost curve
-// is measured around the operating point). Both are capped by the requests' own limits, and
-// their cost by `exploration_share` (1%) of the measured time of all steps (each exploration is
-// charged its predicted cost, or what its step measured beyond the prediction without it,
-// whichever is more): an expensive drafter (whose catch-up Observe costs more than a step) is
-// probed rarely.
+// `explore_every`-th plan one sequence gets one node past the optimum (so the cost curve is
+// measured around the operating point, and a sequence at 0 is re-measured between probes). Both are
+// capped by the requests' own limits, and their cost by `exploration_share` (1%) of the measured
+// time of all steps (each exploration is charged its predicted cost, or what its step measured
+// beyond the prediction without it, whichever is more): an expensive drafter (whose catch-up
+// Observe costs more than a step) is probed rarely.
 #pragma once
 
 #include <cstdint>
@@ -184,8 +184,7 @@ struct DraftBudgetOptions {
   // that does not pay costs (short requests would each get a probe) and still re-measures it
   // every probe_after x max_probe_backoff plans of a sequence.
   int32_t max_probe_backoff = 8;
-  // Every explore_every-th plan, one drafting sequence gets one node past the optimum (0 =
-  // never).
+  // Every explore_every-th plan, one sequence gets one node past the optimum (0 = never).
   int32_t explore_every = 16;
   // Exploration (probes and extra nodes) may cost at most this share of the measured steps'
   // time; what does not fit waits.
