@@ -320,15 +320,22 @@ TEST(DraftBudgetPolicyTest, RespectsEveryCap) {
   }
 }
 
-TEST(DraftBudgetPolicyTest, ProbesASequenceLeftAtZero) {
-  std::mt19937 rng(8);
+// A policy that probes a sequence left at 0 after 5 plans (its drafter's backoff capped at
+// `max_backoff`), whose sequence 1 has poor acceptance and whose every token costs a step's worth.
+DraftBudgetPolicy ProbingPolicy(int32_t max_backoff, std::mt19937& rng) {
   DraftBudgetPolicy policy({.probe_after = 5,
                             .probe_nodes = 2,
-                            .max_probe_backoff = 1,
+                            .max_probe_backoff = max_backoff,
                             .explore_every = 0,
                             .exploration_share = 1.0});
   Train(policy, Curve{.base = 1e-4, .knee = 0, .per_token = 1e-4}, 300, rng);
   TrainAcceptance(policy, "ngram", 1, 0.05, 50, rng);
+  return policy;
+}
+
+TEST(DraftBudgetPolicyTest, ProbesASequenceLeftAtZero) {
+  std::mt19937 rng(8);
+  DraftBudgetPolicy policy = ProbingPolicy(/*max_backoff=*/1, rng);
   int probes = 0;
   for (int step = 0; step < 20; ++step) {
     const auto d = policy.Plan(Decoding(1, 10), Candidates(1, "ngram", 8, 10));
@@ -365,13 +372,7 @@ TEST(DraftBudgetPolicyTest, TheExtraNodeReachesASequenceAtZero) {
 // a plan in which one of its sequences drafts resets it.
 TEST(DraftBudgetPolicyTest, ProbesBackOffWhileTheDrafterDoesNotPay) {
   std::mt19937 rng(15);
-  DraftBudgetPolicy policy({.probe_after = 5,
-                            .probe_nodes = 2,
-                            .max_probe_backoff = 4,
-                            .explore_every = 0,
-                            .exploration_share = 1.0});
-  Train(policy, Curve{.base = 1e-4, .knee = 0, .per_token = 1e-4}, 300, rng);
-  TrainAcceptance(policy, "ngram", 1, 0.05, 50, rng);
+  DraftBudgetPolicy policy = ProbingPolicy(/*max_backoff=*/4, rng);
   std::vector<int> probe_plans;
   for (int plan = 1; plan <= 80; ++plan) {
     const auto d = policy.Plan(Decoding(1, 10), Candidates(1, "ngram", 8, 10));
