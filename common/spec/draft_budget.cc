@@ -1,6 +1,7 @@
 #include "common/spec/draft_budget.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <queue>
@@ -68,7 +69,7 @@ void ForgettingLeastSquares::Solve() {
   }
 }
 
-double ForgettingLeastSquares::Predict(const std::vector<double>& x) const {
+double ForgettingLeastSquares::Predict(std::span<const double> x) const {
   double y = 0;
   for (size_t i = 0; i < n_; ++i) y += theta_[i] * x[i];
   return y;
@@ -98,15 +99,24 @@ const std::vector<int64_t>& StepCostModel::Knots() {
 StepCostModel::StepCostModel(double forgetting)
     : fit_(std::vector<double>(Knots().size() + 1, 0.0), /*prior_weight=*/0.2, forgetting) {}
 
-std::vector<double> StepCostModel::Features(const StepShape& shape) const {
-  const std::vector<int64_t>& k = Knots();
-  std::vector<double> x(k.size() + 1, 0.0);
-  const double t = static_cast<double>(std::max<int64_t>(shape.tokens, 1));
-  // Hat functions over the knots (linear interpolation; linear extrapolation past the last).
+namespace {
+
+// Where `tokens` falls between the knots: the segment's first knot and the weight of the next
+// (hat functions: linear interpolation, linear extrapolation past the last knot).
+std::pair<size_t, double> KnotSegment(int64_t tokens) {
+  const std::vector<int64_t>& k = StepCostModel::Knots();
+  const double t = static_cast<double>(std::max<int64_t>(tokens, 1));
   size_t seg = 0;
   while (seg + 2 < k.size() && t > static_cast<double>(k[seg + 1])) ++seg;
   const double lo = static_cast<double>(k[seg]), hi = static_cast<double>(k[seg + 1]);
-  const double f = (t - lo) / (hi - lo);
+  return {seg, (t - lo) / (hi - lo)};
+}
+
+}  // namespace
+
+std::vector<double> StepCostModel::Features(const StepShape& shape) const {
+  std::vector<double> x(Knots().size() + 1, 0.0);
+  const auto [seg, f] = KnotSegment(shape.tokens);
   x[seg] = 1.0 - f;
   x[seg + 1] = f;
   x.back() = shape.attention / kAttentionUnit;
@@ -152,13 +162,9 @@ void StepCostModel::RefreshKnots() {
 
 double StepCostModel::Predict(const StepShape& shape) const {
   if (shape.tokens <= 0 || !ready()) return 0;
-  // Features() inlined on the cached knots: the policy predicts hundreds of shapes per plan.
-  const std::vector<int64_t>& k = Knots();
-  const double t = static_cast<double>(shape.tokens);
-  size_t seg = 0;
-  while (seg + 2 < k.size() && t > static_cast<double>(k[seg + 1])) ++seg;
-  const double lo = static_cast<double>(k[seg]), hi = static_cast<double>(k[seg + 1]);
-  const double f = (t - lo) / (hi - lo);
+  // Features() . knots without building the vector: the policy predicts hundreds of shapes per
+  // plan.
+  const auto [seg, f] = KnotSegment(shape.tokens);
   const double y = knots_[seg] * (1.0 - f) + knots_[seg + 1] * f + per_attention_ * shape.attention;
   return std::max(y, 0.0);
 }
@@ -169,8 +175,9 @@ double StepCostModel::Predict(const StepShape& shape) const {
 namespace {
 constexpr double kSeqUnit = 16, kNodeUnit = 64, kDepthUnit = 8, kObservedUnit = 256;
 
-std::vector<double> DrafterFeatures(int32_t sequences, int64_t nodes, int32_t max_depth,
-                                    int64_t observed) {
+// No allocation: the policy predicts hundreds of drafter calls per plan.
+std::array<double, 5> DrafterFeatures(int32_t sequences, int64_t nodes, int32_t max_depth,
+                                      int64_t observed) {
   return {1.0, sequences / kSeqUnit, static_cast<double>(nodes) / kNodeUnit, max_depth / kDepthUnit,
           static_cast<double>(observed) / kObservedUnit};
 }
@@ -181,8 +188,8 @@ DrafterCostModel::DrafterCostModel(double forgetting)
 
 void DrafterCostModel::Observe(const DrafterCall& call) {
   if (call.sequences <= 0 || !(call.seconds >= 0) || !std::isfinite(call.seconds)) return;
-  fit_.Add(DrafterFeatures(call.sequences, call.nodes, call.max_depth, call.observed_tokens),
-           call.seconds);
+  const auto x = DrafterFeatures(call.sequences, call.nodes, call.max_depth, call.observed_tokens);
+  fit_.Add(std::vector<double>(x.begin(), x.end()), call.seconds);
 }
 
 DrafterCostModel::Parts DrafterCostModel::parts() const {
@@ -197,14 +204,8 @@ DrafterCostModel::Parts DrafterCostModel::parts() const {
 double DrafterCostModel::Predict(int32_t sequences, int64_t nodes, int32_t max_depth,
                                  int64_t observed_tokens) const {
   if (sequences <= 0) return 0;
-  // The parts are fitted jointly (clamping one alone would bias the others' sum). Features
-  // inlined (no allocation: the policy predicts hundreds of calls per plan).
-  const std::vector<double>& t = fit_.coefficients();
-  const double y = t[0] + t[1] * (sequences / kSeqUnit) +
-                   t[2] * (static_cast<double>(nodes) / kNodeUnit) +
-                   t[3] * (max_depth / kDepthUnit) +
-                   t[4] * (static_cast<double>(observed_tokens) / kObservedUnit);
-  return std::max(y, 0.0);
+  // The parts are fitted jointly (clamping one alone would bias the others' sum).
+  return std::max(fit_.Predict(DrafterFeatures(sequences, nodes, max_depth, observed_tokens)), 0.0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -294,6 +295,15 @@ struct Group {
   int64_t observed = 0;
 };
 
+// The step without its prompt chunks: its decodes alone.
+StepBase WithoutChunks(const StepBase& base) {
+  StepBase decodes = base;
+  decodes.shape.tokens -= base.chunks.tokens;
+  decodes.shape.attention -= base.chunks.attention;
+  decodes.chunks = {};
+  return decodes;
+}
+
 // Attention work of a decoding sequence with `nodes` draft nodes: its pending token and nodes
 // each read the context plus the new rows.
 double AttentionRows(int64_t context, int32_t nodes) {
@@ -375,10 +385,7 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(const StepBase& base,
   // What a node must beat: the batch's decoding rate, tokens over the step's seconds without
   // its prompt chunks (work the step does anyway: counting it would make any draft look cheap
   // next to a long chunk).
-  StepShape decode_only = base.shape;
-  decode_only.tokens -= base.chunks.tokens;
-  decode_only.attention -= base.chunks.attention;
-  const double chunk_seconds = target_seconds - target_cost_.Predict(decode_only);
+  const double chunk_seconds = target_seconds - target_cost_.Predict(WithoutChunks(base).shape);
   auto rate = [&] { return tokens / std::max(total() - chunk_seconds, 1e-12); };
   // Expected tokens and added seconds of giving candidate i `m` more nodes now.
   auto delta = [&](size_t i, int32_t m) {
@@ -499,10 +506,7 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     if (base.chunks.tokens > 0 && options_.max_prefill_step_increase >= 0) {
       // The prefill-step bound (see the header): what the decodes alone would take with their
       // drafts, or the step without drafts plus the allowed increase, whichever is longer.
-      StepBase decodes = base;
-      decodes.shape.tokens -= base.chunks.tokens;
-      decodes.shape.attention -= base.chunks.attention;
-      decodes.chunks = {};
+      const StepBase decodes = WithoutChunks(base);
       const double decodes_seconds = Evaluate(decodes, candidates, decision.budgets).first;
       const std::vector<int32_t> alone =
           Allocate(decodes, candidates, expected, StepLimit(decodes_seconds));

@@ -50,6 +50,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -65,7 +66,7 @@ class ForgettingLeastSquares {
   ForgettingLeastSquares(std::vector<double> prior, double prior_weight, double forgetting);
 
   void Add(const std::vector<double>& x, double y);
-  double Predict(const std::vector<double>& x) const;
+  double Predict(std::span<const double> x) const;
   // Replaces the prior and restarts the fit from it.
   void Reset(std::vector<double> prior);
   // Moves the anchor that future forgetting pulls toward, keeping the data.
