@@ -42,13 +42,17 @@ void BudgetPlanner::OnStep(const StepReport& report, double wall_seconds) {
     auto it = tracked_.find(u.id);
     if (it == tracked_.end()) continue;
     Tracked& t = it->second;
-    if (u.draft_nodes > 0) {
+    // A budget that came back short (or empty) is the drafter's supply; a draft nobody asked for
+    // (a fixed budget) still teaches acceptance.
+    if (u.draft_nodes > 0 || t.asked > 0) {
       m.sequences.push_back({.id = u.id,
                              .drafter = t.drafter,
                              .nodes = u.draft_nodes,
                              .depth = u.draft_depth,
-                             .accepted = u.draft_accepted});
+                             .accepted = u.draft_accepted,
+                             .asked = t.asked});
     }
+    t.asked = 0;
     if (u.finished) {
       Forget(u.id);
       continue;
@@ -99,6 +103,7 @@ std::vector<StepPlan::DraftBudget> BudgetPlanner::Plan() {
   std::vector<StepPlan::DraftBudget> budgets;
   for (size_t i = 0; i < candidates.size(); ++i) {
     budgets.push_back({.id = candidates[i].id, .max_draft_tokens = last_.budgets[i]});
+    tracked_[candidates[i].id].asked = last_.budgets[i];
   }
   // Admitted requests that cannot draft this step (prefilling, no room) get 0 explicitly.
   for (const auto& [id, t] : tracked_) {

@@ -44,6 +44,7 @@ class BudgetPlanner {
     int64_t context = 0;
     int64_t unobserved = 0;
     int32_t max_nodes = 0;  // from the last update
+    int32_t asked = 0;      // the last plan's budget, until a report says what came of it
     bool decoding = false;
   };
 

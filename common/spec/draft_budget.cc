@@ -212,11 +212,38 @@ double DrafterCostModel::Predict(int32_t sequences, int64_t nodes, int32_t max_d
 // AcceptanceModel
 
 AcceptanceModel::AcceptanceModel(double rate, double prior_rate, double initial)
-    : rate_(rate), prior_rate_(prior_rate), initial_(initial), default_(kMaxDepth + 1, initial) {}
+    : rate_(rate), prior_rate_(prior_rate) {
+  accept_.initial.assign(kMaxDepth + 1, initial);
+  supply_.initial.assign(kMaxDepth + 1, 1.0);  // a drafter returns what it is asked for
+}
 
-const std::vector<double>& AcceptanceModel::Prior(const std::string& drafter) const {
-  auto it = prior_.find(drafter);
-  return it == prior_.end() ? default_ : it->second;
+const std::vector<double>& AcceptanceModel::Rates::Prior(const std::string& drafter) const {
+  auto it = prior.find(drafter);
+  return it == prior.end() ? initial : it->second;
+}
+
+const std::vector<double>& AcceptanceModel::Rates::Of(const std::string& drafter,
+                                                      int64_t id) const {
+  auto it = seq.find(id);
+  return it != seq.end() ? it->second : Prior(drafter);
+}
+
+void AcceptanceModel::Rates::Update(const std::string& drafter, int64_t id, int32_t last,
+                                    int32_t hits, double rate, double prior_rate) {
+  auto [pit, new_prior] = prior.try_emplace(drafter, initial);
+  std::vector<double>& average = pit->second;
+  auto [sit, new_seq] = seq.try_emplace(id, average);
+  std::vector<double>& p = sit->second;
+  std::vector<int64_t>& seen = prior_samples[drafter];
+  if (seen.empty()) seen.assign(kMaxDepth + 1, 0);
+  for (int32_t d = 1; d <= last; ++d) {
+    const double hit = d <= hits ? 1.0 : 0.0;
+    p[d] += rate * (hit - p[d]);
+    // The drafter's average starts as a running mean (the initial value weighing as one
+    // sample), so a few measured steps overrule the guess, then becomes a moving average.
+    const double r = std::max(prior_rate, 1.0 / static_cast<double>(++seen[d] + 1));
+    average[d] += r * (hit - average[d]);
+  }
 }
 
 void AcceptanceModel::Observe(const std::string& drafter, int64_t id, int32_t depth,
@@ -224,33 +251,38 @@ void AcceptanceModel::Observe(const std::string& drafter, int64_t id, int32_t de
   depth = std::min(depth, kMaxDepth);
   accepted = std::clamp(accepted, 0, depth);
   if (depth <= 0) return;
-  auto [pit, new_prior] = prior_.try_emplace(drafter, default_);
-  std::vector<double>& prior = pit->second;
-  auto [sit, new_seq] = seq_.try_emplace(id, prior);
-  std::vector<double>& p = sit->second;
   // Depth d was tried iff the tree reached d and depth d-1 was accepted.
-  std::vector<int64_t>& seen = prior_samples_[drafter];
-  if (seen.empty()) seen.assign(kMaxDepth + 1, 0);
-  for (int32_t d = 1; d <= std::min(depth, accepted + 1); ++d) {
-    const double hit = d <= accepted ? 1.0 : 0.0;
-    p[d] += rate_ * (hit - p[d]);
-    // The drafter's average starts as a running mean (the initial value weighing as one
-    // sample), so a few measured steps overrule the guess, then becomes a moving average.
-    const double rate = std::max(prior_rate_, 1.0 / static_cast<double>(++seen[d] + 1));
-    prior[d] += rate * (hit - prior[d]);
-  }
+  accept_.Update(drafter, id, std::min(depth, accepted + 1), accepted, rate_, prior_rate_);
 }
 
-void AcceptanceModel::Forget(int64_t id) { seq_.erase(id); }
+void AcceptanceModel::ObserveSupply(const std::string& drafter, int64_t id, int32_t asked,
+                                    int32_t returned) {
+  asked = std::min(asked, kMaxDepth);
+  returned = std::clamp(returned, 0, asked);
+  if (asked <= 0) return;
+  // Node j was in question iff it was asked for and node j-1 came back.
+  supply_.Update(drafter, id, std::min(asked, returned + 1), returned, rate_, prior_rate_);
+}
+
+void AcceptanceModel::Forget(int64_t id) {
+  accept_.seq.erase(id);
+  supply_.seq.erase(id);
+}
 
 double AcceptanceModel::Conditional(const std::string& drafter, int64_t id, int32_t d) const {
-  d = std::clamp(d, 1, kMaxDepth);
-  auto it = seq_.find(id);
-  return it != seq_.end() ? it->second[d] : Prior(drafter)[d];
+  return accept_.Of(drafter, id)[std::clamp(d, 1, kMaxDepth)];
+}
+
+double AcceptanceModel::Supply(const std::string& drafter, int64_t id, int32_t j) const {
+  return supply_.Of(drafter, id)[std::clamp(j, 1, kMaxDepth)];
+}
+
+double AcceptanceModel::DrafterSupply(const std::string& drafter, int32_t j) const {
+  return supply_.Prior(drafter)[std::clamp(j, 1, kMaxDepth)];
 }
 
 double AcceptanceModel::DrafterConditional(const std::string& drafter, int32_t d) const {
-  return Prior(drafter)[std::clamp(d, 1, kMaxDepth)];
+  return accept_.Prior(drafter)[std::clamp(d, 1, kMaxDepth)];
 }
 
 double AcceptanceModel::Expected(const std::string& drafter, int64_t id, int32_t nodes) const {
@@ -262,17 +294,21 @@ double AcceptanceModel::Expected(const std::string& drafter, int64_t id, int32_t
   return sum;
 }
 
-std::vector<double> AcceptanceModel::ExpectedTable(const std::string& drafter, int64_t id,
-                                                   int32_t max_nodes) const {
-  std::vector<double> table(std::max(max_nodes, 0) + 1, 0.0);
-  const auto it = seq_.find(id);
-  const auto& conditional = it != seq_.end() ? it->second : Prior(drafter);
-  double reach = 1.0;
-  for (int32_t d = 1; d <= max_nodes; ++d) {
-    reach *= conditional[std::min(d, kMaxDepth)];
-    table[d] = table[d - 1] + reach;
+AcceptanceModel::Tables AcceptanceModel::ExpectedDraft(const std::string& drafter, int64_t id,
+                                                       int32_t max_nodes) const {
+  const size_t size = static_cast<size_t>(std::max(max_nodes, 0)) + 1;
+  Tables t{.tokens = std::vector<double>(size, 0.0), .rows = std::vector<double>(size, 0.0)};
+  const std::vector<double>& p = accept_.Of(drafter, id);
+  const std::vector<double>& s = supply_.Of(drafter, id);
+  double accepted = 1.0, supplied = 1.0;
+  for (int32_t j = 1; j <= max_nodes; ++j) {
+    const int32_t d = std::min(j, kMaxDepth);
+    accepted *= p[d];
+    supplied *= s[d];
+    t.tokens[j] = t.tokens[j - 1] + supplied * accepted;
+    t.rows[j] = t.rows[j - 1] + supplied;
   }
-  return table;
+  return t;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -304,9 +340,9 @@ StepBase WithoutChunks(const StepBase& base) {
   return decodes;
 }
 
-// Attention work of a decoding sequence with `nodes` draft nodes: its pending token and nodes
-// each read the context plus the new rows.
-double AttentionRows(int64_t context, int32_t nodes) {
+// Attention work of a decoding sequence with `nodes` draft nodes (expected: fractional): its
+// pending token and nodes each read the context plus the new rows.
+double AttentionRows(int64_t context, double nodes) {
   const double rows = 1.0 + nodes;
   return rows * (static_cast<double>(context) + rows);
 }
@@ -339,46 +375,69 @@ double DraftBudgetPolicy::DrafterSeconds(const std::string& drafter, int32_t seq
   return model ? model->Predict(sequences, nodes, max_depth, observed_tokens) : 0.0;
 }
 
+double DraftBudgetPolicy::TargetSeconds(StepShape shape, double rows) const {
+  const double whole = std::floor(std::max(rows, 0.0));
+  shape.tokens += static_cast<int64_t>(whole);
+  const double seconds = target_cost_.Predict(shape);
+  const double fraction = rows - whole;
+  if (fraction <= 0) return seconds;
+  ++shape.tokens;
+  return seconds + fraction * (target_cost_.Predict(shape) - seconds);
+}
+
+std::vector<AcceptanceModel::Tables> DraftBudgetPolicy::ExpectedDrafts(
+    const std::vector<BudgetCandidate>& candidates) const {
+  std::vector<AcceptanceModel::Tables> expected;
+  expected.reserve(candidates.size());
+  for (const BudgetCandidate& c : candidates) {
+    expected.push_back(acceptance_.ExpectedDraft(c.drafter, c.id, c.max_nodes));
+  }
+  return expected;
+}
+
 std::pair<double, double> DraftBudgetPolicy::Evaluate(
     const StepBase& base, const std::vector<BudgetCandidate>& candidates,
+    const std::vector<AcceptanceModel::Tables>& expected,
     const std::vector<int32_t>& budgets) const {
   StepShape shape = base.shape;
+  double rows = 0;
   double tokens = base.decoding;
   std::map<std::string, Group> groups;
   for (size_t i = 0; i < candidates.size(); ++i) {
-    const int32_t n = budgets[i];
+    const int32_t n = std::min(budgets[i], candidates[i].max_nodes);
     if (n <= 0) continue;
     const BudgetCandidate& c = candidates[i];
-    shape.tokens += n;
-    shape.attention += AttentionRows(c.context, n) - AttentionRows(c.context, 0);
-    tokens += acceptance_.Expected(c.drafter, c.id, n);
+    const double r = expected[i].rows[n];
+    rows += r;
+    shape.attention += AttentionRows(c.context, r) - AttentionRows(c.context, 0);
+    tokens += expected[i].tokens[n];
     Group& g = groups[c.drafter];
     ++g.sequences;
     g.nodes += n;
     g.depth = std::max(g.depth, n);
     g.observed += c.unobserved_tokens;
   }
-  double seconds = target_cost_.Predict(shape) + other_seconds_;
+  double seconds = TargetSeconds(shape, rows) + other_seconds_;
   for (const auto& [name, g] : groups) {
     seconds += DrafterSeconds(name, g.sequences, g.nodes, g.depth, g.observed);
   }
   return {seconds, tokens};
 }
 
-std::vector<int32_t> DraftBudgetPolicy::Allocate(const StepBase& base,
-                                                 const std::vector<BudgetCandidate>& candidates,
-                                                 const std::vector<std::vector<double>>& expected,
-                                                 double step_limit) const {
+std::vector<int32_t> DraftBudgetPolicy::Allocate(
+    const StepBase& base, const std::vector<BudgetCandidate>& candidates,
+    const std::vector<AcceptanceModel::Tables>& expected, double step_limit) const {
   // Greedy marginal allocation (see the header). State of the allocation so far:
   const size_t n = candidates.size();
   std::vector<int32_t> b(n, 0);
-  StepShape shape = base.shape;
+  StepShape shape = base.shape;  // its tokens stay the base's: the drafts' rows are `rows`
+  double rows = 0;               // expected (a drafter may return fewer nodes than asked)
   double tokens = base.decoding;
   std::map<std::string, Group> groups;
   auto drafter_seconds = [&](const std::string& name, const Group& g) {
     return DrafterSeconds(name, g.sequences, g.nodes, g.depth, g.observed);
   };
-  double target_seconds = target_cost_.Predict(shape);
+  double target_seconds = TargetSeconds(shape, rows);
   double drafters_seconds = 0;
   int64_t nodes = 0;  // allocated so far, against base.max_nodes
   auto total = [&] { return target_seconds + drafters_seconds + other_seconds_; };
@@ -391,10 +450,10 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(const StepBase& base,
   auto delta = [&](size_t i, int32_t m) {
     const BudgetCandidate& c = candidates[i];
     const int32_t from = b[i], to = b[i] + m;
-    const double dy = expected[i][to] - expected[i][from];
+    const double dy = expected[i].tokens[to] - expected[i].tokens[from];
+    const double row_from = expected[i].rows[from], row_to = expected[i].rows[to];
     StepShape next = shape;
-    next.tokens += m;
-    next.attention += AttentionRows(c.context, to) - AttentionRows(c.context, from);
+    next.attention += AttentionRows(c.context, row_to) - AttentionRows(c.context, row_from);
     const Group& g = groups[c.drafter];
     Group h = g;
     if (from == 0) {
@@ -403,7 +462,7 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(const StepBase& base,
     }
     h.nodes += m;
     h.depth = std::max(h.depth, to);
-    const double dt = (target_cost_.Predict(next) - target_seconds) +
+    const double dt = (TargetSeconds(next, rows + row_to - row_from) - target_seconds) +
                       (drafter_seconds(c.drafter, h) - drafter_seconds(c.drafter, g));
     return std::pair<double, double>(dy, std::max(dt, 1e-12));
   };
@@ -454,15 +513,16 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(const StepBase& base,
       ++g.sequences;
       g.observed += c.unobserved_tokens;
     }
-    shape.tokens += m;
-    shape.attention += AttentionRows(c.context, b[i] + m) - AttentionRows(c.context, b[i]);
+    const double row_from = expected[i].rows[b[i]], row_to = expected[i].rows[b[i] + m];
+    rows += row_to - row_from;
+    shape.attention += AttentionRows(c.context, row_to) - AttentionRows(c.context, row_from);
     tokens += dy;
     b[i] += m;
     nodes += m;
     g.nodes += m;
     g.depth = std::max(g.depth, b[i]);
     drafters_seconds += drafter_seconds(c.drafter, g) - before;
-    target_seconds = target_cost_.Predict(shape);
+    target_seconds = TargetSeconds(shape, rows);
     if (b[i] < c.max_nodes) {
       const auto [next_m, next_ratio] = best_move(i);
       if (next_m > 0) heap.emplace(next_ratio, i, next_m);
@@ -475,8 +535,8 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(const StepBase& base,
     for (size_t i = 0; i < n; ++i) {
       if (candidates[i].drafter == name) without[i] = 0;
     }
-    const auto [s_with, y_with] = Evaluate(base, candidates, b);
-    const auto [s_without, y_without] = Evaluate(base, candidates, without);
+    const auto [s_with, y_with] = Evaluate(base, candidates, expected, b);
+    const auto [s_without, y_without] = Evaluate(base, candidates, expected, without);
     if (y_without / (s_without - chunk_seconds) >= y_with / (s_with - chunk_seconds)) {
       b = without;
     }
@@ -490,28 +550,25 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   const size_t n = candidates.size();
   BudgetDecision decision;
   decision.budgets.assign(n, 0);
+  // Each candidate's expected tokens and rows at every budget, computed once per plan.
+  const std::vector<AcceptanceModel::Tables> expected = ExpectedDrafts(candidates);
   std::tie(decision.no_draft_seconds, decision.no_draft_tokens) =
-      Evaluate(base, candidates, decision.budgets);
+      Evaluate(base, candidates, expected, decision.budgets);
 
   // The most seconds a step with prompt chunks may take (infinity: no such bound).
   double prefill_limit = std::numeric_limits<double>::infinity();
   if (target_cost_.ready() && n > 0) {
-    // Each candidate's expected tokens at every budget, computed once per plan.
-    std::vector<std::vector<double>> expected(n);
-    for (size_t i = 0; i < n; ++i) {
-      expected[i] = acceptance_.ExpectedTable(candidates[i].drafter, candidates[i].id,
-                                              candidates[i].max_nodes);
-    }
     double step_limit = StepLimit(decision.no_draft_seconds);
     if (base.chunks.tokens > 0 && options_.max_prefill_step_increase >= 0) {
       // The prefill-step bound (see the header): what the decodes alone would take with their
       // drafts, or the step without drafts plus the allowed increase, whichever is longer.
       const StepBase decodes = WithoutChunks(base);
-      const double decodes_seconds = Evaluate(decodes, candidates, decision.budgets).first;
+      const double decodes_seconds =
+          Evaluate(decodes, candidates, expected, decision.budgets).first;
       const std::vector<int32_t> alone =
           Allocate(decodes, candidates, expected, StepLimit(decodes_seconds));
       prefill_limit = std::max(decision.no_draft_seconds * (1 + options_.max_prefill_step_increase),
-                               Evaluate(decodes, candidates, alone).first);
+                               Evaluate(decodes, candidates, expected, alone).first);
       step_limit = std::min(step_limit, prefill_limit);
     }
     decision.budgets = Allocate(base, candidates, expected, step_limit);
@@ -564,14 +621,14 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       explored += 1;
     }
   }
-  const auto [optimum_seconds, optimum_tokens] = Evaluate(base, candidates, optimum);
+  const auto [optimum_seconds, optimum_tokens] = Evaluate(base, candidates, expected, optimum);
   pending_exploration_ = {};
   if (explored > 0) {
     // Not bound by max_step_increase: a cost model that overestimates drafts would otherwise
     // never see one measured and never correct itself. The share bounds how often it happens.
     // A step with prompt chunks is not explored past its bound (decode-only steps measure the
     // same drafts without lengthening the longest gaps).
-    const double explored_seconds = Evaluate(base, candidates, explore).first;
+    const double explored_seconds = Evaluate(base, candidates, expected, explore).first;
     const double extra = std::max(0.0, explored_seconds - optimum_seconds);
     if (explored_seconds_ + extra <= options_.exploration_share * measured_seconds_ &&
         explored_seconds <= std::max(prefill_limit, optimum_seconds)) {
@@ -597,7 +654,7 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   }
   decision.explored_nodes = explored;
   std::tie(decision.predicted_seconds, decision.predicted_tokens) =
-      Evaluate(base, candidates, decision.budgets);
+      Evaluate(base, candidates, expected, decision.budgets);
   return decision;
 }
 
@@ -625,6 +682,7 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   }
   for (const DrafterCall& call : step.drafter_calls) drafter_cost_[call.drafter].Observe(call);
   for (const StepMeasurement::Sequence& s : step.sequences) {
+    if (s.asked > 0) acceptance_.ObserveSupply(s.drafter, s.id, s.asked, s.nodes);
     if (s.nodes > 0) acceptance_.Observe(s.drafter, s.id, s.depth, s.accepted);
   }
 }

@@ -14,8 +14,14 @@
 //     autoregressive one pays per depth.
 //   - AcceptanceModel: per drafter and sequence, p[d] = P(depth d accepted | depth d-1 accepted),
 //     an exponential moving average over recent steps (a new sequence starts from its drafter's
-//     average). A chain of n nodes is expected to add E(n) = sum_{d<=n} prod_{i<=d} p[i] tokens;
-//     node j of a tree is valued as depth j (a tree drafter's width shows up in a higher p).
+//     average); node j of a tree is valued as depth j (a tree drafter's width shows up in a
+//     higher p). Likewise the drafter's supply s[j] = P(node j comes back | node j-1 did and j was
+//     asked for): a drafter may return fewer nodes than its budget (n-gram lookup finds no match,
+//     or a shorter one). A budget of n nodes is expected to add
+//     E(n) = sum_{j<=n} S(j) A(j) tokens and R(n) = sum_{j<=n} S(j) rows to the forward, with
+//     S(j) = prod_{i<=j} s[i] and A(j) = prod_{i<=j} p[i]; the drafter's per-call and
+//     per-sequence costs are paid whatever comes back, so a drafter that often returns nothing
+//     (over a network round trip, say) is asked less.
 //
 // Decision (Plan): start from no drafts. Then greedy marginal allocation (within the latency
 // bound, DraftBudgetOptions::max_step_increase, when one is set): repeatedly add the node
@@ -158,22 +164,41 @@ class AcceptanceModel {
   void Forget(int64_t id);
   // P(depth d accepted | depth d-1 accepted), d >= 1.
   double Conditional(const std::string& drafter, int64_t id, int32_t d) const;
-  // Expected accepted tokens of a chain of `nodes` nodes.
+  // Expected accepted tokens of a chain of `nodes` nodes, all of them drafted.
   double Expected(const std::string& drafter, int64_t id, int32_t nodes) const;
-  // Expected(drafter, id, n) for n = 0..max_nodes in one pass (the policy's inner loop).
-  std::vector<double> ExpectedTable(const std::string& drafter, int64_t id,
-                                    int32_t max_nodes) const;
   // The drafter's average P(depth d accepted | d-1), for metrics.
   double DrafterConditional(const std::string& drafter, int32_t d) const;
 
- private:
-  const std::vector<double>& Prior(const std::string& drafter) const;
+  // A step of sequence `id` asked its drafter for `asked` nodes and `returned` came back.
+  void ObserveSupply(const std::string& drafter, int64_t id, int32_t asked, int32_t returned);
+  // P(node j comes back | node j-1 did, j asked for), j >= 1 (1 until measured).
+  double Supply(const std::string& drafter, int64_t id, int32_t j) const;
+  // The drafter's average of it, for metrics.
+  double DrafterSupply(const std::string& drafter, int32_t j) const;
+  // What a budget of n = 0..max_nodes nodes is expected to add: tokens E(n) and forward rows R(n)
+  // (see the header's comment), in one pass (the policy's inner loop).
+  struct Tables {
+    std::vector<double> tokens, rows;
+  };
+  Tables ExpectedDraft(const std::string& drafter, int64_t id, int32_t max_nodes) const;
 
-  double rate_, prior_rate_, initial_;
-  std::map<std::string, std::vector<double>> prior_;
-  std::map<std::string, std::vector<int64_t>> prior_samples_;  // per drafter and depth
-  std::unordered_map<int64_t, std::vector<double>> seq_;
-  std::vector<double> default_;
+ private:
+  // One EMA per depth, per drafter (its average, the start of its new sequences) and sequence.
+  struct Rates {
+    std::map<std::string, std::vector<double>> prior;
+    std::map<std::string, std::vector<int64_t>> prior_samples;  // per drafter and depth
+    std::unordered_map<int64_t, std::vector<double>> seq;
+    std::vector<double> initial;
+    const std::vector<double>& Of(const std::string& drafter, int64_t id) const;
+    const std::vector<double>& Prior(const std::string& drafter) const;
+    // Depths 1..last observed: depth d hit iff d <= hits.
+    void Update(const std::string& drafter, int64_t id, int32_t last, int32_t hits, double rate,
+                double prior_rate);
+  };
+
+  double rate_, prior_rate_;
+  Rates accept_;
+  Rates supply_;
 };
 
 struct DraftBudgetOptions {
@@ -249,6 +274,7 @@ struct StepMeasurement {
     int32_t nodes = 0;  // tree nodes verified this step (0: no draft)
     int32_t depth = 0;
     int32_t accepted = 0;
+    int32_t asked = 0;  // the budget the plan gave it (0: unknown, supply not observed)
   };
   std::vector<Sequence> sequences;
 };
@@ -274,19 +300,25 @@ class DraftBudgetPolicy {
   double measured_seconds() const { return measured_seconds_; }
 
  private:
+  // Each candidate's expected draft (tokens and rows) at every budget up to its max_nodes.
+  std::vector<AcceptanceModel::Tables> ExpectedDrafts(
+      const std::vector<BudgetCandidate>& candidates) const;
   // Seconds and expected tokens of the step at `budgets`.
   std::pair<double, double> Evaluate(const StepBase& base,
                                      const std::vector<BudgetCandidate>& candidates,
+                                     const std::vector<AcceptanceModel::Tables>& expected,
                                      const std::vector<int32_t>& budgets) const;
+  // The target's seconds for `shape` plus `rows` more (expected, so fractional) rows.
+  double TargetSeconds(StepShape shape, double rows) const;
   double DrafterSeconds(const std::string& drafter, int32_t sequences, int64_t nodes,
                         int32_t max_depth, int64_t observed_tokens) const;
   // The most seconds a step may take with drafts (max_step_increase; infinity without a bound).
   double StepLimit(double no_draft_seconds) const;
   // Greedy marginal allocation of the step's nodes within `step_limit` seconds (see the header);
-  // expected[i][m]: candidate i's expected tokens at m nodes.
+  // expected[i]: candidate i's expected tokens and rows at every budget.
   std::vector<int32_t> Allocate(const StepBase& base,
                                 const std::vector<BudgetCandidate>& candidates,
-                                const std::vector<std::vector<double>>& expected,
+                                const std::vector<AcceptanceModel::Tables>& expected,
                                 double step_limit) const;
 
   DraftBudgetOptions options_;

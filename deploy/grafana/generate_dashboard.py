@@ -149,6 +149,12 @@ PANELS = [
          "percentunit", "timeseries",
          [(f"avg by (drafter, position) (specula_spec_decode_acceptance_prob{{{JOB}}})",
            "{{drafter}} position {{position}}")]),
+        ("Draft supply per drafter and position", "P(node at position comes back | previous "
+         "node did): how much of its budget a drafter returns (n-gram lookup without a match "
+         "returns nothing); the budget values a draft at what comes back.",
+         "percentunit", "timeseries",
+         [(f"avg by (drafter, position) (specula_draft_budget_supply{{{JOB}}})",
+           "{{drafter}} position {{position}}")]),
     ]),
     ("Health", [
         ("Scrape up, per role", "1 = the pod's /metrics answers (role label from the PodMonitor / "

@@ -448,11 +448,13 @@ void EngineLoop::LearnFromStep(const StepOutcome& outcome, double wall_seconds) 
   snapshot.spare_tokens = planner_->policy().SpareTokens(
       {.tokens = r.prefill_tokens + r.verify_tokens, .attention = r.attention});
   for (const std::string& drafter : info_.drafters) {
-    std::vector<double> p;
+    std::vector<double> p, supply;
     for (int32_t d = 1; d <= std::max(info_.default_max_draft_tokens, 1); ++d) {
       p.push_back(planner_->policy().acceptance().DrafterConditional(drafter, d));
+      supply.push_back(planner_->policy().acceptance().DrafterSupply(drafter, d));
     }
     snapshot.acceptance.push_back({drafter, std::move(p)});
+    snapshot.supply.push_back({drafter, std::move(supply)});
   }
   metrics_->DraftBudget(snapshot);
 }

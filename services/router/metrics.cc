@@ -249,6 +249,14 @@ struct RouterMetrics::Impl {
           .Help("Per drafter, P(position accepted | previous position accepted), recent steps.")
           .Labels(labels)
           .Register(*registry);
+  Family<Gauge>& supply =
+      BuildGauge()
+          .Name("specula_draft_budget_supply")
+          .Help(
+              "Per drafter, P(node at position comes back | previous node did): budgets the "
+              "drafter returned short or empty (n-gram lookup without a match), recent steps.")
+          .Labels(labels)
+          .Register(*registry);
 
   // vLLM V1's per-request histograms (vllm/v1/metrics/loggers.py), same names and buckets.
   Histogram& queue_time = BuildHistogram()
@@ -370,6 +378,11 @@ void RouterMetrics::DraftBudget(const BudgetSnapshot& s) {
   for (const auto& [drafter, p] : s.acceptance) {
     for (size_t d = 0; d < p.size(); ++d) {
       impl_->acceptance.Add({{"drafter", drafter}, {"position", std::to_string(d)}}).Set(p[d]);
+    }
+  }
+  for (const auto& [drafter, q] : s.supply) {
+    for (size_t d = 0; d < q.size(); ++d) {
+      impl_->supply.Add({{"drafter", drafter}, {"position", std::to_string(d)}}).Set(q[d]);
     }
   }
 }

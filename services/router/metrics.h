@@ -30,6 +30,8 @@ struct BudgetSnapshot {
   double draft_share = 0;        // drafters' share of recent step time
   // Per drafter: p[d] = P(depth d + 1 accepted | depth d accepted), d = 0..
   std::vector<std::pair<std::string, std::vector<double>>> acceptance;
+  // Per drafter, P(node j + 1 comes back | node j did): budgets that came back short or empty.
+  std::vector<std::pair<std::string, std::vector<double>>> supply;
 };
 
 // One request as the router saw it end: what the per-request histograms, request_success and the

@@ -193,6 +193,10 @@ TEST_P(EngineLoopTest, AdaptiveBudgetsAreAppliedThroughTheTargetAndKeepGreedyOut
   EXPECT_GT(MetricValue(text, "specula_draft_budget_nodes_count"), 0) << text;
   EXPECT_GE(planned, static_cast<double>(drafted)) << "a tree larger than its planned budget";
   EXPECT_GT(MetricValue(text, "specula_draft_budget_predicted_seconds_total"), 0);
+  // What came back of the budgets, per drafter and position: a probability (-1: not exported).
+  const double supply = MetricValue(text, "specula_draft_budget_supply");
+  EXPECT_GE(supply, 0) << text;
+  EXPECT_LE(supply, 1) << text;
 }
 
 TEST_P(EngineLoopTest, StopStringEndsTheRequestAndFreesItsBlocks) {

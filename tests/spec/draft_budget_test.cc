@@ -6,6 +6,8 @@
 #include <cmath>
 #include <random>
 
+#include "common/spec/budget_planner.h"
+
 namespace specula {
 namespace {
 
@@ -157,18 +159,47 @@ TEST(AcceptanceModelTest, ExpectedTokensOfAChain) {
   EXPECT_DOUBLE_EQ(model.Conditional("other", 2, 2), 0.5);
 }
 
-TEST(AcceptanceModelTest, ExpectedTableEqualsExpectedAtEveryBudget) {
+TEST(AcceptanceModelTest, ExpectedDraftEqualsExpectedWhileEveryNodeComesBack) {
   AcceptanceModel model(/*rate=*/0.3, /*prior_rate=*/0.2);
   std::mt19937 rng(5);
   std::uniform_int_distribution<int32_t> depth(0, 6);
-  for (int i = 0; i < 50; ++i) model.Observe("d", 1 + i % 3, 8, depth(rng));
-  for (int64_t id : {int64_t{1}, int64_t{2}, int64_t{9}}) {  // 9: never seen (the prior)
-    const std::vector<double> table = model.ExpectedTable("d", id, 70);  // past kMaxDepth
-    ASSERT_EQ(table.size(), 71u);
-    for (int32_t n = 0; n <= 70; ++n)
-      EXPECT_EQ(table[n], model.Expected("d", id, n)) << id << " " << n;
+  for (int i = 0; i < 50; ++i) {
+    model.Observe("d", 1 + i % 3, 8, depth(rng));
+    model.ObserveSupply("d", 1 + i % 3, 8, 8);
   }
-  EXPECT_EQ(model.ExpectedTable("d", 1, 0), std::vector<double>{0.0});
+  for (int64_t id : {int64_t{1}, int64_t{2}, int64_t{9}}) {  // 9: never seen (the prior)
+    const AcceptanceModel::Tables t = model.ExpectedDraft("d", id, 70);  // past kMaxDepth
+    ASSERT_EQ(t.tokens.size(), 71u);
+    ASSERT_EQ(t.rows.size(), 71u);
+    for (int32_t n = 0; n <= 70; ++n) {
+      EXPECT_DOUBLE_EQ(t.tokens[n], model.Expected("d", id, n)) << id << " " << n;
+      EXPECT_DOUBLE_EQ(t.rows[n], n) << id << " " << n;
+    }
+  }
+  EXPECT_EQ(model.ExpectedDraft("d", 1, 0).tokens, std::vector<double>{0.0});
+}
+
+TEST(AcceptanceModelTest, ShortDraftsScaleTokensAndRows) {
+  AcceptanceModel model(/*rate=*/1.0, /*prior_rate=*/1.0);
+  // Every node that comes back is accepted; sequence 1's drafter returned 2 of 4 asked nodes,
+  // sequence 2's nothing. Node 4 of sequence 1 was never in question (node 3 did not come).
+  model.Observe("d", 1, 4, 4);
+  model.ObserveSupply("d", 1, 4, 2);
+  EXPECT_DOUBLE_EQ(model.Supply("d", 1, 2), 1.0);
+  EXPECT_DOUBLE_EQ(model.Supply("d", 1, 3), 0.0);
+  EXPECT_DOUBLE_EQ(model.Supply("d", 1, 4), 1.0);
+  AcceptanceModel::Tables t = model.ExpectedDraft("d", 1, 4);
+  EXPECT_EQ(t.tokens, (std::vector<double>{0, 1, 2, 2, 2}));
+  EXPECT_EQ(t.rows, (std::vector<double>{0, 1, 2, 2, 2}));
+  EXPECT_DOUBLE_EQ(model.Expected("d", 1, 4), 4.0);  // acceptance alone is unchanged
+  model.ObserveSupply("d", 2, 4, 0);
+  t = model.ExpectedDraft("d", 2, 4);
+  EXPECT_EQ(t.tokens, (std::vector<double>(5, 0.0)));
+  EXPECT_EQ(t.rows, (std::vector<double>(5, 0.0)));
+  // Forgetting a sequence drops its supply too: it starts again from the drafter's average.
+  model.ObserveSupply("d", 3, 4, 4);
+  model.Forget(2);
+  EXPECT_DOUBLE_EQ(model.Supply("d", 2, 1), 1.0);
 }
 
 TEST(DraftBudgetPolicyTest, ZeroBudgetWhenDraftingCannotPay) {
@@ -276,6 +307,39 @@ TEST(DraftBudgetPolicyTest, ExpensiveDrafterStaysOff) {
   TrainDrafter(policy, "slow", 6e-3, 1e-6);
   const auto d = policy.Plan(Decoding(1, 50), Candidates(1, "slow", 8, 50));
   EXPECT_EQ(d.budgets[0], 0);
+}
+
+TEST(DraftBudgetPolicyTest, ADrafterThatReturnsLittleIsAskedLess) {
+  // A remote drafter: each call costs a round trip as long as the step (2 ms), verification is
+  // free and what comes back is accepted with p = 0.8 per depth. When every budget comes back
+  // in full, a chain earns the call back; when one call in seven returns anything (n-gram lookup
+  // without a match), it does not, and the sequence is left at 0.
+  for (const bool full : {true, false}) {
+    SCOPED_TRACE(full);
+    std::mt19937 rng(11);
+    DraftBudgetPolicy policy(NoExploration());
+    Train(policy, Curve{.base = 2e-3, .knee = 128, .per_token = 1e-5}, 300, rng, 0.01);
+    TrainDrafter(policy, "remote", 2e-3, 1e-6);
+    std::bernoulli_distribution accept(0.8);
+    for (int i = 0; i < 80; ++i) {
+      const bool returned = full || i % 7 == 0;
+      int32_t a = 0;
+      while (returned && a < 8 && accept(rng)) ++a;
+      policy.Observe({.sequences = {{.id = 1,
+                                     .drafter = "remote",
+                                     .nodes = returned ? 8 : 0,
+                                     .depth = returned ? 8 : 0,
+                                     .accepted = a,
+                                     .asked = 8}}});
+    }
+    const auto d = policy.Plan(Decoding(1, 50), Candidates(1, "remote", 8, 50));
+    if (full) {
+      EXPECT_GT(d.budgets[0], 0);
+      EXPECT_GT(d.predicted_speedup(), 1.5);
+    } else {
+      EXPECT_EQ(d.budgets[0], 0);
+    }
+  }
 }
 
 TEST(DraftBudgetPolicyTest, APromptChunkDoesNotMakeDraftsLookCheap) {
@@ -561,6 +625,36 @@ TEST(DraftBudgetPolicyTest, PlansNothingBeforeAnyMeasurement) {
   DraftBudgetPolicy policy(NoExploration());
   const auto d = policy.Plan(Decoding(4, 10), Candidates(4, "ngram", 8, 10));
   for (int32_t b : d.budgets) EXPECT_EQ(b, 0);
+}
+
+TEST(BudgetPlannerTest, LearnsWhatItsBudgetsBroughtBack) {
+  // A drafter that never finds a draft (n-gram lookup in text without repeats): every budget the
+  // planner gives comes back empty, and the policy learns the drafter's supply from that. Probes
+  // and extra nodes on every plan make sure budgets are given.
+  BudgetPlanner planner(
+      {.probe_after = 1, .probe_nodes = 2, .explore_every = 1, .exploration_share = 1.0});
+  SpecRequest request;
+  request.generation.prompt = {1, 2, 3};
+  request.speculation = {.drafter = "ngram", .max_draft_tokens = 8};
+  planner.Admit(7, request);
+  StepReport prefill{.prefill_tokens = 3, .verify_seconds = 1e-3};
+  prefill.updates.push_back(
+      {.id = 7, .new_tokens = {4}, .context_tokens = 3, .max_draft_nodes = 8});
+  planner.OnStep(prefill, 1e-3);
+  int32_t asked = 0;
+  for (int step = 0; step < 20; ++step) {
+    for (const StepPlan::DraftBudget& b : planner.Plan()) {
+      if (b.id == 7) asked += b.max_draft_tokens;
+    }
+    StepReport report{.verify_tokens = 1, .verify_seconds = 1e-3};
+    report.updates.push_back(
+        {.id = 7, .new_tokens = {5}, .context_tokens = 4 + step, .max_draft_nodes = 8});
+    planner.OnStep(report, 1e-3);
+  }
+  ASSERT_GT(asked, 0);
+  EXPECT_LT(planner.policy().acceptance().Supply("ngram", 7, 1), 0.5);
+  // Acceptance saw no draft: it keeps its prior.
+  EXPECT_DOUBLE_EQ(planner.policy().acceptance().Conditional("ngram", 7, 1), 0.5);
 }
 
 }  // namespace
