@@ -230,6 +230,7 @@ const std::vector<double>& AcceptanceModel::Rates::Of(const std::string& drafter
 
 void AcceptanceModel::Rates::Update(const std::string& drafter, int64_t id, int32_t last,
                                     int32_t hits, double rate, double prior_rate) {
+  if (last <= 0) return;  // nothing was in question
   auto [pit, new_prior] = prior.try_emplace(drafter, initial);
   std::vector<double>& average = pit->second;
   auto [sit, new_seq] = seq.try_emplace(id, average);
@@ -246,22 +247,33 @@ void AcceptanceModel::Rates::Update(const std::string& drafter, int64_t id, int3
   }
 }
 
+namespace {
+
+// Of `offered` positions (at most kMaxDepth), the first `hits` succeeded: positions 1..last were
+// in question (the one after the last success failed; nothing past it was tried).
+struct Trials {
+  int32_t last = 0, hits = 0;
+};
+Trials Outcome(int32_t offered, int32_t hits) {
+  offered = std::min(offered, AcceptanceModel::kMaxDepth);
+  hits = std::clamp(hits, 0, std::max(offered, 0));
+  return {.last = std::min(offered, hits + 1), .hits = hits};
+}
+
+}  // namespace
+
 void AcceptanceModel::Observe(const std::string& drafter, int64_t id, int32_t depth,
                               int32_t accepted) {
-  depth = std::min(depth, kMaxDepth);
-  accepted = std::clamp(accepted, 0, depth);
-  if (depth <= 0) return;
   // Depth d was tried iff the tree reached d and depth d-1 was accepted.
-  accept_.Update(drafter, id, std::min(depth, accepted + 1), accepted, rate_, prior_rate_);
+  const Trials t = Outcome(depth, accepted);
+  accept_.Update(drafter, id, t.last, t.hits, rate_, prior_rate_);
 }
 
 void AcceptanceModel::ObserveSupply(const std::string& drafter, int64_t id, int32_t asked,
                                     int32_t returned) {
-  asked = std::min(asked, kMaxDepth);
-  returned = std::clamp(returned, 0, asked);
-  if (asked <= 0) return;
   // Node j was in question iff it was asked for and node j-1 came back.
-  supply_.Update(drafter, id, std::min(asked, returned + 1), returned, rate_, prior_rate_);
+  const Trials t = Outcome(asked, returned);
+  supply_.Update(drafter, id, t.last, t.hits, rate_, prior_rate_);
 }
 
 void AcceptanceModel::Forget(int64_t id) {
