@@ -11,6 +11,19 @@
 #include "services/common/tensor_codec.h"
 
 namespace specula::target {
+namespace {
+
+// The sequences a call is about.
+std::vector<SeqId> SeqsOf(const std::vector<DrafterObservation>& observations,
+                          const std::vector<DraftRequest>& requests) {
+  std::vector<SeqId> seqs;
+  seqs.reserve(observations.size() + requests.size());
+  for (const DrafterObservation& o : observations) seqs.push_back(o.seq);
+  for (const DraftRequest& r : requests) seqs.push_back(r.seq);
+  return seqs;
+}
+
+}  // namespace
 
 StatusOr<std::shared_ptr<DrafterConnection>> DrafterConnection::Connect(
     const std::string& address, std::chrono::milliseconds timeout, int32_t vocab_size,
@@ -78,6 +91,8 @@ grpc::Status DrafterConnection::DropStream(bool cancel) {
   replies_.clear();
   abandoned_.clear();
   unawaited_.clear();
+  posted_.clear();
+  posted_replies_.clear();
   broken_ = false;
   return why;
 }
@@ -89,6 +104,11 @@ void DrafterConnection::ReadReplies(
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t index = replies_read_++;
     if (abandoned_.erase(index) || unawaited_.erase(index)) continue;  // nobody waits for it
+    if (posted_.erase(index)) {  // awaited later: only its outcome is kept
+      posted_replies_[index] = services::StatusFromCode(reply.code(), reply.message());
+      replied_.notify_all();
+      continue;
+    }
     replies_[index] = std::move(reply);
     replied_.notify_all();
   }
@@ -212,6 +232,62 @@ void DrafterConnection::Send(const v1::DrafterCall& call) {
   if (!sent || stuck) (void)DropStream();  // the next Call reconnects and reports it
 }
 
+StatusOr<uint64_t> DrafterConnection::Post(const v1::DrafterCall& call, uint64_t* session) {
+  std::lock_guard<std::mutex> lock(call_mu_);
+  bool ended = false;
+  {
+    std::lock_guard<std::mutex> state(mu_);
+    ended = broken_;
+  }
+  if (ended) (void)DropStream(/*cancel=*/false);
+  if (!stream_) RETURN_IF_ERROR(OpenStream());
+  *session = session_;
+  uint64_t index = 0;
+  {
+    std::lock_guard<std::mutex> state(mu_);
+    index = calls_sent_++;
+    posted_.insert(index);  // before the write: the reply may be read at once
+  }
+  watchdog_.Arm(context_.get(), call_deadline_);
+  const bool sent = stream_->Write(call);
+  const bool stuck = watchdog_.Disarm();
+  if (!sent || stuck) {
+    grpc::Status why = DropStream();
+    if (stuck) {
+      return DeadlineExceededError(StrCat("drafter service at ", address_,
+                                          " did not take a call within ", call_deadline_.count(),
+                                          " ms (--drafter-deadline-ms); the stream is dropped"));
+    }
+    return UnavailableError(StrCat("drafter service at ", address_, " is unreachable: ",
+                                   why.ok() ? "stream closed" : why.error_message()));
+  }
+  return index;
+}
+
+Status DrafterConnection::AwaitPosted(uint64_t index) {
+  std::unique_lock<std::mutex> state(mu_);
+  replied_.wait_for(state, call_deadline_,
+                    [&] { return posted_replies_.count(index) > 0 || broken_; });
+  auto it = posted_replies_.find(index);
+  if (it != posted_replies_.end()) {
+    Status status = std::move(it->second);
+    posted_replies_.erase(it);
+    return status;
+  }
+  if (broken_) {
+    return UnavailableError(StrCat("drafter service at ", address_, " is unreachable"));
+  }
+  if (posted_.erase(index)) abandoned_.insert(index);
+  return DeadlineExceededError(StrCat("drafter service at ", address_, " did not answer within ",
+                                      call_deadline_.count(), " ms (--drafter-deadline-ms)"));
+}
+
+void DrafterConnection::ForgetPosted(uint64_t index) {
+  std::lock_guard<std::mutex> state(mu_);
+  if (posted_replies_.erase(index)) return;
+  if (posted_.erase(index)) unawaited_.insert(index);
+}
+
 RemoteDrafter::RemoteDrafter(std::shared_ptr<DrafterConnection> connection,
                              const v1::DrafterSpec& spec)
     : connection_(std::move(connection)),
@@ -233,14 +309,41 @@ Status RemoteDrafter::AddSequence(SeqId seq, const SamplingParams& sampling) {
   call.set_drafter(name_);
   call.mutable_add()->set_seq(seq);
   services::ToProto(sampling, call.mutable_add()->mutable_sampling());
+  // Not waited for: a sequence is added when it is admitted, in a step that also prefills its
+  // prompt (already its streams' longest gap), and its first draft is a step or more later. Its
+  // answer is settled then (SettleAdds), in the same round trip as that draft.
   uint64_t session = 0;
-  RETURN_IF_ERROR(connection_->Call(call, &session).status());
+  ASSIGN_OR_RETURN(const uint64_t index, connection_->Post(call, &session));
   sessions_[seq] = session;
+  pending_adds_[seq] = index;
+  failed_adds_.erase(seq);
   return OkStatus();
+}
+
+void RemoteDrafter::SettleAdds(const std::vector<SeqId>& seqs) {
+  for (SeqId seq : seqs) {
+    auto it = pending_adds_.find(seq);
+    if (it == pending_adds_.end()) continue;
+    const uint64_t index = it->second;
+    pending_adds_.erase(it);
+    if (!Live(seq)) continue;  // its session ended: the index means nothing on the new stream
+    Status added = connection_->AwaitPosted(index);
+    if (!added.ok()) failed_adds_[seq] = added.WithContext(StrCat("adding sequence ", seq));
+  }
+}
+
+Status RemoteDrafter::AddError(SeqId seq) const {
+  auto it = failed_adds_.find(seq);
+  return it == failed_adds_.end() ? OkStatus() : it->second;
 }
 
 void RemoteDrafter::ReleaseSequence(SeqId seq) {
   const bool live = Live(seq);
+  if (auto it = pending_adds_.find(seq); it != pending_adds_.end()) {
+    if (live) connection_->ForgetPosted(it->second);
+    pending_adds_.erase(it);
+  }
+  failed_adds_.erase(seq);
   sessions_.erase(seq);
   if (!live) return;
   v1::DrafterCall call;
@@ -259,7 +362,8 @@ Status RemoteDrafter::ObserveCall(const std::vector<DrafterObservation>& observa
   for (const DrafterObservation& o : observations) RETURN_IF_ERROR(CheckAdded(o.seq));
   call->set_drafter(name_);
   for (const DrafterObservation& o : observations) {
-    if (!Live(o.seq)) continue;  // added in an earlier session: the service no longer has it
+    // Added in an earlier session (the service no longer has it), or the service refused it.
+    if (!Live(o.seq) || !AddError(o.seq).ok()) continue;
     v1::Observation* m = call->mutable_observe()->add_observations();
     m->set_seq(o.seq);
     m->mutable_tokens()->Assign(o.tokens.begin(), o.tokens.end());
@@ -270,6 +374,7 @@ Status RemoteDrafter::ObserveCall(const std::vector<DrafterObservation>& observa
 }
 
 Status RemoteDrafter::Observe(const std::vector<DrafterObservation>& observations) {
+  SettleAdds(SeqsOf(observations, {}));
   v1::DrafterCall call;
   RETURN_IF_ERROR(ObserveCall(observations, &call));
   if (call.observe().observations().empty()) return OkStatus();
@@ -284,6 +389,10 @@ Status RemoteDrafter::ProposeCall(const std::vector<DraftRequest>& requests,
   trees->assign(requests.size(), CandidateTree());
   call->set_drafter(name_);
   for (size_t i = 0; i < requests.size(); ++i) {
+    if (Status refused = AddError(requests[i].seq); !refused.ok()) {
+      (*trees)[i] = CandidateTree::Failed(refused);  // a draft error for this sequence alone
+      continue;
+    }
     if (!Live(requests[i].seq)) {
       // Its state died with an earlier stream: a draft error for this sequence alone, every step.
       (*trees)[i] = CandidateTree::Failed(
@@ -320,6 +429,7 @@ Status RemoteDrafter::TakeTrees(const v1::DrafterReply& reply, const std::vector
 
 StatusOr<std::vector<CandidateTree>> RemoteDrafter::Propose(
     const std::vector<DraftRequest>& requests) {
+  SettleAdds(SeqsOf({}, requests));
   std::vector<CandidateTree> trees;
   std::vector<size_t> asked;
   v1::DrafterCall call;
@@ -334,6 +444,7 @@ StatusOr<std::vector<CandidateTree>> RemoteDrafter::Propose(
 StatusOr<std::vector<CandidateTree>> RemoteDrafter::ObserveAndPropose(
     const std::vector<DrafterObservation>& observations, const std::vector<DraftRequest>& requests,
     Status* observed) {
+  SettleAdds(SeqsOf(observations, requests));
   v1::DrafterCall observe;
   *observed = ObserveCall(observations, &observe);
   if (!observed->ok()) return *observed;

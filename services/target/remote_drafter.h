@@ -81,6 +81,17 @@ class DrafterConnection {
   // the open stream, in order with the calls around it; its reply is dropped when it comes. Sends
   // nothing when no stream is open (a new session does not know the old one's sequences).
   void Send(const v1::DrafterCall& call);
+  // A call whose reply is awaited later (an add: the sequence's first draft is a step or more
+  // away, so its answer is in by then and the admitting step spends no round trip on it). Opens
+  // the stream if none is open; returns the call's index on it (for AwaitPosted) or the error that
+  // kept it from going out. `session` as Call's.
+  StatusOr<uint64_t> Post(const v1::DrafterCall& call, uint64_t* session);
+  // The reply of a posted call of the current session: at once when it has come, else waited for
+  // up to the call deadline (DEADLINE_EXCEEDED, its reply dropped when it comes); UNAVAILABLE if
+  // the stream ended first.
+  Status AwaitPosted(uint64_t index);
+  // Nobody will await it: its reply is dropped (or forgotten if it came).
+  void ForgetPosted(uint64_t index);
 
  private:
   DrafterConnection(std::string address, std::shared_ptr<grpc::Channel> channel);
@@ -110,6 +121,8 @@ class DrafterConnection {
   std::map<uint64_t, v1::DrafterReply> replies_;  // read, not yet taken
   std::set<uint64_t> abandoned_;                  // calls that timed out: drop their replies
   std::set<uint64_t> unawaited_;                  // calls made by Send: drop their replies
+  std::set<uint64_t> posted_;                     // calls made by Post, not answered yet
+  std::map<uint64_t, Status> posted_replies_;     // their answers, until awaited or forgotten
   bool broken_ = false;                           // the reader saw the stream end
 };
 
@@ -134,6 +147,11 @@ class RemoteDrafter : public Drafter {
  private:
   // Sequences added in the connection's current session.
   bool Live(SeqId seq) const;
+  // Resolves the posted adds of these sequences (their answers came a step or more ago): a
+  // sequence whose add failed gets no observations and Failed trees, alone.
+  void SettleAdds(const std::vector<SeqId>& seqs);
+  // The add's error for a sequence whose add failed (OK otherwise).
+  Status AddError(SeqId seq) const;
   // NOT_FOUND for a sequence never added (or released): the contract every drafter keeps. One
   // added in an earlier session is known; its calls are skipped or get Failed trees.
   Status CheckAdded(SeqId seq) const;
@@ -151,7 +169,9 @@ class RemoteDrafter : public Drafter {
   std::string name_;
   std::vector<int64_t> hidden_layers_;
   DrafterCapacity capacity_;
-  std::unordered_map<SeqId, uint64_t> sessions_;  // seq -> the session it was added in
+  std::unordered_map<SeqId, uint64_t> sessions_;      // seq -> the session it was added in
+  std::unordered_map<SeqId, uint64_t> pending_adds_;  // seq -> its posted add's call index
+  std::unordered_map<SeqId, Status> failed_adds_;     // seq -> why the service refused its add
 };
 
 }  // namespace specula::target

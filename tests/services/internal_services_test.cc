@@ -511,7 +511,8 @@ TEST_F(InternalServicesTest, DrafterServiceRefusesBudgetsOverTheCapAndObservatio
 }
 
 // A drafter service whose proposals take `delay` (a slow or frozen drafter), and whose answers
-// to releases can be held until the test lets them go; other calls are answered at once. A
+// to releases and adds can be held until the test lets them go (adds refused with `refuse_adds`);
+// other calls are answered at once. A
 // proposal's trees tell the replies apart. With `observe_waits_for_next`, an Observe is answered
 // only once the call after it has arrived (a client that waits for that answer before sending
 // more hangs until its deadline); `seen` lists the kinds of calls in arrival order.
@@ -543,9 +544,13 @@ class SlowDrafterService final : public v1::Drafter::Service {
         call = std::move(next);
         continue;
       }
-      if (call.has_release()) {
+      if (call.has_release() || call.has_add()) {
         std::unique_lock<std::mutex> lock(release_mu_);
-        release_cv_.wait(lock, [&] { return !hold_releases_; });
+        release_cv_.wait(lock, [&] { return call.has_add() ? !hold_adds_ : !hold_releases_; });
+      }
+      if (call.has_add() && refuse_adds) {
+        reply.set_code(static_cast<int32_t>(StatusCode::kResourceExhausted));
+        reply.set_message("add: no room for the sequence");
       }
       if (call.has_propose()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
@@ -573,10 +578,18 @@ class SlowDrafterService final : public v1::Drafter::Service {
     }
     release_cv_.notify_all();
   }
+  void HoldAdds(bool hold) {
+    {
+      std::lock_guard<std::mutex> lock(release_mu_);
+      hold_adds_ = hold;
+    }
+    release_cv_.notify_all();
+  }
   int32_t vocab = 0;
   int32_t hidden = 0;
   std::atomic<int> delay_ms{0};
   std::atomic<bool> observe_waits_for_next{false};
+  std::atomic<bool> refuse_adds{false};
 
  private:
   std::mutex seen_mu_;
@@ -584,6 +597,7 @@ class SlowDrafterService final : public v1::Drafter::Service {
   std::mutex release_mu_;
   std::condition_variable release_cv_;
   bool hold_releases_ = false;
+  bool hold_adds_ = false;
 };
 
 // A SlowDrafterService served on a free port, and the target's connection to it.
@@ -646,6 +660,55 @@ TEST_F(InternalServicesTest, ReleasesAreNotWaitedFor) {
   // Released on a stream that is gone: nothing is sent, nothing waits.
   stack.server.reset();
   drafter.ReleaseSequence(42);
+}
+
+// An add is sent, not waited for: the step that admits a request (and prefills its prompt, the
+// longest gap its neighbours' streams see) spends no round trip on the drafter. Its answer is
+// settled with the sequence's first draft; a refused add costs that sequence alone its drafts.
+TEST_F(InternalServicesTest, AddsAreNotWaitedFor) {
+  SlowDrafterStack stack;
+  ASSERT_NO_FATAL_FAILURE(StartSlowDrafter(config_, stack, 60s));
+  SlowDrafterService& slow = stack.service;
+  const std::shared_ptr<target::DrafterConnection>& connection = stack.connection;
+  target::RemoteDrafter drafter(connection, connection->info().drafters(0));
+  const uint64_t session = connection->session() + 1;  // the first call opens the stream
+  slow.HoldAdds(true);
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(drafter.AddSequence(41, {}).ok());
+  // The service holds the answer; waiting for it would take the whole 60 s call deadline.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+  slow.HoldAdds(false);
+  auto first = drafter.Propose({{.seq = 41, .max_nodes = 3, .max_depth = 1}});
+  ASSERT_NO_FATAL_FAILURE(ExpectAnswerOf(first, 3, "got the add's answer"));
+
+  slow.refuse_adds = true;
+  ASSERT_TRUE(drafter.AddSequence(43, {}).ok()) << "refused later, at its first draft";
+  slow.refuse_adds = false;
+  ASSERT_TRUE(drafter.AddSequence(44, {}).ok());
+  auto both = drafter.Propose({{.seq = 43, .max_nodes = 2, .max_depth = 1},
+                               {.seq = 44, .max_nodes = 4, .max_depth = 1},
+                               {.seq = 41, .max_nodes = 5, .max_depth = 1}});
+  ASSERT_TRUE(both.ok()) << both.status();
+  ASSERT_EQ(both->size(), 3u);
+  EXPECT_EQ((*both)[0].failure().code(), StatusCode::kResourceExhausted) << (*both)[0].failure();
+  EXPECT_NE((*both)[0].failure().message().find("no room"), std::string::npos);
+  ASSERT_EQ((*both)[1].size(), 1);
+  EXPECT_EQ((*both)[1].token(0), 4) << "the neighbours draft as usual";
+  ASSERT_EQ((*both)[2].size(), 1);
+  EXPECT_EQ((*both)[2].token(0), 5);
+  // The refused sequence's observations are not sent (the service does not know it).
+  Status observed = drafter.Observe({{.seq = 43, .tokens = {5}}, {.seq = 44, .tokens = {6}}});
+  EXPECT_TRUE(observed.ok()) << observed;
+  EXPECT_EQ(connection->session(), session) << "the stream was dropped";
+  // A sequence released before its first draft: its add's answer is dropped when it comes.
+  slow.HoldAdds(true);
+  ASSERT_TRUE(drafter.AddSequence(45, {}).ok());
+  drafter.ReleaseSequence(45);
+  slow.HoldAdds(false);
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectAnswerOf(drafter.Propose({{.seq = 44, .max_nodes = 6, .max_depth = 1}}), 6,
+                     "an add's or release's answer"));
+  EXPECT_EQ(connection->session(), session);
 }
 
 // A drafted step costs the target one round trip: its catch-up Observe and its Propose are both
