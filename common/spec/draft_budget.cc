@@ -97,7 +97,8 @@ const std::vector<int64_t>& StepCostModel::Knots() {
 }
 
 StepCostModel::StepCostModel(double forgetting)
-    : fit_(std::vector<double>(Knots().size() + 1, 0.0), /*prior_weight=*/0.2, forgetting) {}
+    : fit_(std::vector<double>(Knots().size() + 1, 0.0), /*prior_weight=*/0.2, forgetting),
+      visits_(Knots().size(), 0.0) {}
 
 namespace {
 
@@ -126,7 +127,10 @@ std::vector<double> StepCostModel::Features(const StepShape& shape) const {
 void StepCostModel::WarmStart(const std::vector<std::pair<StepShape, double>>& points) {
   for (const auto& [shape, seconds] : points) Observe(shape, seconds);
   // The measured curve becomes the anchor that shapes no recent step visited fall back to.
-  if (observed_ > 0) fit_.Reset(fit_.coefficients());
+  if (observed_ > 0) {
+    fit_.Reset(fit_.coefficients());
+    warm_started_ = true;
+  }
   RefreshKnots();
 }
 
@@ -142,12 +146,43 @@ void StepCostModel::Observe(const StepShape& shape, double seconds) {
     fit_.Reset(std::move(prior));
     has_prior_ = true;
   }
-  fit_.Add(Features(shape), seconds);
+  const std::vector<double> x = Features(shape);
+  fit_.Add(x, seconds);
+  for (size_t k = 0; k < visits_.size(); ++k) visits_[k] += x[k];
   ++observed_;
-  // The anchor follows the fit, so a shape no recent step visited keeps its last fitted cost
-  // instead of sliding back to the first guess.
-  if (observed_ % kAnchorEvery == 0) fit_.SetAnchor(fit_.coefficients());
+  // The anchor follows the fit where steps went, and the roofline through those knots elsewhere
+  // (Anchor), instead of sliding back to the first guess.
+  if (observed_ % kAnchorEvery == 0) fit_.SetAnchor(Anchor());
   RefreshKnots();
+}
+
+std::vector<double> StepCostModel::Anchor() const {
+  std::vector<double> anchor = fit_.coefficients();
+  if (warm_started_) return anchor;
+  // A knot counts as visited once steps put half a step's weight on it.
+  constexpr double kVisited = 0.5;
+  const std::vector<int64_t>& k = Knots();
+  std::vector<size_t> visited;
+  for (size_t i = 0; i < k.size(); ++i) {
+    if (visits_[i] >= kVisited) visited.push_back(i);
+  }
+  if (visited.empty()) return anchor;
+  const auto tokens = [&](size_t i) { return static_cast<double>(k[i]); };
+  for (size_t i = 0; i < k.size(); ++i) {
+    if (visits_[i] >= kVisited) continue;
+    auto hi = std::upper_bound(visited.begin(), visited.end(), i);
+    if (hi == visited.begin()) {  // below every visited knot: the prior's flat-then-linear shape
+      anchor[i] = knots_[*hi] * std::max(tokens(i), kPriorKneeTokens) /
+                  std::max(tokens(*hi), kPriorKneeTokens);
+    } else if (hi == visited.end()) {  // above them: linear in tokens past the last one
+      const size_t lo = visited.back();
+      anchor[i] = knots_[lo] * tokens(i) / tokens(lo);
+    } else {  // between: flat from the one below, up to the line through the one above
+      const size_t lo = *(hi - 1);
+      anchor[i] = std::max(knots_[lo], knots_[*hi] * tokens(i) / tokens(*hi));
+    }
+  }
+  return anchor;
 }
 
 void StepCostModel::RefreshKnots() {
@@ -217,6 +252,13 @@ AcceptanceModel::AcceptanceModel(double rate, double prior_rate, double initial)
   supply_.initial.assign(kMaxDepth + 1, 1.0);  // a drafter returns what it is asked for
 }
 
+namespace {
+
+// How many samples a drafter average's initial value weighs as (see Rates::Update).
+constexpr double kInitialSamples = 8;
+
+}  // namespace
+
 const std::vector<double>& AcceptanceModel::Rates::Prior(const std::string& drafter) const {
   auto it = prior.find(drafter);
   return it == prior.end() ? initial : it->second;
@@ -240,9 +282,12 @@ void AcceptanceModel::Rates::Update(const std::string& drafter, int64_t id, int3
   for (int32_t d = 1; d <= last; ++d) {
     const double hit = d <= hits ? 1.0 : 0.0;
     p[d] += rate * (hit - p[d]);
-    // The drafter's average starts as a running mean (the initial value weighing as one
-    // sample), so a few measured steps overrule the guess, then becomes a moving average.
-    const double r = std::max(prior_rate, 1.0 / static_cast<double>(++seen[d] + 1));
+    // The drafter's average starts as a running mean, the initial value weighing as
+    // kInitialSamples samples, then becomes a moving average. New sequences start from it, and
+    // while it is low they do not draft, so nothing raises it but probes: two rejections in the
+    // first sequence must not set it (with the initial value as one sample, adaptive n-gram at
+    // batch 1 started every later sequence at p = 0.17 and left it undrafted).
+    const double r = std::max(prior_rate, 1.0 / (static_cast<double>(++seen[d]) + kInitialSamples));
     average[d] += r * (hit - average[d]);
   }
 }
@@ -665,6 +710,7 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     }
   }
   decision.explored_nodes = explored;
+
   std::tie(decision.predicted_seconds, decision.predicted_tokens) =
       Evaluate(base, candidates, expected, decision.budgets);
   return decision;

@@ -116,11 +116,18 @@ class StepCostModel {
   std::vector<double> Features(const StepShape& shape) const;
   // Caches the fit's knots made monotone, and the attention coefficient, for Predict.
   void RefreshKnots();
+  // The anchor that the fit's knots fall back to: a knot that steps visited keeps its fitted
+  // cost; one no step visited yet follows the roofline through the visited ones (flat from a
+  // visited knot below, up to the line through the origin and a visited knot above), so a shape
+  // only drafts would visit is not priced from the first step alone (a prefill).
+  std::vector<double> Anchor() const;
 
   ForgettingLeastSquares fit_;
   std::vector<double> knots_;
   double per_attention_ = 0;
   bool has_prior_ = false;
+  bool warm_started_ = false;   // a measured curve anchors every knot: kept as the anchor
+  std::vector<double> visits_;  // per knot: the observed steps' weight on it, summed
   int64_t observed_ = 0;
 };
 

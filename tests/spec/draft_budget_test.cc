@@ -134,6 +134,28 @@ TEST(StepCostModelTest, WarmStartAnchorsUnvisitedShapes) {
   }
 }
 
+TEST(StepCostModelTest, ShapesNoStepVisitedFollowTheMeasuredRoofline) {
+  // Batch 1 without drafts: a prompt's prefill (60 tokens, 8 ms) and then one-token decodes
+  // (0.6 ms). No step has 2-16 tokens until one drafts, so their cost must come from the
+  // measured knots (flat from the decodes, up to the line through the prefill), not from the
+  // first step's per-token cost (8 ms / 60 x 16 = 2.1 ms for any step up to 16 tokens: drafting
+  // then looked 3.5x as expensive as a decode and was never tried).
+  StepCostModel model;
+  const StepShape prefill{.tokens = 60, .attention = 1800};
+  for (int request = 0; request < 20; ++request) {
+    model.Observe(prefill, 8e-3);
+    for (int i = 0; i < 60; ++i) model.Observe({.tokens = 1, .attention = 60.0 + i}, 0.6e-3);
+  }
+  const double one = model.Predict({.tokens = 1, .attention = 100});
+  EXPECT_NEAR(one, 0.6e-3, 0.05e-3);
+  EXPECT_LE(model.Predict({.tokens = 2, .attention = 200}), 1.2 * one);
+  EXPECT_LE(model.Predict({.tokens = 4, .attention = 400}), 1.2 * one);
+  const double eight = model.Predict({.tokens = 8, .attention = 800});
+  EXPECT_GT(eight, one);
+  EXPECT_LE(eight, 1.2 * 8e-3 * 8 / 60);
+  EXPECT_NEAR(model.Predict(prefill), 8e-3, 0.5e-3);
+}
+
 TEST(StepCostModelTest, PredictionIsMonotoneInTokens) {
   std::mt19937 rng(11);
   DraftBudgetPolicy policy;
@@ -177,6 +199,23 @@ TEST(AcceptanceModelTest, ExpectedDraftEqualsExpectedWhileEveryNodeComesBack) {
     }
   }
   EXPECT_EQ(model.ExpectedDraft("d", 1, 0).tokens, std::vector<double>{0.0});
+}
+
+TEST(AcceptanceModelTest, ADrafterAverageIsNotSetByItsFirstSteps) {
+  // New sequences start from their drafter's average, and while it is low they do not draft: two
+  // rejections in the first sequence must leave later ones worth a try (with the initial value
+  // weighing as one sample it fell to 0.17 and adaptive n-gram at batch 1 stopped drafting), while
+  // a drafter rejected a hundred times is believed.
+  AcceptanceModel model;  // initial 0.5
+  model.Observe("d", 1, 4, 0);
+  model.Observe("d", 1, 4, 0);
+  EXPECT_GT(model.DrafterConditional("d", 1), 0.35);
+  EXPECT_DOUBLE_EQ(model.Conditional("d", 2, 1), model.DrafterConditional("d", 1));
+  for (int i = 0; i < 100; ++i) model.Observe("d", 3 + i, 4, 0);
+  EXPECT_LT(model.Conditional("d", 200, 1), 0.1);
+  // Supply the same way: one empty answer does not make a drafter look empty.
+  model.ObserveSupply("d", 1, 4, 0);
+  EXPECT_GT(model.Supply("d", 300, 1), 0.8);
 }
 
 TEST(AcceptanceModelTest, ShortDraftsScaleTokensAndRows) {
