@@ -306,6 +306,12 @@ bool RemoteDrafter::Live(SeqId seq) const {
 
 Status RemoteDrafter::AddSequence(SeqId seq, const SamplingParams& sampling) {
   v1::DrafterCall call;
+  // What the service refuses whatever its state is refused here, at once, as every drafter does
+  // (the Drafter contract): a sequence this session has, invalid sampling parameters.
+  if (Live(seq)) return AlreadyExistsError(StrCat("add.seq: sequence ", seq, " already exists"));
+  if (Status valid = sampling.Validate(); !valid.ok()) {
+    return Status(valid.code(), "add.sampling." + valid.message());
+  }
   call.set_drafter(name_);
   call.mutable_add()->set_seq(seq);
   services::ToProto(sampling, call.mutable_add()->mutable_sampling());

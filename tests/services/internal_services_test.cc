@@ -683,8 +683,12 @@ TEST_F(InternalServicesTest, AddsAreNotWaitedFor) {
 
   slow.refuse_adds = true;
   ASSERT_TRUE(drafter.AddSequence(43, {}).ok()) << "refused later, at its first draft";
-  slow.refuse_adds = false;
+  auto refused = drafter.Propose({{.seq = 43, .max_nodes = 2, .max_depth = 1}});
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ((*refused)[0].failure().code(), StatusCode::kResourceExhausted);
+  slow.refuse_adds = false;  // only now: the service read the add when it answered
   ASSERT_TRUE(drafter.AddSequence(44, {}).ok());
+  EXPECT_EQ(drafter.AddSequence(44, {}).code(), StatusCode::kAlreadyExists) << "known here";
   auto both = drafter.Propose({{.seq = 43, .max_nodes = 2, .max_depth = 1},
                                {.seq = 44, .max_nodes = 4, .max_depth = 1},
                                {.seq = 41, .max_nodes = 5, .max_depth = 1}});
