@@ -177,9 +177,10 @@ std::vector<double> StepCostModel::Anchor() const {
     } else if (hi == visited.end()) {  // above them: linear in tokens past the last one
       const size_t lo = visited.back();
       anchor[i] = knots_[lo] * tokens(i) / tokens(lo);
-    } else {  // between: flat from the one below, up to the line through the one above
+    } else {  // between: the chord, an upper bound wherever the cost is convex in tokens
       const size_t lo = *(hi - 1);
-      anchor[i] = std::max(knots_[lo], knots_[*hi] * tokens(i) / tokens(*hi));
+      const double f = (tokens(i) - tokens(lo)) / (tokens(*hi) - tokens(lo));
+      anchor[i] = knots_[lo] + f * (knots_[*hi] - knots_[lo]);
     }
   }
   return anchor;

@@ -117,9 +117,10 @@ class StepCostModel {
   // Caches the fit's knots made monotone, and the attention coefficient, for Predict.
   void RefreshKnots();
   // The anchor that the fit's knots fall back to: a knot that steps visited keeps its fitted
-  // cost; one no step visited yet follows the roofline through the visited ones (flat from a
-  // visited knot below, up to the line through the origin and a visited knot above), so a shape
-  // only drafts would visit is not priced from the first step alone (a prefill).
+  // cost; one no step visited yet is interpolated between the visited ones (the chord: never
+  // cheaper than a convex cost curve, so drafts are not made to look free; linear in tokens past
+  // the last, the first guess's shape before the first), so a shape only drafts would visit is
+  // not priced from the first step alone (a prefill).
   std::vector<double> Anchor() const;
 
   ForgettingLeastSquares fit_;
