@@ -150,7 +150,7 @@ void StepCostModel::Observe(const StepShape& shape, double seconds) {
   fit_.Add(x, seconds);
   for (size_t k = 0; k < visits_.size(); ++k) visits_[k] += x[k];
   ++observed_;
-  // The anchor follows the fit where steps went, and the roofline through those knots elsewhere
+  // The anchor follows the fit where steps went and is interpolated between those knots elsewhere
   // (Anchor), instead of sliding back to the first guess.
   if (observed_ % kAnchorEvery == 0) fit_.SetAnchor(Anchor());
   RefreshKnots();
@@ -711,7 +711,6 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     }
   }
   decision.explored_nodes = explored;
-
   std::tie(decision.predicted_seconds, decision.predicted_tokens) =
       Evaluate(base, candidates, expected, decision.budgets);
   return decision;

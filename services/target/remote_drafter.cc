@@ -121,26 +121,42 @@ StatusOr<v1::DrafterReply> DrafterConnection::Call(const v1::DrafterCall& call, 
   return std::move(CallAll({&call}, session)[0]);
 }
 
-std::vector<StatusOr<v1::DrafterReply>> DrafterConnection::CallAll(
-    const std::vector<const v1::DrafterCall*>& calls, uint64_t* session) {
-  std::lock_guard<std::mutex> lock(call_mu_);
-  auto all_fail = [&](const Status& why) {
-    return std::vector<StatusOr<v1::DrafterReply>>(calls.size(), why);
-  };
-  auto unreachable = [&](const grpc::Status& why) {
-    return UnavailableError(StrCat("drafter service at ", address_, " is unreachable: ",
-                                   why.ok() ? "stream closed" : why.error_message()));
-  };
+Status DrafterConnection::Unreachable(const grpc::Status& why) const {
+  return UnavailableError(StrCat("drafter service at ", address_, " is unreachable: ",
+                                 why.ok() ? "stream closed" : why.error_message()));
+}
+
+Status DrafterConnection::EnsureStream() {
   bool ended = false;
   {
     std::lock_guard<std::mutex> state(mu_);
     ended = broken_;
   }
   if (ended) (void)DropStream(/*cancel=*/false);  // the service went away since the last call
-  if (!stream_) {
-    Status opened = OpenStream();
-    if (!opened.ok()) return all_fail(opened);
+  return stream_ ? OkStatus() : OpenStream();
+}
+
+Status DrafterConnection::Write(const v1::DrafterCall& call) {
+  watchdog_.Arm(context_.get(), call_deadline_);
+  const bool sent = stream_->Write(call);
+  const bool stuck = watchdog_.Disarm();
+  if (sent && !stuck) return OkStatus();
+  grpc::Status why = DropStream();
+  if (stuck) {
+    return DeadlineExceededError(StrCat("drafter service at ", address_,
+                                        " did not take a call within ", call_deadline_.count(),
+                                        " ms (--drafter-deadline-ms); the stream is dropped"));
   }
+  return Unreachable(why);
+}
+
+std::vector<StatusOr<v1::DrafterReply>> DrafterConnection::CallAll(
+    const std::vector<const v1::DrafterCall*>& calls, uint64_t* session) {
+  std::lock_guard<std::mutex> lock(call_mu_);
+  auto all_fail = [&](const Status& why) {
+    return std::vector<StatusOr<v1::DrafterReply>>(calls.size(), why);
+  };
+  if (Status open = EnsureStream(); !open.ok()) return all_fail(open);
   *session = session_;
   // Every call goes out before any reply is awaited: the service answers them in order, so the
   // batch costs one round trip.
@@ -152,20 +168,7 @@ std::vector<StatusOr<v1::DrafterReply>> DrafterConnection::CallAll(
       index[i] = calls_sent_++;
     }
     deadline[i] = std::chrono::steady_clock::now() + call_deadline_;
-    // A service that does not even take the call's bytes (flow control) within the deadline is
-    // treated as dead.
-    watchdog_.Arm(context_.get(), call_deadline_);
-    const bool sent = stream_->Write(*calls[i]);
-    const bool stuck = watchdog_.Disarm();
-    if (!sent || stuck) {
-      grpc::Status why = DropStream();
-      if (stuck) {
-        return all_fail(DeadlineExceededError(
-            StrCat("drafter service at ", address_, " did not take a call within ",
-                   call_deadline_.count(), " ms (--drafter-deadline-ms); the stream is dropped")));
-      }
-      return all_fail(unreachable(why));
-    }
+    if (Status written = Write(*calls[i]); !written.ok()) return all_fail(written);
   }
   std::vector<StatusOr<v1::DrafterReply>> results;
   results.reserve(calls.size());
@@ -195,8 +198,7 @@ std::vector<StatusOr<v1::DrafterReply>> DrafterConnection::CallAll(
     }
   }
   if (ended_while_waiting) {
-    grpc::Status why = DropStream(/*cancel=*/false);
-    const Status status = unreachable(why);
+    const Status status = Unreachable(DropStream(/*cancel=*/false));
     while (results.size() < calls.size()) results.emplace_back(status);
     return results;
   }
@@ -226,21 +228,12 @@ void DrafterConnection::Send(const v1::DrafterCall& call) {
     if (!stream_ || broken_) return;
     unawaited_.insert(calls_sent_++);
   }
-  watchdog_.Arm(context_.get(), call_deadline_);
-  const bool sent = stream_->Write(call);
-  const bool stuck = watchdog_.Disarm();
-  if (!sent || stuck) (void)DropStream();  // the next Call reconnects and reports it
+  (void)Write(call);  // a failure drops the stream: the next Call reconnects and reports it
 }
 
 StatusOr<uint64_t> DrafterConnection::Post(const v1::DrafterCall& call, uint64_t* session) {
   std::lock_guard<std::mutex> lock(call_mu_);
-  bool ended = false;
-  {
-    std::lock_guard<std::mutex> state(mu_);
-    ended = broken_;
-  }
-  if (ended) (void)DropStream(/*cancel=*/false);
-  if (!stream_) RETURN_IF_ERROR(OpenStream());
+  RETURN_IF_ERROR(EnsureStream());
   *session = session_;
   uint64_t index = 0;
   {
@@ -248,19 +241,7 @@ StatusOr<uint64_t> DrafterConnection::Post(const v1::DrafterCall& call, uint64_t
     index = calls_sent_++;
     posted_.insert(index);  // before the write: the reply may be read at once
   }
-  watchdog_.Arm(context_.get(), call_deadline_);
-  const bool sent = stream_->Write(call);
-  const bool stuck = watchdog_.Disarm();
-  if (!sent || stuck) {
-    grpc::Status why = DropStream();
-    if (stuck) {
-      return DeadlineExceededError(StrCat("drafter service at ", address_,
-                                          " did not take a call within ", call_deadline_.count(),
-                                          " ms (--drafter-deadline-ms); the stream is dropped"));
-    }
-    return UnavailableError(StrCat("drafter service at ", address_, " is unreachable: ",
-                                   why.ok() ? "stream closed" : why.error_message()));
-  }
+  RETURN_IF_ERROR(Write(call));
   return index;
 }
 
@@ -275,7 +256,7 @@ Status DrafterConnection::AwaitPosted(uint64_t index) {
     return status;
   }
   if (broken_) {
-    return UnavailableError(StrCat("drafter service at ", address_, " is unreachable"));
+    return Unreachable(grpc::Status::OK);
   }
   if (posted_.erase(index)) abandoned_.insert(index);
   return DeadlineExceededError(StrCat("drafter service at ", address_, " did not answer within ",

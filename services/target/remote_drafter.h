@@ -99,6 +99,13 @@ class DrafterConnection {
   // saw it end), waits for the reader and returns the stream's final status.
   Status OpenStream();
   grpc::Status DropStream(bool cancel = true);
+  // With call_mu_ held: a stream the service ended is dropped, and one is opened if none is.
+  Status EnsureStream();
+  // With call_mu_ held: writes `call`. A service that does not take its bytes (flow control)
+  // within the call deadline is treated as dead: the stream is dropped and DEADLINE_EXCEEDED
+  // returned; UNAVAILABLE (stream dropped) if the write fails.
+  Status Write(const v1::DrafterCall& call);
+  Status Unreachable(const grpc::Status& why) const;
   // The reader thread: files every reply under its call's index, drops late ones.
   void ReadReplies(grpc::ClientReaderWriter<v1::DrafterCall, v1::DrafterReply>* stream);
 

@@ -605,6 +605,7 @@ struct SlowDrafterStack {
   SlowDrafterService service;
   std::unique_ptr<services::ServiceServer> server;
   std::shared_ptr<target::DrafterConnection> connection;
+  std::unique_ptr<target::RemoteDrafter> drafter;  // "slow", on `connection`
 };
 
 // Starts `stack` for a target of `config`'s vocabulary and hidden size; its connection's calls
@@ -622,6 +623,8 @@ void StartSlowDrafter(const ModelConfig& config, SlowDrafterStack& stack,
   ASSERT_TRUE(connection.ok()) << connection.status();
   stack.connection = std::move(*connection);
   stack.connection->set_call_deadline(deadline);
+  stack.drafter = std::make_unique<target::RemoteDrafter>(stack.connection,
+                                                          stack.connection->info().drafters(0));
 }
 
 // The trees of a SlowDrafterService's answer: one tree of one node, whose token tells which
@@ -642,7 +645,7 @@ TEST_F(InternalServicesTest, ReleasesAreNotWaitedFor) {
   ASSERT_NO_FATAL_FAILURE(StartSlowDrafter(config_, stack, 60s));
   SlowDrafterService& slow = stack.service;
   const std::shared_ptr<target::DrafterConnection>& connection = stack.connection;
-  target::RemoteDrafter drafter(connection, connection->info().drafters(0));
+  target::RemoteDrafter& drafter = *stack.drafter;
   ASSERT_TRUE(drafter.AddSequence(41, {}).ok());
   ASSERT_TRUE(drafter.AddSequence(42, {}).ok());
   const uint64_t session = connection->session();
@@ -670,7 +673,7 @@ TEST_F(InternalServicesTest, AddsAreNotWaitedFor) {
   ASSERT_NO_FATAL_FAILURE(StartSlowDrafter(config_, stack, 60s));
   SlowDrafterService& slow = stack.service;
   const std::shared_ptr<target::DrafterConnection>& connection = stack.connection;
-  target::RemoteDrafter drafter(connection, connection->info().drafters(0));
+  target::RemoteDrafter& drafter = *stack.drafter;
   const uint64_t session = connection->session() + 1;  // the first call opens the stream
   slow.HoldAdds(true);
   const auto start = std::chrono::steady_clock::now();
@@ -723,7 +726,7 @@ TEST_F(InternalServicesTest, ObserveAndProposeShareOneRoundTrip) {
   ASSERT_NO_FATAL_FAILURE(StartSlowDrafter(config_, stack, 30s));
   SlowDrafterService& slow = stack.service;
   const std::shared_ptr<target::DrafterConnection>& connection = stack.connection;
-  target::RemoteDrafter drafter(connection, connection->info().drafters(0));
+  target::RemoteDrafter& drafter = *stack.drafter;
   ASSERT_TRUE(drafter.AddSequence(42, {}).ok());
   slow.observe_waits_for_next = true;
   Status observed;
@@ -774,7 +777,7 @@ TEST_F(InternalServicesTest, SlowDrafterCostsOnlyThatStepsSpeculation) {
   ASSERT_NO_FATAL_FAILURE(StartSlowDrafter(config_, stack, 300ms));
   SlowDrafterService& slow = stack.service;
   const std::shared_ptr<target::DrafterConnection>& connection = stack.connection;
-  target::RemoteDrafter drafter(connection, connection->info().drafters(0));
+  target::RemoteDrafter& drafter = *stack.drafter;
   ASSERT_TRUE(drafter.AddSequence(42, {}).ok());
   const uint64_t session = connection->session();
   slow.delay_ms = 1500;
