@@ -14,6 +14,7 @@ void BudgetPlanner::Admit(RequestId id, const SpecRequest& request) {
     t.cap = request.speculation.max_draft_tokens;
   }
   t.prefill_left = static_cast<int64_t>(request.generation.prompt.size());
+  t.tokens_left = request.generation.max_new_tokens;
   tracked_[id] = t;
 }
 
@@ -60,6 +61,7 @@ void BudgetPlanner::OnStep(const StepReport& report, double wall_seconds) {
     if (!u.new_tokens.empty()) {
       t.decoding = true;
       t.prefill_left = 0;
+      t.tokens_left -= static_cast<int64_t>(u.new_tokens.size());
     }
     t.context = u.context_tokens;
     t.unobserved = u.unobserved_tokens;
@@ -84,7 +86,8 @@ std::vector<StepPlan::DraftBudget> BudgetPlanner::Plan() {
                             .drafter = t.drafter,
                             .max_nodes = std::min(t.max_nodes, t.cap),
                             .context = t.context,
-                            .unobserved_tokens = t.unobserved});
+                            .unobserved_tokens = t.unobserved,
+                            .tokens_left = std::max<int64_t>(t.tokens_left, 0)});
     }
   }
   // The prompt chunks this step: what the decodes leave of the step's token budget.

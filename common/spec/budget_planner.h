@@ -43,8 +43,9 @@ class BudgetPlanner {
     int64_t prefill_left = 0;  // prompt tokens not prefilled yet (estimated from the reports)
     int64_t context = 0;
     int64_t unobserved = 0;
-    int32_t max_nodes = 0;  // from the last update
-    int32_t asked = 0;      // the last plan's budget, until a report says what came of it
+    int32_t max_nodes = 0;    // from the last update
+    int64_t tokens_left = 0;  // max_new_tokens less what it generated
+    int32_t asked = 0;        // the last plan's budget, until a report says what came of it
     bool decoding = false;
   };
 

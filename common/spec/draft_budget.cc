@@ -209,13 +209,19 @@ double StepCostModel::Predict(const StepShape& shape) const {
 // DrafterCostModel
 
 namespace {
-constexpr double kSeqUnit = 16, kNodeUnit = 64, kDepthUnit = 8, kObservedUnit = 256;
+// The features' units set how the fit's prior splits a call's seconds among them while samples
+// are few: in proportion to each feature's value in units. A small observed-token unit sends
+// the first call's seconds (a drafter's first call catches up on a whole prompt) mostly to its
+// observed tokens (charged once per backlog) rather than to a per-call constant that every later
+// step would pay, which would keep the drafter off before one steady call was measured; the
+// steady calls that follow correct whatever part was really per call.
+constexpr double kSeqUnit = 16, kNodeUnit = 64, kDepthUnit = 8, kObservedUnit = 16;
 
 // No allocation: the policy predicts hundreds of drafter calls per plan.
 std::array<double, 5> DrafterFeatures(int32_t sequences, int64_t nodes, int32_t max_depth,
-                                      int64_t observed) {
+                                      double observed) {
   return {1.0, sequences / kSeqUnit, static_cast<double>(nodes) / kNodeUnit, max_depth / kDepthUnit,
-          static_cast<double>(observed) / kObservedUnit};
+          observed / kObservedUnit};
 }
 }  // namespace
 
@@ -223,8 +229,11 @@ DrafterCostModel::DrafterCostModel(double forgetting)
     : fit_(std::vector<double>(5, 0.0), /*prior_weight=*/0.5, forgetting) {}
 
 void DrafterCostModel::Observe(const DrafterCall& call) {
-  if (call.sequences <= 0 || !(call.seconds >= 0) || !std::isfinite(call.seconds)) return;
-  const auto x = DrafterFeatures(call.sequences, call.nodes, call.max_depth, call.observed_tokens);
+  // A catch-up alone (no sequence drafted) measures the observed tokens' part.
+  if (call.sequences < 0 || (call.sequences == 0 && call.observed_tokens <= 0)) return;
+  if (!(call.seconds >= 0) || !std::isfinite(call.seconds)) return;
+  const auto x = DrafterFeatures(call.sequences, call.nodes, call.max_depth,
+                                 static_cast<double>(call.observed_tokens));
   fit_.Add(std::vector<double>(x.begin(), x.end()), call.seconds);
 }
 
@@ -238,7 +247,7 @@ DrafterCostModel::Parts DrafterCostModel::parts() const {
 }
 
 double DrafterCostModel::Predict(int32_t sequences, int64_t nodes, int32_t max_depth,
-                                 int64_t observed_tokens) const {
+                                 double observed_tokens) const {
   if (sequences <= 0) return 0;
   // The parts are fitted jointly (clamping one alone would bias the others' sum).
   return std::max(fit_.Predict(DrafterFeatures(sequences, nodes, max_depth, observed_tokens)), 0.0);
@@ -308,10 +317,10 @@ Trials Outcome(int32_t offered, int32_t hits) {
 
 }  // namespace
 
-void AcceptanceModel::Observe(const std::string& drafter, int64_t id, int32_t depth,
+void AcceptanceModel::Observe(const std::string& drafter, int64_t id, int32_t nodes,
                               int32_t accepted) {
-  // Depth d was tried iff the tree reached d and depth d-1 was accepted.
-  const Trials t = Outcome(depth, accepted);
+  // Position j was tried iff the draft had j nodes and the j-1 before it were accepted.
+  const Trials t = Outcome(nodes, accepted);
   accept_.Update(drafter, id, t.last, t.hits, rate_, prior_rate_);
 }
 
@@ -352,8 +361,18 @@ double AcceptanceModel::Expected(const std::string& drafter, int64_t id, int32_t
   return sum;
 }
 
+double AcceptanceModel::DrafterStandardError(const std::string& drafter, int32_t d) const {
+  d = std::clamp(d, 1, kMaxDepth);
+  // Bounded away from 0 and 1: an average that sits at either end is not known exactly.
+  const double p = std::clamp(accept_.Prior(drafter)[d], 0.1, 0.9);
+  double n = kInitialSamples;
+  auto it = accept_.prior_samples.find(drafter);
+  if (it != accept_.prior_samples.end()) n += static_cast<double>(it->second[d]);
+  return std::sqrt(p * (1 - p) / n);
+}
+
 AcceptanceModel::Tables AcceptanceModel::ExpectedDraft(const std::string& drafter, int64_t id,
-                                                       int32_t max_nodes) const {
+                                                       int32_t max_nodes, double confidence) const {
   const size_t size = static_cast<size_t>(std::max(max_nodes, 0)) + 1;
   Tables t{.tokens = std::vector<double>(size, 0.0), .rows = std::vector<double>(size, 0.0)};
   const std::vector<double>& p = accept_.Of(drafter, id);
@@ -361,7 +380,9 @@ AcceptanceModel::Tables AcceptanceModel::ExpectedDraft(const std::string& drafte
   double accepted = 1.0, supplied = 1.0;
   for (int32_t j = 1; j <= max_nodes; ++j) {
     const int32_t d = std::min(j, kMaxDepth);
-    accepted *= p[d];
+    const double bonus =
+        j == 1 && confidence > 0 ? confidence * DrafterStandardError(drafter, 1) : 0.0;
+    accepted *= std::min(1.0, p[d] + bonus);
     supplied *= s[d];
     t.tokens[j] = t.tokens[j - 1] + supplied * accepted;
     t.rows[j] = t.rows[j - 1] + supplied;
@@ -386,7 +407,7 @@ struct Group {
   int32_t sequences = 0;
   int64_t nodes = 0;
   int32_t depth = 0;
-  int64_t observed = 0;
+  double observed = 0;  // catch-up charged this step (DraftBudgetPolicy::CatchUpCharge)
 };
 
 // The step without its prompt chunks: its decodes alone.
@@ -425,9 +446,18 @@ const DrafterCostModel* DraftBudgetPolicy::drafter_cost(const std::string& draft
   return it == drafter_cost_.end() ? nullptr : &it->second;
 }
 
+double DraftBudgetPolicy::CatchUpCharge(const BudgetCandidate& candidate) {
+  const double backlog = static_cast<double>(std::max<int64_t>(candidate.unobserved_tokens, 0));
+  // A drafting sequence observes at most its last step's nodes plus the target's token.
+  const double steady = std::min(backlog, static_cast<double>(candidate.max_nodes) + 1.0);
+  int64_t horizon = kCatchUpHorizon;
+  if (candidate.tokens_left >= 0) horizon = std::min(horizon, candidate.tokens_left);
+  return steady + (backlog - steady) / static_cast<double>(std::max<int64_t>(horizon, 1));
+}
+
 double DraftBudgetPolicy::DrafterSeconds(const std::string& drafter, int32_t sequences,
                                          int64_t nodes, int32_t max_depth,
-                                         int64_t observed_tokens) const {
+                                         double observed_tokens) const {
   const DrafterCostModel* model = drafter_cost(drafter);
   // A drafter never measured is assumed free: it drafts, gets measured, and the next plans know.
   return model ? model->Predict(sequences, nodes, max_depth, observed_tokens) : 0.0;
@@ -448,7 +478,8 @@ std::vector<AcceptanceModel::Tables> DraftBudgetPolicy::ExpectedDrafts(
   std::vector<AcceptanceModel::Tables> expected;
   expected.reserve(candidates.size());
   for (const BudgetCandidate& c : candidates) {
-    expected.push_back(acceptance_.ExpectedDraft(c.drafter, c.id, c.max_nodes));
+    expected.push_back(
+        acceptance_.ExpectedDraft(c.drafter, c.id, c.max_nodes, options_.acceptance_confidence));
   }
   return expected;
 }
@@ -473,7 +504,7 @@ std::pair<double, double> DraftBudgetPolicy::Evaluate(
     ++g.sequences;
     g.nodes += n;
     g.depth = std::max(g.depth, n);
-    g.observed += c.unobserved_tokens;
+    g.observed += CatchUpCharge(c);
   }
   double seconds = TargetSeconds(shape, rows) + other_seconds_;
   for (const auto& [name, g] : groups) {
@@ -516,7 +547,7 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
     Group h = g;
     if (from == 0) {
       ++h.sequences;
-      h.observed += c.unobserved_tokens;
+      h.observed += CatchUpCharge(c);
     }
     h.nodes += m;
     h.depth = std::max(h.depth, to);
@@ -569,7 +600,7 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
     const double before = drafter_seconds(c.drafter, g);
     if (b[i] == 0) {
       ++g.sequences;
-      g.observed += c.unobserved_tokens;
+      g.observed += CatchUpCharge(c);
     }
     const double row_from = expected[i].rows[b[i]], row_to = expected[i].rows[b[i] + m];
     rows += row_to - row_from;
@@ -711,8 +742,15 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     }
   }
   decision.explored_nodes = explored;
-  std::tie(decision.predicted_seconds, decision.predicted_tokens) =
-      Evaluate(base, candidates, expected, decision.budgets);
+  // Reported at the estimates, not at the optimism the allocation used.
+  std::vector<AcceptanceModel::Tables> estimate;
+  if (options_.acceptance_confidence > 0) {
+    for (const BudgetCandidate& c : candidates) {
+      estimate.push_back(acceptance_.ExpectedDraft(c.drafter, c.id, c.max_nodes));
+    }
+  }
+  std::tie(decision.predicted_seconds, decision.predicted_tokens) = Evaluate(
+      base, candidates, options_.acceptance_confidence > 0 ? estimate : expected, decision.budgets);
   return decision;
 }
 
@@ -741,7 +779,7 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   for (const DrafterCall& call : step.drafter_calls) drafter_cost_[call.drafter].Observe(call);
   for (const StepMeasurement::Sequence& s : step.sequences) {
     if (s.asked > 0) acceptance_.ObserveSupply(s.drafter, s.id, s.asked, s.nodes);
-    if (s.nodes > 0) acceptance_.Observe(s.drafter, s.id, s.depth, s.accepted);
+    if (s.nodes > 0) acceptance_.Observe(s.drafter, s.id, s.nodes, s.accepted);
   }
 }
 

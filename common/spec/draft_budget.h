@@ -12,16 +12,30 @@
 //   - DrafterCostModel: one drafter call's seconds as a function of sequences, nodes, depth and
 //     observed (caught-up) tokens; a non-autoregressive drafter fits ~0 per depth, an
 //     autoregressive one pays per depth.
-//   - AcceptanceModel: per drafter and sequence, p[d] = P(depth d accepted | depth d-1 accepted),
-//     an exponential moving average over recent steps (a new sequence starts from its drafter's
-//     average); node j of a tree is valued as depth j (a tree drafter's width shows up in a
-//     higher p). Likewise the drafter's supply s[j] = P(node j comes back | node j-1 did and j was
-//     asked for): a drafter may return fewer nodes than its budget (n-gram lookup finds no match,
-//     or a shorter one). A budget of n nodes is expected to add
+//   - AcceptanceModel: per drafter and sequence, p[j] = P(the j-th token of a draft is accepted |
+//     the j-1 before it were, the draft had at least j nodes), an exponential moving average over
+//     recent steps (a new sequence starts from its drafter's average). A tree's nodes count as
+//     positions whatever its shape: a 4-node tree of depth 1 that kept one token has positions 1
+//     (accepted) and 2 (not), so a budget is valued at what drafts of that size brought back
+//     (valued as depth instead, a wide tree's nodes were priced as a chain's and the planner
+//     asked for trees whose extra nodes added width, not tokens). Likewise the drafter's supply
+//     s[j] = P(node j comes back | node j-1 did and j was asked for): a drafter may return fewer
+//     nodes than its budget (n-gram lookup finds no match, or a shorter one). The plan values
+//     p[1] at its upper confidence bound (DraftBudgetOptions::acceptance_confidence), so a
+//     drafter's first unlucky steps do not keep it off. A budget of n nodes is expected to add
 //     E(n) = sum_{j<=n} S(j) A(j) tokens and R(n) = sum_{j<=n} S(j) rows to the forward, with
 //     S(j) = prod_{i<=j} s[i] and A(j) = prod_{i<=j} p[i]; the drafter's per-call and
 //     per-sequence costs are paid whatever comes back, so a drafter that often returns nothing
 //     (over a network round trip, say) is asked less.
+//
+// Catch-up is an investment, not a per-step cost: a sequence whose drafter has not seen its last
+// U tokens (its prompt, or what it generated while at budget 0) pays for observing them once,
+// after which each drafting step observes only what the previous one committed. The plan charges
+// the steady part (up to max_nodes + 1 tokens) to the step and spreads the rest over the steps
+// the sequence can still draft (its tokens left, at most kCatchUpHorizon): charged whole, a
+// backlog that grows while the sequence does not draft would keep it from ever drafting again.
+// For the same reason the drafter cost fit's units make a call's unexplained seconds go first to
+// the tokens it observed, not to a per-call constant that every later step would pay.
 //
 // Decision (Plan): start from no drafts. Then greedy marginal allocation (within the latency
 // bound, DraftBudgetOptions::max_step_increase, when one is set): repeatedly add the node
@@ -147,9 +161,8 @@ class DrafterCostModel {
  public:
   explicit DrafterCostModel(double forgetting = 0.95);
   void Observe(const DrafterCall& call);
-  // Seconds of one call of this shape (at least 0).
-  double Predict(int32_t sequences, int64_t nodes, int32_t max_depth,
-                 int64_t observed_tokens) const;
+  // Seconds of one call of this shape (at least 0; 0 without sequences).
+  double Predict(int32_t sequences, int64_t nodes, int32_t max_depth, double observed_tokens) const;
   // The fitted parts: per call, per sequence, per node, per depth, per observed token.
   struct Parts {
     double per_call = 0, per_sequence = 0, per_node = 0, per_depth = 0, per_observed = 0;
@@ -167,10 +180,10 @@ class AcceptanceModel {
   // rate: EMA weight of a sequence's newest step; prior_rate: of the drafter's average.
   explicit AcceptanceModel(double rate = 0.1, double prior_rate = 0.05, double initial = 0.5);
 
-  // A step of sequence `id`: a tree of depth `depth` was verified and `accepted` nodes kept.
-  void Observe(const std::string& drafter, int64_t id, int32_t depth, int32_t accepted);
+  // A step of sequence `id`: a draft of `nodes` nodes was verified and `accepted` of them kept.
+  void Observe(const std::string& drafter, int64_t id, int32_t nodes, int32_t accepted);
   void Forget(int64_t id);
-  // P(depth d accepted | depth d-1 accepted), d >= 1.
+  // P(the d-th token accepted | the d-1 before it were), d >= 1.
   double Conditional(const std::string& drafter, int64_t id, int32_t d) const;
   // Expected accepted tokens of a chain of `nodes` nodes, all of them drafted.
   double Expected(const std::string& drafter, int64_t id, int32_t nodes) const;
@@ -184,11 +197,17 @@ class AcceptanceModel {
   // The drafter's average of it, for metrics.
   double DrafterSupply(const std::string& drafter, int32_t j) const;
   // What a budget of n = 0..max_nodes nodes is expected to add: tokens E(n) and forward rows R(n)
-  // (see the header's comment), in one pass (the policy's inner loop).
+  // (see the header's comment), in one pass (the policy's inner loop). With confidence > 0, p[1]
+  // is raised by that many standard errors of its drafter's average (an upper confidence bound
+  // that shrinks as the drafter's samples grow).
   struct Tables {
     std::vector<double> tokens, rows;
   };
-  Tables ExpectedDraft(const std::string& drafter, int64_t id, int32_t max_nodes) const;
+  Tables ExpectedDraft(const std::string& drafter, int64_t id, int32_t max_nodes,
+                       double confidence = 0) const;
+  // The standard error of the drafter's average p[d]: sqrt(p (1 - p) / n), n its samples there
+  // plus the initial value's weight.
+  double DrafterStandardError(const std::string& drafter, int32_t d) const;
 
  private:
   // One EMA per depth, per drafter (its average, the start of its new sequences) and sequence.
@@ -235,6 +254,15 @@ struct DraftBudgetOptions {
   // time without drafts and the time its decodes alone would take with their drafts. A short
   // chunk thus drafts as a decode-only step would; a long one is not made longer. < 0: no bound.
   double max_prefill_step_increase = 0.05;
+  // The first draft token's acceptance is valued at its upper confidence bound, the estimate
+  // plus this many standard errors of the drafter's average (DrafterStandardError), so that a
+  // drafter with few samples keeps drafting until they tell whether it pays: a few unlucky
+  // early steps (a drafter's first, short request) would otherwise leave it undrafted, with only
+  // rare probes to raise it. The bonus shrinks as 1/sqrt(samples): a drafter that does not pay
+  // stops within a few dozen steps at batch 1, within a few steps at large batches. Only p[1]:
+  // whether a drafter pays at all is mostly its first token, and a bonus at every position
+  // would compound into deep drafts whose positions were never measured. 0: the estimate alone.
+  double acceptance_confidence = 2.0;
   uint64_t seed = 0x5eed;
 };
 
@@ -245,6 +273,7 @@ struct BudgetCandidate {
   int32_t max_nodes = 0;          // the request's cap and the room left (0: cannot draft)
   int64_t context = 0;            // tokens in its cache
   int64_t unobserved_tokens = 0;  // its drafter must catch up on these before proposing
+  int64_t tokens_left = -1;       // it may still generate this many (< 0: unknown)
 };
 
 // What the step holds before drafts: every decoding sequence's pending token, prompt chunks.
@@ -289,6 +318,12 @@ struct StepMeasurement {
 
 class DraftBudgetPolicy {
  public:
+  // The most steps a catch-up is spread over (see the header's comment).
+  static constexpr int64_t kCatchUpHorizon = 16;
+  // The observed tokens a candidate's drafting is charged this step: the steady part in full,
+  // the rest of its backlog spread over the steps it can still draft.
+  static double CatchUpCharge(const BudgetCandidate& candidate);
+
   explicit DraftBudgetPolicy(DraftBudgetOptions options = {});
 
   BudgetDecision Plan(const StepBase& base, const std::vector<BudgetCandidate>& candidates);
@@ -318,8 +353,9 @@ class DraftBudgetPolicy {
                                      const std::vector<int32_t>& budgets) const;
   // The target's seconds for `shape` plus `rows` more (expected, so fractional) rows.
   double TargetSeconds(StepShape shape, double rows) const;
+  // observed_tokens: what the plan charges this step for catching up (CatchUpCharge, summed).
   double DrafterSeconds(const std::string& drafter, int32_t sequences, int64_t nodes,
-                        int32_t max_depth, int64_t observed_tokens) const;
+                        int32_t max_depth, double observed_tokens) const;
   // The most seconds a step may take with drafts (max_step_increase; infinity without a bound).
   double StepLimit(double no_draft_seconds) const;
   // Greedy marginal allocation of the step's nodes within `step_limit` seconds (see the header);

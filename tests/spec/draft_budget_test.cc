@@ -220,6 +220,18 @@ TEST(AcceptanceModelTest, ADrafterAverageIsNotSetByItsFirstSteps) {
   EXPECT_GT(model.Supply("d", 300, 1), 0.8);
 }
 
+TEST(AcceptanceModelTest, ATreesWidthIsValuedAtWhatItBroughtBack) {
+  // 4-node trees of depth 1 (four candidates for the next token) that keep one token 90% of the
+  // time: a budget of 4 brings 0.9 tokens, not the 0.9 + 0.81 + ... of a 4-deep chain.
+  AcceptanceModel model;
+  std::mt19937 rng(2);
+  std::bernoulli_distribution kept(0.9);
+  for (int i = 0; i < 200; ++i) model.Observe("tree", 1, /*nodes=*/4, kept(rng) ? 1 : 0);
+  const AcceptanceModel::Tables t = model.ExpectedDraft("tree", 1, 4);
+  EXPECT_NEAR(t.tokens[1], 0.9, 0.1);
+  EXPECT_NEAR(t.tokens[4], t.tokens[1], 1e-6);
+}
+
 TEST(AcceptanceModelTest, ShortDraftsScaleTokensAndRows) {
   AcceptanceModel model(/*rate=*/1.0, /*prior_rate=*/1.0);
   // Every node that comes back is accepted; sequence 1's drafter returned 2 of 4 asked nodes,
@@ -381,6 +393,42 @@ TEST(DraftBudgetPolicyTest, ADrafterThatReturnsLittleIsAskedLess) {
       EXPECT_EQ(d.budgets[0], 0);
     }
   }
+}
+
+TEST(DraftBudgetPolicyTest, ACatchUpIsSpreadOverTheStepsLeft) {
+  // Observing costs 20 us a token: a sequence 200 tokens behind (its prompt, say) would pay 4 ms
+  // on a 1 ms step if the whole catch-up were this step's cost. It is paid once, so a sequence
+  // with many tokens left drafts; one with two tokens left (one node) does not.
+  std::mt19937 rng(3);
+  DraftBudgetPolicy policy(NoExploration());
+  Train(policy, Curve{.base = 1e-3, .knee = 64, .per_token = 1e-5}, 300, rng, 0.01);
+  TrainAcceptance(policy, "lm", 1, 0.8, 60, rng);
+  for (int i = 1; i <= 40; ++i) {
+    const int64_t observed = i % 4 == 0 ? 150 : 1 + i % 5;
+    policy.Observe({.drafter_calls = {{.drafter = "lm",
+                                       .sequences = 1,
+                                       .nodes = 1 + i % 8,
+                                       .max_depth = 1 + i % 8,
+                                       .observed_tokens = observed,
+                                       .seconds = 1e-4 + 2e-5 * static_cast<double>(observed)}}});
+  }
+  EXPECT_NEAR(policy.drafter_cost("lm")->parts().per_observed, 2e-5, 2e-6);
+  std::vector<BudgetCandidate> c = Candidates(1, "lm", 8, 300);
+  c[0].unobserved_tokens = 200;
+  c[0].tokens_left = 100;
+  EXPECT_GT(policy.Plan(Decoding(1, 300), c).budgets[0], 0);
+  c[0].tokens_left = 2;
+  c[0].max_nodes = 1;
+  EXPECT_EQ(policy.Plan(Decoding(1, 300), c).budgets[0], 0);
+  c[0].max_nodes = 8;
+  // Its steady part (what a drafting step observes: at most its nodes and the target's token)
+  // is this step's, whatever is left.
+  c[0].unobserved_tokens = 5;
+  c[0].tokens_left = 100;
+  EXPECT_DOUBLE_EQ(DraftBudgetPolicy::CatchUpCharge(c[0]), 5);
+  c[0].unobserved_tokens = 9 + 32;
+  EXPECT_DOUBLE_EQ(DraftBudgetPolicy::CatchUpCharge(c[0]),
+                   9 + 32.0 / DraftBudgetPolicy::kCatchUpHorizon);
 }
 
 TEST(DraftBudgetPolicyTest, APromptChunkDoesNotMakeDraftsLookCheap) {
@@ -696,6 +744,90 @@ TEST(BudgetPlannerTest, LearnsWhatItsBudgetsBroughtBack) {
   EXPECT_LT(planner.policy().acceptance().Supply("ngram", 7, 1), 0.5);
   // Acceptance saw no draft: it keeps its prior.
   EXPECT_DOUBLE_EQ(planner.policy().acceptance().Conditional("ngram", 7, 1), 0.5);
+}
+
+// One request at batch 1 driven through the planner in a closed loop: each step's budget is
+// drafted (a chain accepted with p per depth), measured and reported back as the engine would.
+// The drafter's first call catches up on the whole prompt and pays a cold start; later calls
+// cost per_call plus 20 us per observed token and 50 us per depth, on a 1 ms step. Returns the
+// share of the last 300 steps that drafted. The first `unlucky` drafts accept nothing (a
+// drafter's first, odd request).
+double DraftingShare(double per_call, double p, int unlucky = 0, DraftBudgetOptions options = {}) {
+  BudgetPlanner planner(options);
+  SpecRequest request;
+  request.generation.prompt.assign(128, 1);
+  request.generation.max_new_tokens = 2000;
+  request.speculation = {.drafter = "lm", .max_draft_tokens = 8};
+  planner.Admit(1, request);
+  StepReport prefill{.prefill_tokens = 128, .verify_seconds = 1.5e-3};
+  prefill.updates.push_back({.id = 1,
+                             .new_tokens = {2},
+                             .context_tokens = 128,
+                             .unobserved_tokens = 129,
+                             .max_draft_nodes = 8});
+  planner.OnStep(prefill, 1.5e-3);
+  std::mt19937 rng(17);
+  std::bernoulli_distribution accept(p);
+  int64_t context = 129, unobserved = 129;
+  bool cold = true;
+  int drafted = 0;
+  const int kSteps = 400, kCounted = 300;
+  for (int step = 0; step < kSteps; ++step) {
+    int32_t n = 0;
+    for (const StepPlan::DraftBudget& b : planner.Plan()) {
+      if (b.id == 1) n = b.max_draft_tokens;
+    }
+    StepReport report{.verify_tokens = 1 + n, .verify_seconds = 1e-3 * (1 + 0.002 * n)};
+    RequestUpdate u{.id = 1};
+    int32_t a = 0;
+    if (n > 0) {
+      if (step >= kSteps - kCounted) ++drafted;
+      while (unlucky <= 0 && a < n && accept(rng)) ++a;
+      --unlucky;
+      const DrafterCall call{.drafter = "lm",
+                             .sequences = 1,
+                             .nodes = n,
+                             .max_depth = n,
+                             .observed_tokens = unobserved,
+                             .seconds = (cold ? 2e-3 : 0.0) + per_call +
+                                        2e-5 * static_cast<double>(unobserved) + 5e-5 * n};
+      cold = false;
+      report.drafter_calls.push_back(call);
+      report.draft_seconds = call.seconds;
+      unobserved = 0;
+      u.draft_nodes = n;
+      u.draft_depth = n;
+      u.draft_accepted = a;
+    }
+    u.new_tokens.assign(a + 1, 3);
+    context += a + 1;
+    unobserved += a + 1;
+    u.context_tokens = context;
+    u.unobserved_tokens = unobserved;
+    u.max_draft_nodes = 8;
+    report.updates.push_back(u);
+    planner.OnStep(report, report.verify_seconds + report.draft_seconds);
+  }
+  return static_cast<double>(drafted) / kCounted;
+}
+
+TEST(BudgetPlannerTest, ADrafterWhoseFirstCallCaughtUpOnThePromptKeepsDrafting) {
+  // Steady drafting pays (about 2.5x the tokens per second): the prompt's catch-up and the cold
+  // start in the first call must not keep the drafter off.
+  EXPECT_GT(DraftingShare(/*per_call=*/1.5e-4, /*p=*/0.8), 0.9);
+  // A drafter whose every call costs 3 steps never pays: probes only.
+  EXPECT_LT(DraftingShare(/*per_call=*/3e-3, /*p=*/0.8), 0.05);
+}
+
+TEST(BudgetPlannerTest, AFewUnluckyFirstDraftsDoNotTurnADrafterOff) {
+  // Its first 6 drafts accept nothing; then p = 0.75 and a 0.4 ms call on a 1 ms step: steady
+  // drafting pays ~1.4x. Valued at the estimate alone, the drafter's average sits low and only
+  // probes and the occasional extra node raise it (it drafts in about a third of the steps); at
+  // its upper confidence bound the drafter keeps drafting until its samples tell.
+  EXPECT_GT(DraftingShare(/*per_call=*/4e-4, /*p=*/0.75, /*unlucky=*/6), 0.9);
+  EXPECT_LT(DraftingShare(4e-4, 0.75, 6, {.acceptance_confidence = 0}), 0.5);
+  // The bonus shrinks with samples: a drafter that does not pay (p = 0.3) still stops.
+  EXPECT_LT(DraftingShare(4e-4, 0.3), 0.05);
 }
 
 }  // namespace
