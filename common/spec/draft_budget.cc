@@ -522,9 +522,24 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
   StepShape shape = base.shape;  // its tokens stay the base's: the drafts' rows are `rows`
   double rows = 0;               // expected (a drafter may return fewer nodes than asked)
   double tokens = base.decoding;
-  std::map<std::string, Group> groups;
-  auto drafter_seconds = [&](const std::string& name, const Group& g) {
-    return DrafterSeconds(name, g.sequences, g.nodes, g.depth, g.observed);
+  // Per drafter (indexed, with its cost model and current seconds resolved once: the inner loop
+  // below predicts a thousand drafter calls per plan at batch 64) and per candidate.
+  std::vector<std::string> names;
+  std::vector<size_t> group_of(n);
+  std::vector<double> charge(n);
+  for (size_t i = 0; i < n; ++i) {
+    const auto it = std::find(names.begin(), names.end(), candidates[i].drafter);
+    group_of[i] = static_cast<size_t>(it - names.begin());
+    if (it == names.end()) names.push_back(candidates[i].drafter);
+    charge[i] = CatchUpCharge(candidates[i]);
+  }
+  std::vector<const DrafterCostModel*> models;
+  for (const std::string& name : names) models.push_back(drafter_cost(name));
+  std::vector<Group> groups(names.size());
+  std::vector<double> group_seconds(names.size(), 0.0);  // at `groups`
+  // A drafter never measured is assumed free (see DrafterSeconds).
+  auto drafter_seconds = [&](size_t k, const Group& g) {
+    return models[k] ? models[k]->Predict(g.sequences, g.nodes, g.depth, g.observed) : 0.0;
   };
   double target_seconds = TargetSeconds(shape, rows);
   double drafters_seconds = 0;
@@ -543,16 +558,16 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
     const double row_from = expected[i].rows[from], row_to = expected[i].rows[to];
     StepShape next = shape;
     next.attention += AttentionRows(c.context, row_to) - AttentionRows(c.context, row_from);
-    const Group& g = groups[c.drafter];
-    Group h = g;
+    const size_t k = group_of[i];
+    Group h = groups[k];
     if (from == 0) {
       ++h.sequences;
-      h.observed += CatchUpCharge(c);
+      h.observed += charge[i];
     }
     h.nodes += m;
     h.depth = std::max(h.depth, to);
     const double dt = (TargetSeconds(next, rows + row_to - row_from) - target_seconds) +
-                      (drafter_seconds(c.drafter, h) - drafter_seconds(c.drafter, g));
+                      (drafter_seconds(k, h) - group_seconds[k]);
     return std::pair<double, double>(dy, std::max(dt, 1e-12));
   };
   // A sequence not drafting yet: its best first bundle (it pays the per-sequence costs once).
@@ -596,11 +611,11 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
       continue;
     }
     const BudgetCandidate& c = candidates[i];
-    Group& g = groups[c.drafter];
-    const double before = drafter_seconds(c.drafter, g);
+    const size_t k = group_of[i];
+    Group& g = groups[k];
     if (b[i] == 0) {
       ++g.sequences;
-      g.observed += CatchUpCharge(c);
+      g.observed += charge[i];
     }
     const double row_from = expected[i].rows[b[i]], row_to = expected[i].rows[b[i] + m];
     rows += row_to - row_from;
@@ -610,7 +625,9 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
     nodes += m;
     g.nodes += m;
     g.depth = std::max(g.depth, b[i]);
-    drafters_seconds += drafter_seconds(c.drafter, g) - before;
+    const double after = drafter_seconds(k, g);
+    drafters_seconds += after - group_seconds[k];
+    group_seconds[k] = after;
     target_seconds = TargetSeconds(shape, rows);
     if (b[i] < c.max_nodes) {
       const auto [next_m, next_ratio] = best_move(i);
@@ -618,11 +635,11 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
     }
   }
   // A drafter whose per-call cost the allocation does not earn back is left off.
-  for (const auto& [name, g] : groups) {
-    if (g.sequences == 0) continue;
+  for (size_t k = 0; k < names.size(); ++k) {
+    if (groups[k].sequences == 0) continue;
     std::vector<int32_t> without = b;
     for (size_t i = 0; i < n; ++i) {
-      if (candidates[i].drafter == name) without[i] = 0;
+      if (group_of[i] == k) without[i] = 0;
     }
     const auto [s_with, y_with] = Evaluate(base, candidates, expected, b);
     const auto [s_without, y_without] = Evaluate(base, candidates, expected, without);
@@ -745,8 +762,10 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   // Reported at the estimates, not at the optimism the allocation used.
   std::vector<AcceptanceModel::Tables> estimate;
   if (options_.acceptance_confidence > 0) {
-    for (const BudgetCandidate& c : candidates) {
-      estimate.push_back(acceptance_.ExpectedDraft(c.drafter, c.id, c.max_nodes));
+    for (size_t i = 0; i < n; ++i) {  // up to its budget: what Evaluate reads
+      estimate.push_back(
+          acceptance_.ExpectedDraft(candidates[i].drafter, candidates[i].id,
+                                    std::min(decision.budgets[i], candidates[i].max_nodes)));
     }
   }
   std::tie(decision.predicted_seconds, decision.predicted_tokens) = Evaluate(
