@@ -377,12 +377,13 @@ AcceptanceModel::Tables AcceptanceModel::ExpectedDraft(const std::string& drafte
   Tables t{.tokens = std::vector<double>(size, 0.0), .rows = std::vector<double>(size, 0.0)};
   const std::vector<double>& p = accept_.Of(drafter, id);
   const std::vector<double>& s = supply_.Of(drafter, id);
+  // The upper confidence bound applies to p[1] only (DraftBudgetOptions::acceptance_confidence).
+  const double bonus =
+      max_nodes > 0 && confidence > 0 ? confidence * DrafterStandardError(drafter, 1) : 0.0;
   double accepted = 1.0, supplied = 1.0;
   for (int32_t j = 1; j <= max_nodes; ++j) {
     const int32_t d = std::min(j, kMaxDepth);
-    const double bonus =
-        j == 1 && confidence > 0 ? confidence * DrafterStandardError(drafter, 1) : 0.0;
-    accepted *= std::min(1.0, p[d] + bonus);
+    accepted *= j == 1 ? std::min(1.0, p[d] + bonus) : p[d];
     supplied *= s[d];
     t.tokens[j] = t.tokens[j - 1] + supplied * accepted;
     t.rows[j] = t.rows[j - 1] + supplied;
@@ -408,6 +409,35 @@ struct Group {
   int64_t nodes = 0;
   int32_t depth = 0;
   double observed = 0;  // catch-up charged this step (DraftBudgetPolicy::CatchUpCharge)
+};
+
+// A plan's drafters, indexed once per evaluation: each candidate's drafter and catch-up charge,
+// each drafter's cost model (the allocation predicts a thousand drafter calls per plan at
+// batch 64: no name lookup per prediction).
+struct DrafterIndex {
+  std::vector<size_t> of;                       // per candidate: its drafter
+  std::vector<double> charge;                   // per candidate: CatchUpCharge
+  std::vector<const DrafterCostModel*> models;  // per drafter; null: never measured
+
+  DrafterIndex(const DraftBudgetPolicy& policy, const std::vector<BudgetCandidate>& candidates) {
+    std::vector<const std::string*> names;
+    for (const BudgetCandidate& c : candidates) {
+      const auto it = std::find_if(names.begin(), names.end(),
+                                   [&](const std::string* name) { return *name == c.drafter; });
+      of.push_back(static_cast<size_t>(it - names.begin()));
+      if (it == names.end()) {
+        names.push_back(&c.drafter);
+        models.push_back(policy.drafter_cost(c.drafter));
+      }
+      charge.push_back(DraftBudgetPolicy::CatchUpCharge(c));
+    }
+  }
+  size_t size() const { return models.size(); }
+  // One call of drafter k covering `g`. A drafter never measured is assumed free: it drafts,
+  // gets measured, and the next plans know.
+  double Seconds(size_t k, const Group& g) const {
+    return models[k] ? models[k]->Predict(g.sequences, g.nodes, g.depth, g.observed) : 0.0;
+  }
 };
 
 // The step without its prompt chunks: its decodes alone.
@@ -455,14 +485,6 @@ double DraftBudgetPolicy::CatchUpCharge(const BudgetCandidate& candidate) {
   return steady + (backlog - steady) / static_cast<double>(std::max<int64_t>(horizon, 1));
 }
 
-double DraftBudgetPolicy::DrafterSeconds(const std::string& drafter, int32_t sequences,
-                                         int64_t nodes, int32_t max_depth,
-                                         double observed_tokens) const {
-  const DrafterCostModel* model = drafter_cost(drafter);
-  // A drafter never measured is assumed free: it drafts, gets measured, and the next plans know.
-  return model ? model->Predict(sequences, nodes, max_depth, observed_tokens) : 0.0;
-}
-
 double DraftBudgetPolicy::TargetSeconds(StepShape shape, double rows) const {
   const double whole = std::floor(std::max(rows, 0.0));
   shape.tokens += static_cast<int64_t>(whole);
@@ -491,7 +513,8 @@ std::pair<double, double> DraftBudgetPolicy::Evaluate(
   StepShape shape = base.shape;
   double rows = 0;
   double tokens = base.decoding;
-  std::map<std::string, Group> groups;
+  const DrafterIndex drafters(*this, candidates);
+  std::vector<Group> groups(drafters.size());
   for (size_t i = 0; i < candidates.size(); ++i) {
     const int32_t n = std::min(budgets[i], candidates[i].max_nodes);
     if (n <= 0) continue;
@@ -500,16 +523,14 @@ std::pair<double, double> DraftBudgetPolicy::Evaluate(
     rows += r;
     shape.attention += AttentionRows(c.context, r) - AttentionRows(c.context, 0);
     tokens += expected[i].tokens[n];
-    Group& g = groups[c.drafter];
+    Group& g = groups[drafters.of[i]];
     ++g.sequences;
     g.nodes += n;
     g.depth = std::max(g.depth, n);
-    g.observed += CatchUpCharge(c);
+    g.observed += drafters.charge[i];
   }
   double seconds = TargetSeconds(shape, rows) + other_seconds_;
-  for (const auto& [name, g] : groups) {
-    seconds += DrafterSeconds(name, g.sequences, g.nodes, g.depth, g.observed);
-  }
+  for (size_t k = 0; k < groups.size(); ++k) seconds += drafters.Seconds(k, groups[k]);
   return {seconds, tokens};
 }
 
@@ -522,25 +543,9 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
   StepShape shape = base.shape;  // its tokens stay the base's: the drafts' rows are `rows`
   double rows = 0;               // expected (a drafter may return fewer nodes than asked)
   double tokens = base.decoding;
-  // Per drafter (indexed, with its cost model and current seconds resolved once: the inner loop
-  // below predicts a thousand drafter calls per plan at batch 64) and per candidate.
-  std::vector<std::string> names;
-  std::vector<size_t> group_of(n);
-  std::vector<double> charge(n);
-  for (size_t i = 0; i < n; ++i) {
-    const auto it = std::find(names.begin(), names.end(), candidates[i].drafter);
-    group_of[i] = static_cast<size_t>(it - names.begin());
-    if (it == names.end()) names.push_back(candidates[i].drafter);
-    charge[i] = CatchUpCharge(candidates[i]);
-  }
-  std::vector<const DrafterCostModel*> models;
-  for (const std::string& name : names) models.push_back(drafter_cost(name));
-  std::vector<Group> groups(names.size());
-  std::vector<double> group_seconds(names.size(), 0.0);  // at `groups`
-  // A drafter never measured is assumed free (see DrafterSeconds).
-  auto drafter_seconds = [&](size_t k, const Group& g) {
-    return models[k] ? models[k]->Predict(g.sequences, g.nodes, g.depth, g.observed) : 0.0;
-  };
+  const DrafterIndex drafters(*this, candidates);
+  std::vector<Group> groups(drafters.size());
+  std::vector<double> group_seconds(drafters.size(), 0.0);  // each drafter's call at `groups`
   double target_seconds = TargetSeconds(shape, rows);
   double drafters_seconds = 0;
   int64_t nodes = 0;  // allocated so far, against base.max_nodes
@@ -558,16 +563,16 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
     const double row_from = expected[i].rows[from], row_to = expected[i].rows[to];
     StepShape next = shape;
     next.attention += AttentionRows(c.context, row_to) - AttentionRows(c.context, row_from);
-    const size_t k = group_of[i];
+    const size_t k = drafters.of[i];
     Group h = groups[k];
     if (from == 0) {
       ++h.sequences;
-      h.observed += charge[i];
+      h.observed += drafters.charge[i];
     }
     h.nodes += m;
     h.depth = std::max(h.depth, to);
     const double dt = (TargetSeconds(next, rows + row_to - row_from) - target_seconds) +
-                      (drafter_seconds(k, h) - group_seconds[k]);
+                      (drafters.Seconds(k, h) - group_seconds[k]);
     return std::pair<double, double>(dy, std::max(dt, 1e-12));
   };
   // A sequence not drafting yet: its best first bundle (it pays the per-sequence costs once).
@@ -611,11 +616,11 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
       continue;
     }
     const BudgetCandidate& c = candidates[i];
-    const size_t k = group_of[i];
+    const size_t k = drafters.of[i];
     Group& g = groups[k];
     if (b[i] == 0) {
       ++g.sequences;
-      g.observed += charge[i];
+      g.observed += drafters.charge[i];
     }
     const double row_from = expected[i].rows[b[i]], row_to = expected[i].rows[b[i] + m];
     rows += row_to - row_from;
@@ -625,7 +630,7 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
     nodes += m;
     g.nodes += m;
     g.depth = std::max(g.depth, b[i]);
-    const double after = drafter_seconds(k, g);
+    const double after = drafters.Seconds(k, g);
     drafters_seconds += after - group_seconds[k];
     group_seconds[k] = after;
     target_seconds = TargetSeconds(shape, rows);
@@ -635,11 +640,11 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
     }
   }
   // A drafter whose per-call cost the allocation does not earn back is left off.
-  for (size_t k = 0; k < names.size(); ++k) {
+  for (size_t k = 0; k < drafters.size(); ++k) {
     if (groups[k].sequences == 0) continue;
     std::vector<int32_t> without = b;
     for (size_t i = 0; i < n; ++i) {
-      if (group_of[i] == k) without[i] = 0;
+      if (drafters.of[i] == k) without[i] = 0;
     }
     const auto [s_with, y_with] = Evaluate(base, candidates, expected, b);
     const auto [s_without, y_without] = Evaluate(base, candidates, expected, without);

@@ -353,9 +353,6 @@ class DraftBudgetPolicy {
                                      const std::vector<int32_t>& budgets) const;
   // The target's seconds for `shape` plus `rows` more (expected, so fractional) rows.
   double TargetSeconds(StepShape shape, double rows) const;
-  // observed_tokens: what the plan charges this step for catching up (CatchUpCharge, summed).
-  double DrafterSeconds(const std::string& drafter, int32_t sequences, int64_t nodes,
-                        int32_t max_depth, double observed_tokens) const;
   // The most seconds a step may take with drafts (max_step_increase; infinity without a bound).
   double StepLimit(double no_draft_seconds) const;
   // Greedy marginal allocation of the step's nodes within `step_limit` seconds (see the header);
