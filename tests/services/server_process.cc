@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -109,6 +110,39 @@ int ServerProcess::Stop(int signal, std::chrono::seconds timeout) {
 
 void ServerProcess::Signal(int signal) {
   if (pid_ > 0) kill(pid_, signal);
+}
+
+namespace {
+
+// Whether every thread of `pid` is in the stopped state ('T', or 't' when traced).
+bool AllThreadsStopped(pid_t pid) {
+  std::error_code ec;
+  const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
+  int threads = 0;
+  for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+    std::ifstream in(task.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // "pid (comm) S ...": the state follows the last ')' (comm may hold spaces and parentheses).
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos || close + 2 >= stat.size()) continue;  // exited meanwhile
+    const char state = stat[close + 2];
+    if (state != 'T' && state != 't') return false;
+    ++threads;
+  }
+  return !ec && threads > 0;
+}
+
+}  // namespace
+
+bool ServerProcess::Freeze(std::chrono::seconds timeout) {
+  if (pid_ <= 0) return false;
+  kill(pid_, SIGSTOP);
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (AllThreadsStopped(pid_)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return false;
 }
 
 std::string ServerProcess::Stderr() const {

@@ -24,8 +24,12 @@ class ServerProcess {
   // Sends `signal` and waits for exit; returns the exit code (-1 if killed by a signal or still
   // running after `timeout`, in which case it is killed).
   int Stop(int signal, std::chrono::seconds timeout = std::chrono::seconds(30));
-  // Sends `signal` without waiting (SIGSTOP / SIGCONT: a frozen peer).
+  // Sends `signal` without waiting (SIGCONT: thaws a frozen peer).
   void Signal(int signal);
+  // Sends SIGSTOP and waits until every thread of the server is stopped (false if that does not
+  // happen within `timeout`). kill() returns before the stop: the kernel wakes one thread to take
+  // the signal, and on a loaded machine the others can serve whole requests before it runs.
+  bool Freeze(std::chrono::seconds timeout = std::chrono::seconds(30));
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }  // 0 when metrics are off

@@ -356,7 +356,7 @@ TEST_F(SplitFailureTest, FrozenDrafterCostsOnlySpeculation) {
   Deployment d;
   ASSERT_TRUE(d.StartSplit(TinyServedModelDirs(), /*drafter_deadline_ms=*/"300")) << d.error();
   auto stub = v1::Generation::NewStub(Channel(d.router().port()));
-  d.drafter().Signal(SIGSTOP);
+  ASSERT_TRUE(d.drafter().Freeze()) << "the drafter did not stop";
   constexpr int kClients = 3;
   std::vector<Streamed> got(kClients);
   std::vector<std::vector<int32_t>> prompts(kClients);
@@ -385,7 +385,7 @@ TEST_F(SplitFailureTest, HungTargetFailsRequestsAtTheStepDeadline) {
   auto stub = v1::Generation::NewStub(Channel(d.router().port()));
   Streamed warm = Stream(*stub, GreedyRequest({5, 6}, 2, "none"));
   ASSERT_TRUE(warm.status.ok()) << warm.status.error_message();
-  d.target().Signal(SIGSTOP);
+  ASSERT_TRUE(d.target().Freeze()) << "the target did not stop";
   // The client's own deadline is far away: the error must come from the router.
   Streamed hung = Stream(*stub, GreedyRequest({5, 6, 7}, 8, "none"), 120s);
   d.target().Signal(SIGCONT);
