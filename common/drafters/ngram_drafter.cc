@@ -21,7 +21,8 @@ uint64_t Mix(uint64_t x) {
 }
 
 bool ValidOptions(const NgramDrafterOptions& o) {
-  return o.min_ngram >= 1 && o.min_ngram <= o.max_ngram && o.max_ngram <= NgramDrafter::kMaxNgram;
+  return o.min_ngram >= 1 && o.min_ngram <= o.max_ngram && o.max_ngram <= NgramDrafter::kMaxNgram &&
+         o.repeat_min_match >= 0;
 }
 
 }  // namespace
@@ -81,7 +82,14 @@ struct NgramDrafter::State {
   }
 
   // The tokens that followed the most recent earlier occurrence of the longest matching suffix.
-  std::span<const int32_t> Continuation(int64_t max_len) const {
+  struct Draft {
+    std::vector<int32_t> chain;
+    int64_t match = 0;  // the match behind it, extended backwards up to `measure` tokens
+  };
+  // The draft: the tokens after the latest earlier occurrence of the longest matching suffix,
+  // up to max_len. A continuation that reaches the last token is continued with its own period
+  // (tokens [start, H) repeat) when the match has repeat_min_match tokens.
+  Draft Continuation(int64_t max_len, int32_t repeat_min_match, int32_t measure) const {
     const int64_t H = static_cast<int64_t>(tokens.size());
     if (max_len <= 0) return {};
     for (int32_t n = max_ngram; n >= min_ngram; --n) {
@@ -90,12 +98,25 @@ struct NgramDrafter::State {
       auto it = idx.find(NgramKey{Hash(H, n), H});
       if (it == idx.end()) continue;
       const int64_t start = it->second;  // < H: at least one token follows
-      return std::span<const int32_t>(tokens).subspan(start, std::min(max_len, H - start));
+      Draft draft{.match = n};           // tokens [start - match, start) == [H - match, H)
+      const int64_t longest = std::max(measure, repeat_min_match);
+      while (draft.match < longest && start - draft.match - 1 >= 0 &&
+             tokens[start - draft.match - 1] == tokens[H - draft.match - 1]) {
+        ++draft.match;
+      }
+      const int64_t period = H - start;
+      const bool repeat = repeat_min_match > 0 && draft.match >= repeat_min_match;
+      const int64_t len = repeat ? max_len : std::min(max_len, period);
+      draft.chain.resize(static_cast<size_t>(len));
+      for (int64_t i = 0; i < len; ++i) draft.chain[i] = tokens[start + i % period];
+      return draft;
     }
     return {};
   }
 
   const int32_t min_ngram, max_ngram;
+  bool sampled = false;         // which calibration its drafts count in
+  NgramDraftOutcomes outcomes;  // its proposals, compared with what followed them
   std::vector<int32_t> tokens;
   std::vector<uint64_t> prefix;  // [H + 1]
   std::vector<uint64_t> power;   // kBase^n for n in [0, max_ngram]
@@ -114,6 +135,10 @@ StatusOr<std::unique_ptr<NgramDrafter>> NgramDrafter::Create(NgramDrafterOptions
     return InvalidArgumentError(
         StrCat("max_ngram must be <= ", kMaxNgram, ", got ", options.max_ngram));
   }
+  if (options.repeat_min_match < 0) {
+    return InvalidArgumentError(
+        StrCat("repeat_min_match must be >= 0 (0 = never repeat), got ", options.repeat_min_match));
+  }
   return std::make_unique<NgramDrafter>(options);
 }
 
@@ -122,9 +147,11 @@ NgramDrafter::NgramDrafter(NgramDrafterOptions options)
 
 NgramDrafter::~NgramDrafter() = default;
 
-Status NgramDrafter::AddSequence(SeqId seq, const SamplingParams& /*sampling*/) {
+Status NgramDrafter::AddSequence(SeqId seq, const SamplingParams& sampling) {
   if (states_.count(seq)) return AlreadyExistsError(StrCat("sequence ", seq, " was already added"));
-  states_.emplace(seq, std::make_unique<State>(options_.min_ngram, options_.max_ngram));
+  auto state = std::make_unique<State>(options_.min_ngram, options_.max_ngram);
+  state->sampled = sampling.temperature > 0;
+  states_.emplace(seq, std::move(state));
   return OkStatus();
 }
 
@@ -135,7 +162,11 @@ Status NgramDrafter::Observe(const std::vector<DrafterObservation>& observations
                                          [&](SeqId seq) { return states_.count(seq) > 0; }));
   for (const auto& o : observations) {
     State& st = *states_.at(o.seq);
-    for (int32_t t : o.tokens) st.Append(t);
+    NgramCalibration& calibration = calibration_[st.sampled];
+    for (int32_t t : o.tokens) {
+      st.outcomes.Committed(static_cast<int64_t>(st.tokens.size()), t, calibration);
+      st.Append(t);
+    }
   }
   return OkStatus();
 }
@@ -146,8 +177,25 @@ StatusOr<std::vector<CandidateTree>> NgramDrafter::Propose(
   std::vector<CandidateTree> trees;
   trees.reserve(requests.size());
   for (const auto& r : requests) {
-    const int64_t len = std::min(r.max_nodes, r.max_depth);
-    trees.push_back(CandidateTree::Chain(states_.at(r.seq)->Continuation(len)));
+    State& st = *states_.at(r.seq);
+    const int32_t len = std::max(std::min(r.max_nodes, r.max_depth), 0);
+    if (len == 0) {
+      trees.push_back(CandidateTree());
+      continue;
+    }
+    // The continuation as far as the calibration measures it (what was proposed is a prefix).
+    State::Draft draft = st.Continuation(std::max(len, NgramCalibration::kDepth),
+                                         options_.repeat_min_match, NgramCalibration::kLongMatch);
+    if (draft.chain.empty()) {
+      trees.push_back(CandidateTree());
+      continue;
+    }
+    const int32_t cls = NgramCalibration::ClassOf(draft.match);
+    int32_t keep = std::min(len, static_cast<int32_t>(draft.chain.size()));
+    keep = calibration_[st.sampled].Keep(cls, keep, r.min_reach);
+    std::vector<int32_t> proposed(draft.chain.begin(), draft.chain.begin() + keep);
+    st.outcomes.Proposed(static_cast<int64_t>(st.tokens.size()), std::move(draft.chain), cls);
+    trees.push_back(CandidateTree::Chain(proposed));
   }
   return trees;
 }

@@ -105,7 +105,9 @@ std::vector<StepPlan::DraftBudget> BudgetPlanner::Plan() {
   last_ = policy_.Plan(base, candidates);
   std::vector<StepPlan::DraftBudget> budgets;
   for (size_t i = 0; i < candidates.size(); ++i) {
-    budgets.push_back({.id = candidates[i].id, .max_draft_tokens = last_.budgets[i]});
+    budgets.push_back({.id = candidates[i].id,
+                       .max_draft_tokens = last_.budgets[i],
+                       .min_reach = last_.min_reach});
     tracked_[candidates[i].id].asked = last_.budgets[i];
   }
   // Admitted requests that cannot draft this step (prefilling, no room) get 0 explicitly.

@@ -508,8 +508,8 @@ std::vector<AcceptanceModel::Tables> DraftBudgetPolicy::ExpectedDrafts(
 
 std::pair<double, double> DraftBudgetPolicy::Evaluate(
     const StepBase& base, const std::vector<BudgetCandidate>& candidates,
-    const std::vector<AcceptanceModel::Tables>& expected,
-    const std::vector<int32_t>& budgets) const {
+    const std::vector<AcceptanceModel::Tables>& expected, const std::vector<int32_t>& budgets,
+    StepShape* shape_out, double* rows_out) const {
   StepShape shape = base.shape;
   double rows = 0;
   double tokens = base.decoding;
@@ -531,7 +531,23 @@ std::pair<double, double> DraftBudgetPolicy::Evaluate(
   }
   double seconds = TargetSeconds(shape, rows) + other_seconds_;
   for (size_t k = 0; k < groups.size(); ++k) seconds += drafters.Seconds(k, groups[k]);
+  if (shape_out) *shape_out = shape;
+  if (rows_out) *rows_out = rows;
   return {seconds, tokens};
+}
+
+double DraftBudgetPolicy::MinReach(const StepBase& base, const StepShape& shape, double rows,
+                                   double seconds, double tokens) const {
+  if (!options_.prune_by_reach || !target_cost_.ready()) return 0;
+  // The rate a node must not lower is Allocate's: the step's tokens over its seconds without
+  // its prompt chunks. The row's own attention is left out (a row of context c adds ~c of the
+  // shape's attention, small next to the row's weights at the contexts served).
+  const double chunk_seconds =
+      target_cost_.Predict(base.shape) - target_cost_.Predict(WithoutChunks(base).shape);
+  const double rate = tokens / std::max(seconds - chunk_seconds, 1e-12);
+  const double row = TargetSeconds(shape, rows + 1) - TargetSeconds(shape, rows);
+  const double price = row * rate;
+  return std::isfinite(price) ? std::clamp(price, 0.0, 1.0) : 0.0;
 }
 
 std::vector<int32_t> DraftBudgetPolicy::Allocate(
@@ -773,8 +789,13 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
                                     std::min(decision.budgets[i], candidates[i].max_nodes)));
     }
   }
-  std::tie(decision.predicted_seconds, decision.predicted_tokens) = Evaluate(
-      base, candidates, options_.acceptance_confidence > 0 ? estimate : expected, decision.budgets);
+  StepShape shape;
+  double rows = 0;
+  std::tie(decision.predicted_seconds, decision.predicted_tokens) =
+      Evaluate(base, candidates, options_.acceptance_confidence > 0 ? estimate : expected,
+               decision.budgets, &shape, &rows);
+  decision.min_reach =
+      MinReach(base, shape, rows, decision.predicted_seconds, decision.predicted_tokens);
   return decision;
 }
 

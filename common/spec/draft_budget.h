@@ -263,6 +263,11 @@ struct DraftBudgetOptions {
   // whether a drafter pays at all is mostly its first token, and a bonus at every position
   // would compound into deep drafts whose positions were never measured. 0: the estimate alone.
   double acceptance_confidence = 2.0;
+  // Each plan prices a forward row in tokens (BudgetDecision::min_reach) for drafters that can
+  // estimate how likely each of their nodes is to be reached (the n-gram drafter, by the length
+  // of its match): they leave out the nodes not worth their verification. The budget stays the
+  // most nodes; off: every node proposed within it is verified.
+  bool prune_by_reach = true;
   uint64_t seed = 0x5eed;
 };
 
@@ -294,6 +299,11 @@ struct BudgetDecision {
   double no_draft_seconds = 0;   // the same step without drafts
   double no_draft_tokens = 0;    // what it yields (one token per decoding sequence)
   double explored_nodes = 0;     // nodes added by exploration (not by the optimum)
+  // The reach a draft node needs to pay for its forward row (DraftRequest::min_reach): one more
+  // row's predicted seconds times the step's predicted tokens per second (a node of reach p is
+  // worth its row iff Y / S <= (Y + p) / (S + dS), i.e. p >= dS * Y / S). 0 when the models are
+  // not ready or DraftBudgetOptions::prune_by_reach is off.
+  double min_reach = 0;
   // Tokens per second at the budgets over tokens per second without drafts (>= 1 unless the
   // models are not ready or exploration costs).
   double predicted_speedup() const;
@@ -346,11 +356,18 @@ class DraftBudgetPolicy {
   // Each candidate's expected draft (tokens and rows) at every budget up to its max_nodes.
   std::vector<AcceptanceModel::Tables> ExpectedDrafts(
       const std::vector<BudgetCandidate>& candidates) const;
-  // Seconds and expected tokens of the step at `budgets`.
+  // Seconds and expected tokens of the step at `budgets`; the forward's shape and its expected
+  // draft rows in `shape` and `rows` when given.
   std::pair<double, double> Evaluate(const StepBase& base,
                                      const std::vector<BudgetCandidate>& candidates,
                                      const std::vector<AcceptanceModel::Tables>& expected,
-                                     const std::vector<int32_t>& budgets) const;
+                                     const std::vector<int32_t>& budgets,
+                                     StepShape* shape_out = nullptr,
+                                     double* rows_out = nullptr) const;
+  // BudgetDecision::min_reach of a step of `seconds` and `tokens` whose forward has `shape` and
+  // `rows` draft rows.
+  double MinReach(const StepBase& base, const StepShape& shape, double rows, double seconds,
+                  double tokens) const;
   // The target's seconds for `shape` plus `rows` more (expected, so fractional) rows.
   double TargetSeconds(StepShape shape, double rows) const;
   // The most seconds a step may take with drafts (max_step_increase; infinity without a bound).

@@ -47,6 +47,10 @@ struct DraftRequest {
   // common/spec/proposal.h), which keeps verification lossless. 0 = dense. In-process drafters get
   // 0 (nothing to send); the drafter service sets its --proposal-top-k for the trees it sends.
   int32_t proposal_top_k = 0;
+  // The reach a node must have to be worth verifying (P(it and its ancestors accepted), the
+  // budget policy's price of a forward row in tokens: DraftBudgetPolicy, BudgetDecision). A
+  // drafter that can estimate reach may leave out the nodes below it; 0 = keep every node.
+  double min_reach = 0;
 };
 
 // The checks every Propose starts with: each request names a sequence the drafter holds

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <optional>
 #include <set>
 #include <unordered_map>
@@ -129,6 +130,7 @@ struct SpecEngine::Sequence {
   Drafter* drafter = nullptr;  // null: no speculation (off, or the drafter failed)
   int64_t drafter_blocks = 0;  // reserved in the drafter's cache (Drafter::capacity)
   int32_t draft_budget = 0;    // tree nodes per step (the step plan's budget)
+  double draft_min_reach = 0;  // and the reach a node needs (DraftRequest::min_reach)
   SpecRequestStats stats;
   // This step's draft, and what verification kept of it.
   CandidateTree tree;
@@ -244,13 +246,14 @@ Status SpecEngine::Cancel(RequestId id) {
   return OkStatus();
 }
 
-Status SpecEngine::SetDraftBudget(RequestId id, int32_t max_draft_tokens) {
+Status SpecEngine::SetDraftBudget(RequestId id, int32_t max_draft_tokens, double min_reach) {
   auto it = sequences_.find(id);
   if (it == sequences_.end())
     return NotFoundError(StrCat("request ", id, " is not running or waiting"));
   Sequence& s = *it->second;
   const int32_t cap = s.request.speculation.enabled() ? s.request.speculation.max_draft_tokens : 0;
   s.draft_budget = std::clamp(max_draft_tokens, 0, cap);
+  s.draft_min_reach = std::isfinite(min_reach) ? std::clamp(min_reach, 0.0, 1.0) : 0.0;
   return OkStatus();
 }
 
@@ -553,7 +556,10 @@ void SpecEngine::DraftWith(Drafter* drafter, const std::vector<Sequence*>& membe
           static_cast<int32_t>(std::min<int64_t>(cache_room, s->draft_budget));
       const int32_t max_depth = static_cast<int32_t>(std::min<int64_t>(token_room, max_nodes));
       if (max_depth <= 0) continue;  // caught up only
-      requests.push_back({.seq = s->seq, .max_nodes = max_nodes, .max_depth = max_depth});
+      requests.push_back({.seq = s->seq,
+                          .max_nodes = max_nodes,
+                          .max_depth = max_depth,
+                          .min_reach = s->draft_min_reach});
       asked.push_back(s);
     }
   };
@@ -1027,7 +1033,7 @@ StatusOr<std::vector<SpecGenerationResult>> GenerateAll(SpecEngine& engine,
     const auto t_step = Clock::now();
     if (planner) {
       for (const StepPlan::DraftBudget& b : planner->Plan()) {
-        (void)engine.SetDraftBudget(b.id, b.max_draft_tokens);
+        (void)engine.SetDraftBudget(b.id, b.max_draft_tokens, b.min_reach);
         st.budget_nodes += b.max_draft_tokens;
         ++st.budgeted_sequence_steps;
       }

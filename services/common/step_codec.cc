@@ -95,6 +95,7 @@ void ToProto(const StepPlan& plan, v1::StepPlan* out) {
     v1::DraftBudget* m = out->add_budgets();
     m->set_request_id(b.id);
     m->set_max_draft_tokens(b.max_draft_tokens);
+    m->set_min_reach(b.min_reach);
   }
 }
 
@@ -106,8 +107,15 @@ StatusOr<StepPlan> FromProto(const v1::StepPlan& plan) {
     out.admit.push_back({.id = a.request_id(), .request = std::move(request)});
   }
   out.cancel.assign(plan.cancel().begin(), plan.cancel().end());
-  for (const v1::DraftBudget& b : plan.budgets()) {
-    out.budgets.push_back({.id = b.request_id(), .max_draft_tokens = b.max_draft_tokens()});
+  for (int i = 0; i < plan.budgets_size(); ++i) {
+    const v1::DraftBudget& b = plan.budgets(i);
+    if (!(b.min_reach() >= 0 && b.min_reach() <= 1)) {  // NaN fails too
+      return InvalidArgumentError(
+          StrCat("budgets[", i, "].min_reach must be in [0, 1], got ", b.min_reach()));
+    }
+    out.budgets.push_back({.id = b.request_id(),
+                           .max_draft_tokens = b.max_draft_tokens(),
+                           .min_reach = b.min_reach()});
   }
   return out;
 }

@@ -221,10 +221,15 @@ Status DrafterService::Handle(SessionState& session, const v1::DrafterCall& call
           return InvalidArgumentError(StrCat(field, ".max_depth must be in [0, ", kMaxDraftTokens,
                                              "], got ", r.max_depth()));
         }
+        if (!(r.min_reach() >= 0 && r.min_reach() <= 1)) {  // NaN fails too
+          return InvalidArgumentError(
+              StrCat(field, ".min_reach must be in [0, 1], got ", r.min_reach()));
+        }
         requests.push_back({.seq = seq->second.id,
                             .max_nodes = r.max_nodes(),
                             .max_depth = r.max_depth(),
-                            .proposal_top_k = options_.proposal_top_k});
+                            .proposal_top_k = options_.proposal_top_k,
+                            .min_reach = r.min_reach()});
       }
       ASSIGN_OR_RETURN(std::vector<CandidateTree> trees, drafter.Propose(requests));
       for (const CandidateTree& tree : trees) {

@@ -391,6 +391,7 @@ Status RemoteDrafter::ProposeCall(const std::vector<DraftRequest>& requests,
     m->set_seq(requests[i].seq);
     m->set_max_nodes(requests[i].max_nodes);
     m->set_max_depth(requests[i].max_depth);
+    m->set_min_reach(requests[i].min_reach);
     asked->push_back(i);
   }
   return OkStatus();

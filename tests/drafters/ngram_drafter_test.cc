@@ -15,8 +15,10 @@ using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-std::unique_ptr<NgramDrafter> Make(int32_t min_ngram, int32_t max_ngram) {
-  auto d = NgramDrafter::Create({.min_ngram = min_ngram, .max_ngram = max_ngram});
+std::unique_ptr<NgramDrafter> Make(int32_t min_ngram, int32_t max_ngram,
+                                   int32_t repeat_min_match = 0) {
+  auto d = NgramDrafter::Create(
+      {.min_ngram = min_ngram, .max_ngram = max_ngram, .repeat_min_match = repeat_min_match});
   EXPECT_TRUE(d.ok()) << d.status();
   return d.ok() ? std::move(*d) : nullptr;
 }
@@ -38,18 +40,22 @@ std::vector<int32_t> ProposeChain(NgramDrafter& d, SeqId seq, int32_t max_nodes,
   return t.tokens();
 }
 
+// Without repeats unless asked: most expectations below are about the match itself.
 std::vector<int32_t> Draft(const std::vector<int32_t>& history, int32_t min_ngram,
-                           int32_t max_ngram, int32_t max_nodes = 16, int32_t max_depth = 16) {
-  auto d = Make(min_ngram, max_ngram);
+                           int32_t max_ngram, int32_t max_nodes = 16, int32_t max_depth = 16,
+                           int32_t repeat_min_match = 0) {
+  auto d = Make(min_ngram, max_ngram, repeat_min_match);
   EXPECT_TRUE(d->AddSequence(1, {}).ok());
   EXPECT_TRUE(d->Observe({{.seq = 1, .tokens = history}}).ok());
   return ProposeChain(*d, 1, max_nodes, max_depth);
 }
 
 // The specification, by brute force: for n = max..min, the latest start s < H - n with
-// h[s, s + n) == h[H - n, H); propose h[s + n, min(s + n + len, H)).
+// h[s, s + n) == h[H - n, H); propose h[s + n, min(s + n + len, H)), or len tokens of h[s + n, H)
+// repeated when the match extended backwards (h[s - m, s + n) == h[H - n - m, H)) is at least
+// repeat_min_match > 0 long.
 std::vector<int32_t> Reference(const std::vector<int32_t>& h, int32_t min_ngram, int32_t max_ngram,
-                               int32_t len) {
+                               int32_t len, int32_t repeat_min_match) {
   const int64_t H = static_cast<int64_t>(h.size());
   if (len <= 0) return {};
   for (int32_t n = max_ngram; n >= min_ngram; --n) {
@@ -57,7 +63,15 @@ std::vector<int32_t> Reference(const std::vector<int32_t>& h, int32_t min_ngram,
     for (int64_t s = H - n - 1; s >= 0; --s) {
       if (std::equal(h.begin() + s, h.begin() + s + n, h.end() - n)) {
         const int64_t from = s + n;
-        return std::vector<int32_t>(h.begin() + from, h.begin() + std::min(from + len, H));
+        int64_t match = n;
+        while (s - (match - n) - 1 >= 0 && h[s - (match - n) - 1] == h[H - match - 1]) ++match;
+        const bool repeat = repeat_min_match > 0 && match >= repeat_min_match;
+        std::vector<int32_t> chain(h.begin() + from, h.end());
+        while (repeat && static_cast<int64_t>(chain.size()) < len) {
+          chain.insert(chain.end(), h.begin() + from, h.end());
+        }
+        chain.resize(std::min<size_t>(chain.size(), len));
+        return chain;
       }
     }
   }
@@ -67,6 +81,65 @@ std::vector<int32_t> Reference(const std::vector<int32_t>& h, int32_t min_ngram,
 TEST(NgramDrafterTest, ProposesWhatFollowedTheMatch) {
   EXPECT_THAT(Draft({1, 2, 3, 4, 9, 1, 2, 3}, 1, 3), ElementsAre(4, 9, 1, 2, 3));
   EXPECT_THAT(Draft({7, 8, 9, 7}, 1, 4), ElementsAre(8, 9, 7));
+}
+
+TEST(NgramDrafterTest, RepeatsASpanThatRunsUpToTheLastTokenBehindALongMatch) {
+  // "1 2 3" matched at 0..2 (3 tokens): what followed (4 9 1 2 3) reaches the end, so it repeats.
+  const std::vector<int32_t> loop = {1, 2, 3, 4, 9, 1, 2, 3};
+  EXPECT_THAT(Draft(loop, 1, 3, 8, 8, /*repeat_min_match=*/3), ElementsAre(4, 9, 1, 2, 3, 4, 9, 1));
+  // The match behind it counts backwards past max_ngram: "2 3" (n = 2) is 3 tokens long there.
+  EXPECT_THAT(Draft(loop, 1, 2, 8, 8, 3), ElementsAre(4, 9, 1, 2, 3, 4, 9, 1));
+  // A shorter match than asked for: cut at the last token.
+  EXPECT_THAT(Draft(loop, 1, 3, 8, 8, 4), ElementsAre(4, 9, 1, 2, 3));
+  EXPECT_THAT(Draft({3, 3, 3, 3}, 1, 2, 5, 5, 3), ElementsAre(3, 3, 3, 3, 3));
+  EXPECT_THAT(Draft({5, 3, 3}, 1, 2, 5, 5, 2), ElementsAre(3));  // "3" once before: 1 token
+  EXPECT_THAT(Draft({7, 8, 9, 7, 8, 9, 7}, 1, 4, 5, 3, 4), ElementsAre(8, 9, 7));  // depth bound
+  // Within the budget, what followed the match is the draft, repeats or not.
+  EXPECT_THAT(Draft({1, 2, 3, 4, 5, 6, 7, 8, 1}, 1, 3, 8, 8, 1),
+              ElementsAre(2, 3, 4, 5, 6, 7, 8, 1));
+  EXPECT_THAT(Draft({5, 1, 2, 7, 3, 2, 8, 1, 2}, 1, 2, 3, 3, 1), ElementsAre(7, 3, 2));
+}
+
+// DraftRequest::min_reach: the drafter measures how its drafts fare by match length (what the
+// sequence went on to be) and leaves out the nodes below the price.
+TEST(NgramDrafterTest, LeavesOutNodesBelowTheReachAskedFor) {
+  auto d = Make(1, 4, /*repeat_min_match=*/8);
+  ASSERT_TRUE(d->AddSequence(1, {}).ok());  // a loop: long matches, always right
+  ASSERT_TRUE(d->AddSequence(2, {}).ok());  // random tokens: short matches, rarely right
+  std::mt19937 rng(5);
+  std::vector<int32_t> loop, noise;
+  auto next_loop = [&] { return static_cast<int32_t>(loop.size() % 5); };
+  auto next_noise = [&] { return static_cast<int32_t>(rng() % 20); };
+  std::vector<int32_t> a, b;
+  for (int i = 0; i < 20; ++i) {
+    a.push_back(next_loop());
+    loop.push_back(a.back());
+    b.push_back(next_noise());
+    noise.push_back(b.back());
+  }
+  for (int step = 0; step < 300; ++step) {
+    ASSERT_TRUE(d->Observe({{.seq = 1, .tokens = a}, {.seq = 2, .tokens = b}}).ok());
+    ASSERT_TRUE(d->Propose({{.seq = 1, .max_nodes = 8, .max_depth = 8},
+                            {.seq = 2, .max_nodes = 8, .max_depth = 8}})
+                    .ok());
+    a = {next_loop()};  // one token a step, as if nothing were accepted
+    loop.push_back(a.back());
+    b = {next_noise()};
+    noise.push_back(b.back());
+  }
+  ASSERT_TRUE(d->Observe({{.seq = 1, .tokens = a}, {.seq = 2, .tokens = b}}).ok());
+  auto priced = d->Propose({{.seq = 1, .max_nodes = 8, .max_depth = 8, .min_reach = 0.3},
+                            {.seq = 2, .max_nodes = 8, .max_depth = 8, .min_reach = 0.3}});
+  ASSERT_TRUE(priced.ok()) << priced.status();
+  EXPECT_EQ((*priced)[0].size(), 8);
+  EXPECT_EQ((*priced)[1].size(), 0);
+  // Without a price the same requests get every node the match gives.
+  auto all = d->Propose(
+      {{.seq = 1, .max_nodes = 8, .max_depth = 8}, {.seq = 2, .max_nodes = 8, .max_depth = 8}});
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ((*all)[0].tokens(), (*priced)[0].tokens());
+  EXPECT_GT((*all)[1].size(), 0);
+  EXPECT_THAT((*all)[1].tokens(), ElementsAreArray(Reference(noise, 1, 4, 8, 8)));
 }
 
 TEST(NgramDrafterTest, UsesTheMostRecentEarlierOccurrence) {
@@ -109,7 +182,8 @@ TEST(NgramDrafterTest, MatchesBruteForceOnRandomSequences) {
   for (Shape shape : {Shape{1, 4, 3}, Shape{2, 5, 2}, Shape{1, 1, 5}, Shape{3, 8, 2},
                       Shape{1, 3, 40}, Shape{4, 4, 4}}) {
     for (int trial = 0; trial < 8; ++trial) {
-      auto d = Make(shape.min_ngram, shape.max_ngram);
+      const int32_t repeat_min_match = trial % 4;  // 0 = never
+      auto d = Make(shape.min_ngram, shape.max_ngram, repeat_min_match);
       ASSERT_TRUE(d->AddSequence(3, {}).ok());
       std::vector<int32_t> h;
       std::uniform_int_distribution<int32_t> token(0, shape.alphabet - 1);
@@ -121,8 +195,10 @@ TEST(NgramDrafterTest, MatchesBruteForceOnRandomSequences) {
         ASSERT_TRUE(d->Observe({{.seq = 3, .tokens = chunk}}).ok());
         const int32_t nodes = 1 + rng() % 8, depth = 1 + rng() % 8;
         ASSERT_EQ(ProposeChain(*d, 3, nodes, depth),
-                  Reference(h, shape.min_ngram, shape.max_ngram, std::min(nodes, depth)))
-            << "min " << shape.min_ngram << " max " << shape.max_ngram << " length " << h.size();
+                  Reference(h, shape.min_ngram, shape.max_ngram, std::min(nodes, depth),
+                            repeat_min_match))
+            << "min " << shape.min_ngram << " max " << shape.max_ngram << " length " << h.size()
+            << " repeat_min_match " << repeat_min_match;
       }
     }
   }
@@ -207,6 +283,9 @@ TEST(NgramDrafterTest, CreateValidatesOptions) {
   EXPECT_THAT(inverted.status().message(), HasSubstr("max_ngram"));
   auto huge = NgramDrafter::Create({.min_ngram = 1, .max_ngram = NgramDrafter::kMaxNgram + 1});
   EXPECT_EQ(huge.status().code(), StatusCode::kInvalidArgument);
+  auto repeat = NgramDrafter::Create({.repeat_min_match = -1});
+  EXPECT_EQ(repeat.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(repeat.status().message(), HasSubstr("repeat_min_match"));
 
   // The constructor does not validate: invalid options give a drafter that never proposes.
   NgramDrafter bad({.min_ngram = 0, .max_ngram = 2});

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -436,6 +437,23 @@ TEST_F(InternalServicesTest, TargetRejectsABrokenPlanNamingTheFieldAndFreesTheSe
   }
   EXPECT_EQ(service.num_requests(), 0) << "the ended session's requests still hold KV blocks";
   EXPECT_EQ(target->target().kv_stats().free_blocks, target->target().kv_stats().num_blocks);
+  {  // A draft budget's price out of [0, 1].
+    grpc::ClientContext context;
+    auto stream = stub->Run(&context);
+    v1::StepPlan plan;
+    v1::DraftBudget* b = plan.add_budgets();
+    b->set_request_id(1);
+    b->set_max_draft_tokens(2);
+    b->set_min_reach(2.0);
+    ASSERT_TRUE(stream->Write(plan));
+    v1::StepResult result;
+    EXPECT_FALSE(stream->Read(&result));
+    grpc::Status status = stream->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(status.error_message().find("budgets[0].min_reach must be in [0, 1], got 2"),
+              std::string::npos)
+        << status.error_message();
+  }
   // A new session works.
   grpc::ClientContext context;
   auto stream = stub->Run(&context);
@@ -462,13 +480,14 @@ TEST_F(InternalServicesTest, DrafterServiceRefusesBudgetsOverTheCapAndObservatio
   add.set_drafter("recording");
   add.mutable_add()->set_seq(7);
   ASSERT_EQ(session.Call(add).code(), 0);
-  auto propose = [](int32_t nodes, int32_t depth) {
+  auto propose = [](int32_t nodes, int32_t depth, double min_reach = 0) {
     v1::DrafterCall call;
     call.set_drafter("recording");
     v1::DraftRequest* r = call.mutable_propose()->add_requests();
     r->set_seq(7);
     r->set_max_nodes(nodes);
     r->set_max_depth(depth);
+    r->set_min_reach(min_reach);
     return call;
   };
   v1::DrafterReply reply = session.Call(propose(2000000, 4));
@@ -481,6 +500,13 @@ TEST_F(InternalServicesTest, DrafterServiceRefusesBudgetsOverTheCapAndObservatio
   EXPECT_NE(reply.message().find("propose.requests[0].max_depth must be in [0, 256]"),
             std::string::npos)
       << reply.message();
+  for (double bad : {-0.5, 1.5, std::nan("")}) {
+    reply = session.Call(propose(4, 4, bad));
+    EXPECT_EQ(reply.code(), 3) << reply.message();
+    EXPECT_NE(reply.message().find("propose.requests[0].min_reach must be in [0, 1]"),
+              std::string::npos)
+        << reply.message();
+  }
 
   const int64_t context = config_.max_position_embeddings;
   const int64_t d = config_.hidden_size;

@@ -714,6 +714,39 @@ TEST(DraftBudgetPolicyTest, PlansNothingBeforeAnyMeasurement) {
   DraftBudgetPolicy policy(NoExploration());
   const auto d = policy.Plan(Decoding(4, 10), Candidates(4, "ngram", 8, 10));
   for (int32_t b : d.budgets) EXPECT_EQ(b, 0);
+  EXPECT_EQ(d.min_reach, 0);
+}
+
+// BudgetDecision::min_reach: a node is worth its row iff its reach is at least the row's seconds
+// times the step's tokens per second.
+TEST(DraftBudgetPolicyTest, ARowIsPricedAtItsSecondsTimesTheStepsRate) {
+  auto plan = [](DraftBudgetOptions options, const Curve& curve) {
+    std::mt19937 rng(9);
+    DraftBudgetPolicy policy(options);
+    Train(policy, curve, 400, rng, 0.01);
+    for (int64_t id = 1; id <= 4; ++id) TrainAcceptance(policy, "ngram", id, 0.7, 60, rng);
+    TrainDrafter(policy, "ngram", 5e-5, 1e-6);
+    return policy.Plan(Decoding(4, 50), Candidates(4, "ngram", 8, 50));
+  };
+  const Curve linear{.base = 2e-3, .knee = 0, .per_token = 1e-4};
+  const BudgetDecision d = plan(NoExploration(), linear);
+  ASSERT_GT(d.predicted_seconds, 0);
+  const double price = linear.per_token * d.predicted_tokens / d.predicted_seconds;
+  EXPECT_NEAR(d.min_reach, price, 0.15 * price);
+  // Rows that cost more are priced higher (not 4x: the step's rate falls too); free ones (below a
+  // GPU's knee) near 0.
+  const Curve steep{.base = 2e-3, .knee = 0, .per_token = 4e-4};
+  const BudgetDecision dear = plan(NoExploration(), steep);
+  const double dear_price = steep.per_token * dear.predicted_tokens / dear.predicted_seconds;
+  EXPECT_NEAR(dear.min_reach, dear_price, 0.15 * dear_price);
+  EXPECT_GT(dear.min_reach, 1.5 * d.min_reach);
+  const BudgetDecision flat = plan(NoExploration(), {.base = 2e-3, .knee = 256, .per_token = 1e-4});
+  EXPECT_LT(flat.min_reach, 0.02);
+  // Off: every node within the budget is verified.
+  const BudgetDecision off =
+      plan({.probe_after = 0, .explore_every = 0, .prune_by_reach = false}, linear);
+  EXPECT_EQ(off.min_reach, 0);
+  EXPECT_EQ(off.budgets, d.budgets);
 }
 
 TEST(BudgetPlannerTest, LearnsWhatItsBudgetsBroughtBack) {

@@ -56,7 +56,7 @@ const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSection
       "tau", "typical-epsilon", "typical-delta", "log-stats-interval-s"}},
     {"draft budget flags (--role router, all)",
      {"draft-budget", "draft-len", "draft-cap", "max-draft-slowdown", "max-prefill-step-slowdown",
-      "cost-profile"}},
+      "prune-drafts", "cost-profile"}},
     {"target flags (--role target, all)",
      {"kv-memory-mb", "kv-block-size", "max-step-tokens", "verify-placement", "drafter-address",
       "drafter-deadline-ms"}},
@@ -67,7 +67,8 @@ const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSection
      {"drafter", "proposal-top-k", "drafter-model", "specformer-model", "specformer-tree",
       "parallelspec-model", "parallelspec-static-tree", "specdec-model", "beagle-model",
       "beagle-depth", "beagle-top-k", "beagle-total-tokens", "beagle-concat",
-      "beagle-rank-temperature", "tree-width", "ngram-min", "ngram-max", "draft-vocab"}},
+      "beagle-rank-temperature", "tree-width", "ngram-min", "ngram-max", "ngram-repeat-min-match",
+      "draft-vocab"}},
 };
 
 struct ServeFlags {

@@ -48,6 +48,10 @@ void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
                   "other streams: p99 inter-token latency under load) may be made at most this "
                   "fraction slower by drafts, or as slow as its decodes alone with their drafts "
                   "(negative = no bound)");
+  flags.AddBool("prune-drafts", &prune_drafts,
+                "adaptive: drafters that estimate how likely each node is to be accepted (ngram, "
+                "by its match length) leave out the nodes not worth verifying at the step's "
+                "measured costs (--prune-drafts=false: every node within the budget)");
   flags.AddString("cost-profile", &cost_profile,
                   "adaptive: warm-start the step cost model from `specula bench-forward --json`");
   flags.AddString("verify", &verify,
@@ -144,7 +148,8 @@ StatusOr<DraftBudgetOptions> SpecFlags::BudgetOptions() const {
                                        max_prefill_step_slowdown));
   }
   return DraftBudgetOptions{.max_step_increase = max_draft_slowdown,
-                            .max_prefill_step_increase = max_prefill_step_slowdown};
+                            .max_prefill_step_increase = max_prefill_step_slowdown,
+                            .prune_by_reach = prune_drafts};
 }
 
 StatusOr<std::unique_ptr<BudgetPlanner>> SpecFlags::MakePlanner(int64_t max_step_tokens) const {

@@ -43,6 +43,8 @@ struct SpecFlags {
   double max_draft_slowdown = kDefaultMaxDraftSlowdown;
   // adaptive: the prefill-step bound (DraftBudgetOptions::max_prefill_step_increase; < 0 = none).
   double max_prefill_step_slowdown = kDefaultMaxPrefillStepSlowdown;
+  // adaptive: DraftBudgetOptions::prune_by_reach.
+  bool prune_drafts = DraftBudgetOptions{}.prune_by_reach;
 
   void Register(FlagSet& flags, bool many_drafters);
   // The drafter names in --drafter, each "none" or one of the registry's (INVALID_ARGUMENT
