@@ -135,6 +135,10 @@ PANELS = [
         ("Spare compute", "Tokens the step's forward could add within 5% of its time: room for "
          "more draft nodes at almost no cost.", "short", "timeseries",
          [(f"avg by (instance) (specula_draft_budget_spare_tokens{{{JOB}}})", "{{instance}}")]),
+        ("Row price", "The chance of acceptance a draft node needs to be worth its forward row "
+         "(one more row's predicted seconds x the step's tokens/s): the n-gram drafter leaves out "
+         "the nodes of weak matches below it (--prune-drafts).", "percentunit", "timeseries",
+         [(f"avg by (instance) (specula_draft_budget_row_price{{{JOB}}})", "{{instance}}")]),
         ("kappa and theta", "kappa = a * depth / k over recent drafting steps (SpecFormer; "
          "higher = drafts used better); theta = kappa / predicted speedup (lower is better).",
          "short", "timeseries",

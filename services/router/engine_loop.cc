@@ -442,6 +442,7 @@ void EngineLoop::LearnFromStep(const StepOutcome& outcome, double wall_seconds) 
                           .predicted_seconds = decision.predicted_seconds,
                           .measured_seconds = wall_seconds,
                           .predicted_speedup = decision.predicted_speedup(),
+                          .row_price = decision.min_reach,
                           .kappa = averages_.kappa(),
                           .theta = averages_.theta(),
                           .draft_share = averages_.draft_share()};

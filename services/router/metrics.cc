@@ -224,6 +224,15 @@ struct RouterMetrics::Impl {
           .Labels(labels)
           .Register(*registry)
           .Add({});
+  Gauge& row_price =
+      BuildGauge()
+          .Name("specula_draft_budget_row_price")
+          .Help(
+              "The chance of being accepted a draft node needs to be worth its forward row: "
+              "one more row's predicted seconds times the step's tokens per second.")
+          .Labels(labels)
+          .Register(*registry)
+          .Add({});
   Gauge& kappa = BuildGauge()
                      .Name("specula_spec_decode_kappa")
                      .Help("kappa = a * depth / k over recent drafting steps (SpecFormer).")
@@ -372,6 +381,7 @@ void RouterMetrics::DraftBudget(const BudgetSnapshot& s) {
   impl_->budget_measured.Increment(std::max(0.0, s.measured_seconds));
   impl_->budget_speedup.Set(s.predicted_speedup);
   impl_->spare_tokens.Set(s.spare_tokens);
+  impl_->row_price.Set(s.row_price);
   impl_->kappa.Set(s.kappa);
   impl_->theta.Set(s.theta);
   impl_->draft_share.Set(s.draft_share);

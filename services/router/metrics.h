@@ -25,6 +25,7 @@ struct BudgetSnapshot {
   double measured_seconds = 0;   // and as it ran (the router's wall time of the step)
   double predicted_speedup = 1;  // tokens/s at the budgets over tokens/s without drafts
   double spare_tokens = 0;       // tokens the forward could add within 5% of its time
+  double row_price = 0;          // BudgetDecision::min_reach: the reach a node needs to pay
   double kappa = 0;              // a * depth / k over recent drafting steps (SpecFormer)
   double theta = 0;              // kappa / speedup (lower is better)
   double draft_share = 0;        // drafters' share of recent step time
