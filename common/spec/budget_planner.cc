@@ -25,7 +25,9 @@ void BudgetPlanner::Forget(RequestId id) {
 
 void BudgetPlanner::OnStep(const StepReport& report, double wall_seconds) {
   StepMeasurement m;
-  m.shape = {.tokens = report.prefill_tokens + report.verify_tokens, .attention = report.attention};
+  m.shape = {.tokens = report.prefill_tokens + report.verify_tokens,
+             .attention = report.attention,
+             .chunk_tokens = report.prefill_tokens};
   m.target_seconds = report.verify_seconds;
   m.other_seconds = wall_seconds > 0
                         ? std::max(0.0, wall_seconds - report.verify_seconds - report.draft_seconds)
@@ -98,7 +100,9 @@ std::vector<StepPlan::DraftBudget> BudgetPlanner::Plan() {
   // A chunk's rows attend to the chunk itself (its earlier part is already counted as context
   // of nothing: a conservative, cheap estimate).
   base.chunks = {.tokens = prefill,
-                 .attention = static_cast<double>(prefill) * static_cast<double>(prefill) / 2};
+                 .attention = static_cast<double>(prefill) * static_cast<double>(prefill) / 2,
+                 .chunk_tokens = prefill};
+  base.shape.chunk_tokens = prefill;
   base.shape.attention += base.chunks.attention;
   if (max_step_tokens_ > 0)
     base.max_nodes = std::max<int64_t>(0, max_step_tokens_ - base.shape.tokens);

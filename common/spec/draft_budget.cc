@@ -96,8 +96,9 @@ const std::vector<int64_t>& StepCostModel::Knots() {
   return knots;
 }
 
+// Features: one hat per knot, then the attention term, then the chunk-step indicator.
 StepCostModel::StepCostModel(double forgetting)
-    : fit_(std::vector<double>(Knots().size() + 1, 0.0), /*prior_weight=*/0.2, forgetting),
+    : fit_(std::vector<double>(Knots().size() + 2, 0.0), /*prior_weight=*/0.2, forgetting),
       visits_(Knots().size(), 0.0) {}
 
 namespace {
@@ -116,11 +117,13 @@ std::pair<size_t, double> KnotSegment(int64_t tokens) {
 }  // namespace
 
 std::vector<double> StepCostModel::Features(const StepShape& shape) const {
-  std::vector<double> x(Knots().size() + 1, 0.0);
+  const size_t nk = Knots().size();
+  std::vector<double> x(nk + 2, 0.0);
   const auto [seg, f] = KnotSegment(shape.tokens);
   x[seg] = 1.0 - f;
   x[seg + 1] = f;
-  x.back() = shape.attention / kAttentionUnit;
+  x[nk] = shape.attention / kAttentionUnit;
+  x[nk + 1] = shape.chunk_tokens > 0 ? 1.0 : 0.0;
   return x;
 }
 
@@ -142,7 +145,8 @@ void StepCostModel::Observe(const StepShape& shape, double seconds) {
     for (int64_t k : Knots()) {
       prior.push_back(per_token * std::max<double>(static_cast<double>(k), kPriorKneeTokens));
     }
-    prior.push_back(0.0);
+    prior.push_back(0.0);  // attention
+    prior.push_back(0.0);  // chunk step
     fit_.Reset(std::move(prior));
     has_prior_ = true;
   }
@@ -193,7 +197,8 @@ void StepCostModel::RefreshKnots() {
   const size_t nk = Knots().size();
   knots_.assign(theta.begin(), theta.begin() + static_cast<std::ptrdiff_t>(nk));
   for (size_t i = 1; i < nk; ++i) knots_[i] = std::max(knots_[i], knots_[i - 1]);
-  per_attention_ = std::max(theta.back(), 0.0) / kAttentionUnit;
+  per_attention_ = std::max(theta[nk], 0.0) / kAttentionUnit;
+  chunk_step_ = std::max(theta[nk + 1], 0.0);
 }
 
 double StepCostModel::Predict(const StepShape& shape) const {
@@ -201,7 +206,8 @@ double StepCostModel::Predict(const StepShape& shape) const {
   // Features() . knots without building the vector: the policy predicts hundreds of shapes per
   // plan.
   const auto [seg, f] = KnotSegment(shape.tokens);
-  const double y = knots_[seg] * (1.0 - f) + knots_[seg + 1] * f + per_attention_ * shape.attention;
+  const double y = knots_[seg] * (1.0 - f) + knots_[seg + 1] * f +
+                   per_attention_ * shape.attention + (shape.chunk_tokens > 0 ? chunk_step_ : 0.0);
   return std::max(y, 0.0);
 }
 
@@ -445,6 +451,7 @@ StepBase WithoutChunks(const StepBase& base) {
   StepBase decodes = base;
   decodes.shape.tokens -= base.chunks.tokens;
   decodes.shape.attention -= base.chunks.attention;
+  decodes.shape.chunk_tokens = 0;
   decodes.chunks = {};
   return decodes;
 }

@@ -109,8 +109,9 @@ class ForgettingLeastSquares {
 
 // The shape of a target step that its cost depends on.
 struct StepShape {
-  int64_t tokens = 0;    // rows in the forward (pending tokens, draft nodes, prompt chunks)
-  double attention = 0;  // sum over sequences of (new rows x context length after the step)
+  int64_t tokens = 0;        // rows in the forward (pending tokens, draft nodes, prompt chunks)
+  double attention = 0;      // sum over sequences of (new rows x context length after the step)
+  int64_t chunk_tokens = 0;  // of `tokens`, prompt-chunk rows (0: a decode-only step)
 };
 
 class StepCostModel {
@@ -128,7 +129,8 @@ class StepCostModel {
 
  private:
   std::vector<double> Features(const StepShape& shape) const;
-  // Caches the fit's knots made monotone, and the attention coefficient, for Predict.
+  // Caches the fit's knots made monotone, the attention coefficient and the chunk-step cost,
+  // for Predict.
   void RefreshKnots();
   // The anchor that the fit's knots fall back to: a knot that steps visited keeps its fitted
   // cost; one no step visited yet is interpolated between the visited ones (the chord: never
@@ -140,6 +142,10 @@ class StepCostModel {
   ForgettingLeastSquares fit_;
   std::vector<double> knots_;
   double per_attention_ = 0;
+  // What a step with a prompt chunk costs beyond its rows (the chunk's first-token sampling, the
+  // caches the prefill left cold): fitted apart, so that the few short steps that end a prompt
+  // do not price the knots that drafts use.
+  double chunk_step_ = 0;
   bool has_prior_ = false;
   bool warm_started_ = false;   // a measured curve anchors every knot: kept as the anchor
   std::vector<double> visits_;  // per knot: the observed steps' weight on it, summed

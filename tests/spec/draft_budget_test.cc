@@ -158,6 +158,31 @@ TEST(StepCostModelTest, ShapesNoStepVisitedFollowTheMeasuredRoofline) {
   EXPECT_NEAR(model.Predict(prefill), 8e-3, 0.5e-3);
 }
 
+TEST(StepCostModelTest, AShortChunkStepDoesNotPriceTheKnotsDraftsUse) {
+  // Batch 4 on the bundled model (the trace that found it): decodes of 4 tokens (0.9 ms),
+  // prompts prefilled in 256-token chunks, and after them a step of the decodes plus the
+  // prompts' last token: 5 tokens that took 2 ms (the chunk's first-token sampling, the caches
+  // the prefill left cold). Fitted as rows alone, those steps put 2-6 ms on the 8-token knot,
+  // a draft row looked as dear as a whole token, and none was planned again.
+  const Curve decode{.base = 0.66e-3, .knee = 0, .per_token = 0.06e-3};  // 0.9 ms at 4 tokens
+  StepCostModel model;
+  for (int round = 0; round < 16; ++round) {
+    model.Observe({.tokens = 256, .attention = 32643, .chunk_tokens = 252}, 14e-3);
+    model.Observe({.tokens = 5, .attention = 645, .chunk_tokens = 1}, 2e-3);
+    for (int i = 0; i < 30; ++i)
+      model.Observe({.tokens = 4, .attention = 640}, decode({.tokens = 4}));
+    model.Observe({.tokens = 8, .attention = 1280}, decode({.tokens = 8}));  // a probe
+    for (int i = 0; i < 30; ++i)
+      model.Observe({.tokens = 4, .attention = 640}, decode({.tokens = 4}));
+  }
+  const StepShape eight{.tokens = 8, .attention = 1280};
+  EXPECT_NEAR(model.Predict(eight), decode(eight), 0.2 * decode(eight));
+  const StepShape six{.tokens = 6, .attention = 960};
+  EXPECT_NEAR(model.Predict(six), decode(six), 0.2 * decode(six));
+  // The chunk steps themselves are still predicted as measured.
+  EXPECT_NEAR(model.Predict({.tokens = 5, .attention = 645, .chunk_tokens = 1}), 2e-3, 0.4e-3);
+}
+
 TEST(StepCostModelTest, PredictionIsMonotoneInTokens) {
   std::mt19937 rng(11);
   DraftBudgetPolicy policy;
