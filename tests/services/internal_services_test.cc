@@ -17,6 +17,7 @@
 
 #include "common/spec/local_target_backend.h"
 #include "services/common/service_server.h"
+#include "services/common/step_codec.h"
 #include "services/common/tensor_codec.h"
 #include "services/drafter/drafter_service.h"
 #include "services/target/remote_drafter.h"
@@ -34,6 +35,7 @@ class RecordingDrafter : public Drafter {
   struct Log {
     std::vector<std::vector<int32_t>> tokens;
     std::vector<std::vector<at::Tensor>> hidden;
+    std::vector<double> min_reach;  // of every draft request, in order
   };
   explicit RecordingDrafter(std::shared_ptr<Log> log) : log_(std::move(log)) {}
   std::string name() const override { return "recording"; }
@@ -58,6 +60,7 @@ class RecordingDrafter : public Drafter {
     if (throw_propose.exchange(false)) throw std::bad_alloc();
     std::vector<CandidateTree> trees;
     for (const DraftRequest& r : requests) {
+      log_->min_reach.push_back(r.min_reach);
       const int32_t t = last_.at(r.seq);
       std::vector<int32_t> chain(std::min(2, r.max_depth), t);
       trees.push_back(CandidateTree::Chain(chain));
@@ -185,6 +188,35 @@ TEST_F(InternalServicesTest, HiddenStatesReachARemoteDrafterExactlyAsInProcess) 
   uint64_t session = 0;
   ASSERT_TRUE((*connection)->Call(sync, &session).ok());
   EXPECT_EQ(service_->num_sequences(), 0) << "finished sequences were not released";
+}
+
+// The plan's price of a row (StepPlan::DraftBudget::min_reach) crosses the router -> target wire
+// and reaches a remote drafter's requests (DraftRequest::min_reach).
+TEST_F(InternalServicesTest, TheRowPriceReachesARemoteDrafter) {
+  auto remote = Target();
+  auto connection = target::DrafterConnection::Connect(
+      Address(server_->port()), 5s, static_cast<int32_t>(config_.vocab_size),
+      static_cast<int32_t>(config_.hidden_size), "float32");
+  ASSERT_TRUE(connection.ok()) << connection.status();
+  ASSERT_TRUE(remote->engine()
+                  .AddDrafter(std::make_unique<target::RemoteDrafter>(
+                      *connection, (*connection)->info().drafters(0)))
+                  .ok());
+  auto over_the_wire = [](const StepPlan& plan) {
+    v1::StepPlan message;
+    services::ToProto(plan, &message);
+    auto back = services::FromProto(message);
+    EXPECT_TRUE(back.ok()) << back.status();
+    return back.ok() ? *back : StepPlan{};
+  };
+  ASSERT_TRUE(remote->Step(over_the_wire(Admit(1, {5, 9, 13}, 8))).ok());  // prefill
+  for (double price : {0.37, 0.0, 0.81}) {
+    StepPlan plan;
+    plan.budgets.push_back({.id = 1, .max_draft_tokens = 2, .min_reach = price});
+    ASSERT_TRUE(remote->Step(over_the_wire(plan)).ok());
+    ASSERT_FALSE(remote_log_->min_reach.empty()) << "no draft was asked for";
+    EXPECT_DOUBLE_EQ(remote_log_->min_reach.back(), price);
+  }
 }
 
 class RawSession {
