@@ -543,15 +543,17 @@ std::pair<double, double> DraftBudgetPolicy::Evaluate(
   return {seconds, tokens};
 }
 
+double DraftBudgetPolicy::ChunkSeconds(const StepBase& base) const {
+  return target_cost_.Predict(base.shape) - target_cost_.Predict(WithoutChunks(base).shape);
+}
+
 double DraftBudgetPolicy::MinReach(const StepBase& base, const StepShape& shape, double rows,
                                    double seconds, double tokens) const {
   if (!options_.prune_by_reach || !target_cost_.ready()) return 0;
   // The rate a node must not lower is Allocate's: the step's tokens over its seconds without
   // its prompt chunks. The row's own attention is left out (a row of context c adds ~c of the
   // shape's attention, small next to the row's weights at the contexts served).
-  const double chunk_seconds =
-      target_cost_.Predict(base.shape) - target_cost_.Predict(WithoutChunks(base).shape);
-  const double rate = tokens / std::max(seconds - chunk_seconds, 1e-12);
+  const double rate = tokens / std::max(seconds - ChunkSeconds(base), 1e-12);
   const double row = TargetSeconds(shape, rows + 1) - TargetSeconds(shape, rows);
   const double price = row * rate;
   return std::isfinite(price) ? std::clamp(price, 0.0, 1.0) : 0.0;
@@ -574,9 +576,8 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
   int64_t nodes = 0;  // allocated so far, against base.max_nodes
   auto total = [&] { return target_seconds + drafters_seconds + other_seconds_; };
   // What a node must beat: the batch's decoding rate, tokens over the step's seconds without
-  // its prompt chunks (work the step does anyway: counting it would make any draft look cheap
-  // next to a long chunk).
-  const double chunk_seconds = target_seconds - target_cost_.Predict(WithoutChunks(base).shape);
+  // its prompt chunks (ChunkSeconds).
+  const double chunk_seconds = ChunkSeconds(base);
   auto rate = [&] { return tokens / std::max(total() - chunk_seconds, 1e-12); };
   // Expected tokens and added seconds of giving candidate i `m` more nodes now.
   auto delta = [&](size_t i, int32_t m) {

@@ -370,6 +370,10 @@ class DraftBudgetPolicy {
                                      const std::vector<int32_t>& budgets,
                                      StepShape* shape_out = nullptr,
                                      double* rows_out = nullptr) const;
+  // What the step's prompt chunks add to its predicted seconds: work the step does anyway, left
+  // out of the decoding rate a draft node must beat (counting it would make any draft look cheap
+  // next to a long chunk).
+  double ChunkSeconds(const StepBase& base) const;
   // BudgetDecision::min_reach of a step of `seconds` and `tokens` whose forward has `shape` and
   // `rows` draft rows.
   double MinReach(const StepBase& base, const StepShape& shape, double rows, double seconds,
