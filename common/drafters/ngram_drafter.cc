@@ -193,9 +193,8 @@ StatusOr<std::vector<CandidateTree>> NgramDrafter::Propose(
     const int32_t cls = NgramCalibration::ClassOf(draft.match);
     int32_t keep = std::min(len, static_cast<int32_t>(draft.chain.size()));
     keep = calibration_[st.sampled].Keep(cls, keep, r.min_reach);
-    std::vector<int32_t> proposed(draft.chain.begin(), draft.chain.begin() + keep);
+    trees.push_back(CandidateTree::Chain(std::span<const int32_t>(draft.chain).first(keep)));
     st.outcomes.Proposed(static_cast<int64_t>(st.tokens.size()), std::move(draft.chain), cls);
-    trees.push_back(CandidateTree::Chain(proposed));
   }
   return trees;
 }
