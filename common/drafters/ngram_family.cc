@@ -1,4 +1,6 @@
 // The n-gram (prompt lookup) family: no weights, one variant.
+#include <limits>
+
 #include "common/drafters/drafter_registry.h"
 #include "common/drafters/ngram_drafter.h"
 
@@ -20,6 +22,10 @@ class NgramFamily : public DrafterFamily {
   }
   StatusOr<std::unique_ptr<Drafter>> Load(const std::string& name,
                                           DrafterLoadContext& context) const override {
+    if (repeat_min_match_ < 0 || repeat_min_match_ > std::numeric_limits<int32_t>::max()) {
+      return InvalidArgumentError(
+          StrCat("--ngram-repeat-min-match must be >= 0 (0 = never), got ", repeat_min_match_));
+    }
     ASSIGN_OR_RETURN(
         auto drafter,
         NgramDrafter::Create({.min_ngram = static_cast<int32_t>(min_),

@@ -91,6 +91,9 @@ TEST_F(DrafterRegistryTest, UnknownNamesAndMissingCheckpointsNameTheFlag) {
   EXPECT_THAT(absent.status().message(), HasSubstr("--beagle-model"));
   auto bad_ngram = Load("ngram", {"--ngram-min=5", "--ngram-max=2"});
   EXPECT_EQ(bad_ngram.status().code(), StatusCode::kInvalidArgument);
+  auto bad_repeat = Load("ngram", {"--ngram-repeat-min-match=-1"});
+  EXPECT_EQ(bad_repeat.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_repeat.status().message(), HasSubstr("--ngram-repeat-min-match"));
   auto bad_width = Load("draft-model", {"--drafter-model", target_dir_, "--tree-width=0"});
   EXPECT_THAT(bad_width.status().message(), HasSubstr("--tree-width"));
 }
