@@ -99,7 +99,9 @@ const std::vector<int64_t>& StepCostModel::Knots() {
 // Features: one hat per knot, then the attention term, then the chunk-step indicator.
 StepCostModel::StepCostModel(double forgetting)
     : fit_(std::vector<double>(Knots().size() + 2, 0.0), /*prior_weight=*/0.2, forgetting),
-      visits_(Knots().size(), 0.0) {}
+      forgetting_(forgetting),
+      visits_(Knots().size(), 0.0),
+      recent_visits_(Knots().size(), 0.0) {}
 
 namespace {
 
@@ -152,7 +154,10 @@ void StepCostModel::Observe(const StepShape& shape, double seconds) {
   }
   const std::vector<double> x = Features(shape);
   fit_.Add(x, seconds);
-  for (size_t k = 0; k < visits_.size(); ++k) visits_[k] += x[k];
+  for (size_t k = 0; k < visits_.size(); ++k) {
+    visits_[k] += x[k];
+    recent_visits_[k] = forgetting_ * recent_visits_[k] + x[k];
+  }
   ++observed_;
   // The anchor follows the fit where steps went and is interpolated between those knots elsewhere
   // (Anchor), instead of sliding back to the first guess.
@@ -162,6 +167,15 @@ void StepCostModel::Observe(const StepShape& shape, double seconds) {
 
 std::vector<double> StepCostModel::Anchor() const {
   std::vector<double> anchor = fit_.coefficients();
+  // A knot no recent step visited falls back to what the fresh ones allow (as Predict does), so
+  // the fit's memory of it does not pull it back out.
+  const std::vector<double> fitted(anchor.begin(),
+                                   anchor.begin() + static_cast<std::ptrdiff_t>(Knots().size()));
+  for (size_t i = 0; i < fitted.size(); ++i) {
+    if (Fresh(i)) continue;
+    const auto [lo, hi] = Bounds(i, fitted);
+    anchor[i] = std::clamp(anchor[i], lo, hi);
+  }
   if (warm_started_) return anchor;
   // A knot counts as visited once steps put half a step's weight on it.
   constexpr double kVisited = 0.5;
@@ -190,12 +204,42 @@ std::vector<double> StepCostModel::Anchor() const {
   return anchor;
 }
 
+bool StepCostModel::Fresh(size_t knot) const {
+  constexpr double kFresh = 0.5;
+  return recent_visits_[knot] >= kFresh;
+}
+
+std::pair<double, double> StepCostModel::Bounds(size_t knot,
+                                                const std::vector<double>& knots) const {
+  const std::vector<int64_t>& k = Knots();
+  const double t = static_cast<double>(k[knot]);
+  double lo = 0, hi = std::numeric_limits<double>::infinity();
+  for (size_t j = 0; j < k.size(); ++j) {
+    if (j == knot || !Fresh(j)) continue;
+    const double tj = static_cast<double>(k[j]);
+    if (j < knot) {
+      lo = std::max(lo, knots[j]);
+      hi = std::min(hi, knots[j] * t / tj);
+    } else {
+      lo = std::max(lo, knots[j] * t / tj);
+      hi = std::min(hi, knots[j]);
+    }
+  }
+  return {lo, std::max(lo, hi)};
+}
+
 void StepCostModel::RefreshKnots() {
   // Monotone in tokens: each knot at least the one before (noise must never make a bigger step
   // look cheaper), and the attention term at least 0.
   const std::vector<double>& theta = fit_.coefficients();
   const size_t nk = Knots().size();
   knots_.assign(theta.begin(), theta.begin() + static_cast<std::ptrdiff_t>(nk));
+  const std::vector<double> fitted = knots_;
+  for (size_t i = 0; i < nk; ++i) {
+    if (Fresh(i)) continue;
+    const auto [lo, hi] = Bounds(i, fitted);
+    knots_[i] = std::clamp(knots_[i], lo, hi);
+  }
   for (size_t i = 1; i < nk; ++i) knots_[i] = std::max(knots_[i], knots_[i - 1]);
   per_attention_ = std::max(theta[nk], 0.0) / kAttentionUnit;
   chunk_step_ = std::max(theta[nk + 1], 0.0);

@@ -8,7 +8,10 @@
 //   - StepCostModel: the target step's seconds as a function of its shape (tokens in the forward,
 //     attention work = sum over sequences of new rows x context), piecewise linear in tokens
 //     between log-spaced knots plus a linear attention term; recursive least squares with
-//     forgetting, so it follows drift (other load on the machine) within a few dozen steps.
+//     forgetting, so it follows drift (other load on the machine) within a few dozen steps. A
+//     knot no recent step visited is kept within what the recently visited ones imply (cost
+//     non-decreasing in tokens, cost per token non-increasing), so a warm-up's cold steps or a
+//     load since gone do not price the shapes that only drafts would visit.
 //   - DrafterCostModel: one drafter call's seconds as a function of sequences, nodes, depth and
 //     observed (caught-up) tokens; a non-autoregressive drafter fits ~0 per depth, an
 //     autoregressive one pays per depth.
@@ -129,9 +132,19 @@ class StepCostModel {
 
  private:
   std::vector<double> Features(const StepShape& shape) const;
-  // Caches the fit's knots made monotone, the attention coefficient and the chunk-step cost,
-  // for Predict.
+  // Caches the fit's knots, the attention coefficient and the chunk-step cost, for Predict:
+  // each knot no recent step visited kept within what the recently visited ones imply (Bounds),
+  // then all made monotone.
   void RefreshKnots();
+  // A knot that the fit's memory still holds steps on (its recent visits, forgotten at the fit's
+  // rate, weigh at least half a step).
+  bool Fresh(size_t knot) const;
+  // What the fresh knots say knot i may cost, with a step's cost non-decreasing in tokens and
+  // its cost per token non-increasing (a fixed part, then rows): at least the fresh knot below it
+  // and its share of the one above, at most the one above and the one below scaled by tokens.
+  // Steps long ago (a warm-up's cold caches, a load since gone) must not price shapes today's
+  // steps only probe: a stale knot held at 4x its neighbour kept drafts off at batch 4.
+  std::pair<double, double> Bounds(size_t knot, const std::vector<double>& knots) const;
   // The anchor that the fit's knots fall back to: a knot that steps visited keeps its fitted
   // cost; one no step visited yet is interpolated between the visited ones (the chord: never
   // cheaper than a convex cost curve, so drafts are not made to look free; linear in tokens past
@@ -147,8 +160,10 @@ class StepCostModel {
   // do not price the knots that drafts use.
   double chunk_step_ = 0;
   bool has_prior_ = false;
-  bool warm_started_ = false;   // a measured curve anchors every knot: kept as the anchor
-  std::vector<double> visits_;  // per knot: the observed steps' weight on it, summed
+  bool warm_started_ = false;  // a measured curve anchors every knot: kept as the anchor
+  double forgetting_;
+  std::vector<double> visits_;         // per knot: the observed steps' weight on it, summed
+  std::vector<double> recent_visits_;  // the same, forgotten at the fit's rate
   int64_t observed_ = 0;
 };
 

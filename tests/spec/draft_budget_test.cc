@@ -183,6 +183,33 @@ TEST(StepCostModelTest, AShortChunkStepDoesNotPriceTheKnotsDraftsUse) {
   EXPECT_NEAR(model.Predict({.tokens = 5, .attention = 645, .chunk_tokens = 1}), 2e-3, 0.4e-3);
 }
 
+TEST(StepCostModelTest, AColdWarmUpDoesNotPriceTheShapesLaterStepsOnlyProbe) {
+  // Batch 4 on the bundled model (the trace that found it): the first steps run on cold caches
+  // (4-8 tokens at ~4.5 ms), then decodes of 4 tokens take 1.1 ms and only a probe now and then
+  // has more rows. The warm-up's knots, remembered as visited, held the 8-token knot at ~4.3 ms
+  // and (through monotonicity) the 4-token one at the first step's 1.5 ms: a draft row cost
+  // more than half a decode, and none was planned in the whole run.
+  const Curve warm{.base = 0.95e-3, .knee = 0, .per_token = 0.04e-3};  // 1.1 ms at 4 tokens
+  StepCostModel model;
+  model.Observe({.tokens = 256, .attention = 32768, .chunk_tokens = 256}, 24.5e-3);
+  for (int i = 0; i < 40; ++i) {
+    const int64_t tokens = 1 + i % 8;
+    model.Observe({.tokens = tokens, .attention = 130.0 * static_cast<double>(tokens)}, 4.5e-3);
+  }
+  for (int i = 0; i < 3000; ++i) {
+    const int64_t tokens = i % 200 == 199 ? 6 : 4;  // a probe every 200 steps
+    const StepShape s{.tokens = tokens, .attention = 150.0 * static_cast<double>(tokens)};
+    model.Observe(s, warm(s));
+  }
+  for (int64_t t : {4, 6, 8}) {
+    const StepShape s{.tokens = t, .attention = 150.0 * static_cast<double>(t)};
+    EXPECT_NEAR(model.Predict(s), warm(s), 0.25 * warm(s)) << t;
+  }
+  // Still never cheaper than the fresh knot below: no shape is made to look free.
+  EXPECT_GE(model.Predict({.tokens = 16, .attention = 2400}),
+            model.Predict({.tokens = 4, .attention = 600}));
+}
+
 TEST(StepCostModelTest, PredictionIsMonotoneInTokens) {
   std::mt19937 rng(11);
   DraftBudgetPolicy policy;
