@@ -599,7 +599,7 @@ double DraftBudgetPolicy::MinReach(const StepBase& base, const StepShape& shape,
   // shape's attention, small next to the row's weights at the contexts served).
   const double rate = tokens / std::max(seconds - ChunkSeconds(base), 1e-12);
   const double row = TargetSeconds(shape, rows + 1) - TargetSeconds(shape, rows);
-  const double price = row * rate;
+  const double price = row * rate * (1 + options_.node_margin);
   return std::isfinite(price) ? std::clamp(price, 0.0, 1.0) : 0.0;
 }
 
@@ -676,8 +676,8 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
       heap.emplace(ratio, i, m);
       continue;
     }
-    // Worth it only if it raises the batch's tokens per second.
-    if (dy <= 0 || ratio <= rate()) continue;
+    // Worth it only if it raises the batch's tokens per second, by the margin.
+    if (dy <= 0 || ratio <= rate() * (1 + options_.node_margin)) continue;
     if ((base.max_nodes >= 0 && nodes + m > base.max_nodes) || total() + dt > step_limit) {
       // Past the step's token budget or the latency bound: a smaller first bundle may fit.
       if (m > 1) heap.emplace(ratio, i, m - 1);

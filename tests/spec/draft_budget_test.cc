@@ -319,6 +319,32 @@ TEST(DraftBudgetPolicyTest, ZeroBudgetWhenDraftingCannotPay) {
   EXPECT_NEAR(d.predicted_speedup(), 1.0, 1e-9);
 }
 
+TEST(DraftBudgetPolicyTest, NodesAtBreakEvenAreLeftToTheMargin) {
+  // Batch 16 where a verified row costs what a decoded token does (the bundled model on CPU; the
+  // step's fixed part is 5% of it): even drafts that are always accepted gain at most 5%, less
+  // than the cost model's error on drafted steps. Without a margin they are planned; with the
+  // default one they are not.
+  const Curve curve{.base = 0.08e-3, .knee = 0, .per_token = 1e-4};
+  auto plan = [&](double margin) {
+    std::mt19937 rng(5);
+    DraftBudgetOptions options = NoExploration();
+    options.node_margin = margin;
+    DraftBudgetPolicy policy(options);
+    Train(policy, curve, 400, rng, 0.01);
+    TrainDrafter(policy, "ngram", 1e-7, 1e-9);
+    for (int64_t id = 1; id <= 16; ++id) TrainAcceptance(policy, "ngram", id, 1.0, 50, rng);
+    return policy.Plan(Decoding(16, 100), Candidates(16, "ngram", 8, 100));
+  };
+  const BudgetDecision without = plan(0.0);
+  int32_t drafted = 0;
+  for (int32_t b : without.budgets) drafted += b;
+  EXPECT_GT(drafted, 0);
+  EXPECT_GT(without.predicted_speedup(), 1.0);
+  EXPECT_LT(without.predicted_speedup(), 1.06);
+  const BudgetDecision with = plan(DraftBudgetOptions{}.node_margin);
+  for (int32_t b : with.budgets) EXPECT_EQ(b, 0);
+}
+
 TEST(DraftBudgetPolicyTest, GrowsToTheCapWhenVerificationIsFree) {
   std::mt19937 rng(2);
   DraftBudgetPolicy policy(NoExploration());
@@ -770,7 +796,7 @@ TEST(DraftBudgetPolicyTest, PlansNothingBeforeAnyMeasurement) {
 }
 
 // BudgetDecision::min_reach: a node is worth its row iff its reach is at least the row's seconds
-// times the step's tokens per second.
+// times the step's tokens per second (raised by the node margin).
 TEST(DraftBudgetPolicyTest, ARowIsPricedAtItsSecondsTimesTheStepsRate) {
   auto plan = [](DraftBudgetOptions options, const Curve& curve) {
     std::mt19937 rng(9);
@@ -783,13 +809,15 @@ TEST(DraftBudgetPolicyTest, ARowIsPricedAtItsSecondsTimesTheStepsRate) {
   const Curve linear{.base = 2e-3, .knee = 0, .per_token = 1e-4};
   const BudgetDecision d = plan(NoExploration(), linear);
   ASSERT_GT(d.predicted_seconds, 0);
-  const double price = linear.per_token * d.predicted_tokens / d.predicted_seconds;
+  const double margin = 1 + DraftBudgetOptions{}.node_margin;
+  const double price = margin * linear.per_token * d.predicted_tokens / d.predicted_seconds;
   EXPECT_NEAR(d.min_reach, price, 0.15 * price);
   // Rows that cost more are priced higher (not 4x: the step's rate falls too); free ones (below a
   // GPU's knee) near 0.
   const Curve steep{.base = 2e-3, .knee = 0, .per_token = 4e-4};
   const BudgetDecision dear = plan(NoExploration(), steep);
-  const double dear_price = steep.per_token * dear.predicted_tokens / dear.predicted_seconds;
+  const double dear_price =
+      margin * steep.per_token * dear.predicted_tokens / dear.predicted_seconds;
   EXPECT_NEAR(dear.min_reach, dear_price, 0.15 * dear_price);
   EXPECT_GT(dear.min_reach, 1.5 * d.min_reach);
   const BudgetDecision flat = plan(NoExploration(), {.base = 2e-3, .knee = 256, .per_token = 1e-4});

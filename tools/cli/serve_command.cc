@@ -56,7 +56,7 @@ const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSection
       "tau", "typical-epsilon", "typical-delta", "log-stats-interval-s"}},
     {"draft budget flags (--role router, all)",
      {"draft-budget", "draft-len", "draft-cap", "max-draft-slowdown", "max-prefill-step-slowdown",
-      "prune-drafts", "cost-profile"}},
+      "prune-drafts", "draft-margin", "cost-profile"}},
     {"target flags (--role target, all)",
      {"kv-memory-mb", "kv-block-size", "max-step-tokens", "verify-placement", "drafter-address",
       "drafter-deadline-ms"}},

@@ -52,6 +52,10 @@ void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
                 "adaptive: drafters that estimate how likely each node is to be accepted (ngram, "
                 "by its match length) leave out the nodes not worth verifying at the step's "
                 "measured costs (--prune-drafts=false: every node within the budget)");
+  flags.AddDouble("draft-margin", &draft_margin,
+                  "adaptive: a draft node is added only if its expected tokens per second beat "
+                  "decoding without it by this fraction (a margin for the cost and acceptance "
+                  "models' error where drafting is at break-even; 0 = any gain, at least 0)");
   flags.AddString("cost-profile", &cost_profile,
                   "adaptive: warm-start the step cost model from `specula bench-forward --json`");
   flags.AddString("verify", &verify,
@@ -147,9 +151,14 @@ StatusOr<DraftBudgetOptions> SpecFlags::BudgetOptions() const {
     return InvalidArgumentError(StrCat("--max-prefill-step-slowdown must be a finite number, got ",
                                        max_prefill_step_slowdown));
   }
+  if (!(draft_margin >= 0) || !std::isfinite(draft_margin)) {
+    return InvalidArgumentError(
+        StrCat("--draft-margin must be a finite number >= 0, got ", draft_margin));
+  }
   return DraftBudgetOptions{.max_step_increase = max_draft_slowdown,
                             .max_prefill_step_increase = max_prefill_step_slowdown,
-                            .prune_by_reach = prune_drafts};
+                            .prune_by_reach = prune_drafts,
+                            .node_margin = draft_margin};
 }
 
 StatusOr<std::unique_ptr<BudgetPlanner>> SpecFlags::MakePlanner(int64_t max_step_tokens) const {

@@ -45,6 +45,8 @@ struct SpecFlags {
   double max_prefill_step_slowdown = kDefaultMaxPrefillStepSlowdown;
   // adaptive: DraftBudgetOptions::prune_by_reach.
   bool prune_drafts = DraftBudgetOptions{}.prune_by_reach;
+  // adaptive: DraftBudgetOptions::node_margin.
+  double draft_margin = DraftBudgetOptions{}.node_margin;
 
   void Register(FlagSet& flags, bool many_drafters);
   // The drafter names in --drafter, each "none" or one of the registry's (INVALID_ARGUMENT
