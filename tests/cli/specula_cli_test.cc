@@ -218,6 +218,9 @@ TEST_F(SpeculaCliTest, SpeculationFlagErrors) {
   r = Run(base + " --drafter ngram --draft-budget adaptive --max-prefill-step-slowdown inf");
   EXPECT_NE(r.err.find("--max-prefill-step-slowdown must be a finite number"), std::string::npos)
       << r.err;
+  r = Run(base + " --drafter ngram --draft-budget adaptive --draft-margin -0.5");
+  EXPECT_NE(r.err.find("--draft-margin must be a finite number >= 0, got -0.5"), std::string::npos)
+      << r.err;
   r = Run(base + " --drafter ngram --ngram-min 5 --ngram-max 2");
   EXPECT_NE(r.err.find("min_ngram"), std::string::npos) << r.err;
 }
