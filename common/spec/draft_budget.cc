@@ -154,14 +154,19 @@ void StepCostModel::Observe(const StepShape& shape, double seconds) {
   }
   const std::vector<double> x = Features(shape);
   fit_.Add(x, seconds);
+  bool went_stale = false;
   for (size_t k = 0; k < visits_.size(); ++k) {
+    const bool was_fresh = Fresh(k);
     visits_[k] += x[k];
     recent_visits_[k] = forgetting_ * recent_visits_[k] + x[k];
+    went_stale |= was_fresh && !Fresh(k);
   }
   ++observed_;
   // The anchor follows the fit where steps went and is interpolated between those knots elsewhere
-  // (Anchor), instead of sliding back to the first guess.
-  if (observed_ % kAnchorEvery == 0) fit_.SetAnchor(Anchor());
+  // (Anchor), instead of sliding back to the first guess. It is also taken when a knot's steps
+  // leave the fit's memory, while its value is still theirs: what a rare probe measured is kept
+  // instead of decaying back to the old anchor before the next refresh.
+  if (went_stale || observed_ % kAnchorEvery == 0) fit_.SetAnchor(Anchor());
   RefreshKnots();
 }
 

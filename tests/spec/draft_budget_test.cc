@@ -196,10 +196,14 @@ TEST(StepCostModelTest, AColdWarmUpDoesNotPriceTheShapesLaterStepsOnlyProbe) {
     const int64_t tokens = 1 + i % 8;
     model.Observe({.tokens = tokens, .attention = 130.0 * static_cast<double>(tokens)}, 4.5e-3);
   }
-  for (int i = 0; i < 3000; ++i) {
+  for (int i = 0; i < 3100; ++i) {                  // the last probe 100 steps before the end
     const int64_t tokens = i % 200 == 199 ? 6 : 4;  // a probe every 200 steps
     const StepShape s{.tokens = tokens, .attention = 150.0 * static_cast<double>(tokens)};
     model.Observe(s, warm(s));
+    if (i == 1099) {  // five probes in, the last 100 steps ago: what they measured is kept
+      const StepShape eight{.tokens = 8, .attention = 1200};
+      EXPECT_NEAR(model.Predict(eight), warm(eight), 0.04 * warm(eight));
+    }
   }
   for (int64_t t : {4, 6, 8}) {
     const StepShape s{.tokens = t, .attention = 150.0 * static_cast<double>(t)};
