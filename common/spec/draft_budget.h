@@ -44,13 +44,14 @@
 // bound, DraftBudgetOptions::max_step_increase, when one is set): repeatedly add the node
 // (or, for a sequence not drafting yet, the best first bundle of nodes, which pays the
 // per-sequence drafter cost) with the most expected tokens per added second, while that beats the
-// batch's decoding rate R = Y/T, Y the expected tokens so far and T the predicted seconds without
-// the step's prompt chunks (work the step does anyway: counted in T, a long chunk would make any
-// draft look cheap). A drafter's per-call cost is charged once when any of its sequences drafts,
-// and the drafter is left off when the step's decoding rate is higher without it. A step that
-// prefills prompt chunks is bounded as well (DraftBudgetOptions::max_prefill_step_increase):
-// its gap is the longest its decoding sequences see, so drafts may not make it much longer than
-// without them, unless its decodes alone would take that long with their drafts.
+// batch's decoding rate R = Y/T by the margin (DraftBudgetOptions::node_margin), Y the expected
+// tokens so far and T the predicted seconds without the step's prompt chunks (work the step does
+// anyway: counted in T, a long chunk would make any draft look cheap). A drafter's per-call cost is
+// charged once when any of its sequences drafts, and the drafter is left off when the step's
+// decoding rate is higher without it. A step that prefills prompt chunks is bounded as well
+// (DraftBudgetOptions::max_prefill_step_increase): its gap is the longest its decoding sequences
+// see, so drafts may not make it much longer than without them, unless its decodes alone would take
+// that long with their drafts.
 //
 // Worked example (batch of 1, verification free up to 8 tokens, a chain drafter with p = 0.8 at
 // every depth, drafting 0.2 ms per call and 0.05 ms per node, the step 5 ms): one node adds
