@@ -174,13 +174,7 @@ std::vector<double> StepCostModel::Anchor() const {
   std::vector<double> anchor = fit_.coefficients();
   // A knot no recent step visited falls back to what the fresh ones allow (as Predict does), so
   // the fit's memory of it does not pull it back out.
-  const std::vector<double> fitted(anchor.begin(),
-                                   anchor.begin() + static_cast<std::ptrdiff_t>(Knots().size()));
-  for (size_t i = 0; i < fitted.size(); ++i) {
-    if (Fresh(i)) continue;
-    const auto [lo, hi] = Bounds(i, fitted);
-    anchor[i] = std::clamp(anchor[i], lo, hi);
-  }
+  ClampStale(std::span<double>(anchor).first(Knots().size()));
   if (warm_started_) return anchor;
   // A knot counts as visited once steps put half a step's weight on it.
   constexpr double kVisited = 0.5;
@@ -214,23 +208,26 @@ bool StepCostModel::Fresh(size_t knot) const {
   return recent_visits_[knot] >= kFresh;
 }
 
-std::pair<double, double> StepCostModel::Bounds(size_t knot,
-                                                const std::vector<double>& knots) const {
+void StepCostModel::ClampStale(std::span<double> knots) const {
   const std::vector<int64_t>& k = Knots();
-  const double t = static_cast<double>(k[knot]);
-  double lo = 0, hi = std::numeric_limits<double>::infinity();
-  for (size_t j = 0; j < k.size(); ++j) {
-    if (j == knot || !Fresh(j)) continue;
-    const double tj = static_cast<double>(k[j]);
-    if (j < knot) {
-      lo = std::max(lo, knots[j]);
-      hi = std::min(hi, knots[j] * t / tj);
-    } else {
-      lo = std::max(lo, knots[j] * t / tj);
-      hi = std::min(hi, knots[j]);
+  const std::vector<double> fitted(knots.begin(), knots.end());  // bounds from the fit's values
+  for (size_t i = 0; i < k.size(); ++i) {
+    if (Fresh(i)) continue;
+    const double t = static_cast<double>(k[i]);
+    double lo = 0, hi = std::numeric_limits<double>::infinity();
+    for (size_t j = 0; j < k.size(); ++j) {
+      if (j == i || !Fresh(j)) continue;
+      const double tj = static_cast<double>(k[j]);
+      if (j < i) {
+        lo = std::max(lo, fitted[j]);
+        hi = std::min(hi, fitted[j] * t / tj);
+      } else {
+        lo = std::max(lo, fitted[j] * t / tj);
+        hi = std::min(hi, fitted[j]);
+      }
     }
+    knots[i] = std::clamp(knots[i], lo, std::max(lo, hi));
   }
-  return {lo, std::max(lo, hi)};
 }
 
 void StepCostModel::RefreshKnots() {
@@ -239,12 +236,7 @@ void StepCostModel::RefreshKnots() {
   const std::vector<double>& theta = fit_.coefficients();
   const size_t nk = Knots().size();
   knots_.assign(theta.begin(), theta.begin() + static_cast<std::ptrdiff_t>(nk));
-  const std::vector<double> fitted = knots_;
-  for (size_t i = 0; i < nk; ++i) {
-    if (Fresh(i)) continue;
-    const auto [lo, hi] = Bounds(i, fitted);
-    knots_[i] = std::clamp(knots_[i], lo, hi);
-  }
+  ClampStale(knots_);
   for (size_t i = 1; i < nk; ++i) knots_[i] = std::max(knots_[i], knots_[i - 1]);
   per_attention_ = std::max(theta[nk], 0.0) / kAttentionUnit;
   chunk_step_ = std::max(theta[nk + 1], 0.0);

@@ -134,18 +134,19 @@ class StepCostModel {
  private:
   std::vector<double> Features(const StepShape& shape) const;
   // Caches the fit's knots, the attention coefficient and the chunk-step cost, for Predict:
-  // each knot no recent step visited kept within what the recently visited ones imply (Bounds),
+  // each knot no recent step visited kept within what the recently visited ones imply (ClampStale),
   // then all made monotone.
   void RefreshKnots();
   // A knot that the fit's memory still holds steps on (its recent visits, forgotten at the fit's
   // rate, weigh at least half a step).
   bool Fresh(size_t knot) const;
-  // What the fresh knots say knot i may cost, with a step's cost non-decreasing in tokens and
-  // its cost per token non-increasing (a fixed part, then rows): at least the fresh knot below it
-  // and its share of the one above, at most the one above and the one below scaled by tokens.
-  // Steps long ago (a warm-up's cold caches, a load since gone) must not price shapes today's
-  // steps only probe: a stale knot held at 4x its neighbour kept drafts off at batch 4.
-  std::pair<double, double> Bounds(size_t knot, const std::vector<double>& knots) const;
+  // Keeps each stale knot within what the fresh knots say it may cost, with a step's cost
+  // non-decreasing in tokens and its cost per token non-increasing (a fixed part, then rows): at
+  // least the fresh knot below it and its share of the one above, at most the one above and the
+  // one below scaled by tokens. Steps long ago (a warm-up's cold caches, a load since gone) must
+  // not price shapes today's steps only probe: a stale knot held at 4x its neighbour kept drafts
+  // off at batch 4.
+  void ClampStale(std::span<double> knots) const;
   // The anchor that the fit's knots fall back to: a knot that steps visited keeps its fitted
   // cost; one no step visited yet is interpolated between the visited ones (the chord: never
   // cheaper than a convex cost curve, so drafts are not made to look free; linear in tokens past
