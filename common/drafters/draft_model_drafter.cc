@@ -232,6 +232,11 @@ StatusOr<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::Create(
   if (options.tree_width < 1) {
     return InvalidArgumentError(StrCat("tree_width must be >= 1, got ", options.tree_width));
   }
+  if (options.draft_vocab) {
+    RETURN_IF_ERROR(options.draft_vocab->Validate("draft vocabulary"));
+    RETURN_IF_ERROR(options.draft_vocab->CheckTarget(vocab, "draft vocabulary"));
+    RETURN_IF_ERROR(model->RestrictVocabulary(options.draft_vocab->tokens));
+  }
   return std::unique_ptr<DraftModelDrafter>(new DraftModelDrafter(std::move(model), options));
 }
 

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/drafters/draft_vocab.h"
 #include "common/model/model_runner.h"
 #include "common/spec/drafter.h"
 
@@ -22,6 +23,9 @@ struct DraftModelDrafterOptions {
   // 1: a chain. w > 1: a tree; at each depth the w best frontier nodes (by path probability) are
   // expanded into their top-w children, and the best nodes are kept until the budget is used.
   int32_t tree_width = 1;
+  // The draft LM ranks only these tokens (its head reads N of its V rows; at batch 1 on a CPU the
+  // tied head is most of a small LM's weights). Null = the whole vocabulary.
+  std::shared_ptr<const DraftVocab> draft_vocab;
 };
 
 class DraftModelDrafter : public Drafter {

@@ -27,7 +27,8 @@ class DraftModelFamily : public DrafterFamily {
     ASSIGN_OR_RETURN(auto drafter, DraftModelDrafter::Create(
                                        std::move(*runner),
                                        static_cast<int32_t>(context.target_config().vocab_size),
-                                       {.tree_width = static_cast<int32_t>(tree_width_)}));
+                                       {.tree_width = static_cast<int32_t>(tree_width_),
+                                        .draft_vocab = context.draft_vocab()}));
     return std::unique_ptr<Drafter>(std::move(drafter));
   }
   nlohmann::json Settings() const override {

@@ -36,7 +36,7 @@ void DrafterRegistry::RegisterFlags(FlagSet& flags) {
   for (auto& family : families_) family->RegisterFlags(flags);
   flags.AddString(
       "draft-vocab", &draft_vocab_path_,
-      "draft_vocab.json (specula draft-vocab): specformer, beagle and parallelspec "
+      "draft_vocab.json (specula draft-vocab): specformer, beagle, parallelspec and draft-model "
       "rank only these tokens (a cheaper head; lossless); empty = the whole vocabulary");
 }
 

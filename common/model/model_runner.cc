@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "common/model/checkpoint.h"
+#include "common/model/draft_head.h"
 #include "common/model/paged_attention.h"
 #include "common/model/rope.h"
 #include "common/model/transformer.h"
@@ -46,6 +47,7 @@ struct ModelRunner::Impl {
   // RoPE cos/sin for every position [max_position_embeddings, head_dim], model dtype, on device:
   // a forward gathers its rows instead of recomputing them.
   torch::Tensor rope_cos, rope_sin;
+  DraftHead head;  // set only by RestrictVocabulary: logits for a draft vocabulary
 
   Status Validate(const ForwardBatch& batch) const;
 };
@@ -196,6 +198,36 @@ Status ModelRunner::Truncate(SeqId seq, int64_t length) {
   return impl_->kv->allocator().Truncate(seq, length);
 }
 
+Status ModelRunner::RestrictVocabulary(const std::vector<int32_t>& tokens) {
+  Impl& m = *impl_;
+  if (tokens.empty()) {
+    m.head = DraftHead();
+    return OkStatus();
+  }
+  std::vector<bool> seen(m.config.vocab_size, false);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t t = tokens[i];
+    if (t < 0 || t >= m.config.vocab_size) {
+      return InvalidArgumentError(StrCat("vocabulary restriction: token ", i, " is ", t,
+                                         ", outside [0, ", m.config.vocab_size, ")"));
+    }
+    if (seen[t]) {
+      return InvalidArgumentError(StrCat("vocabulary restriction: token ", t, " is repeated"));
+    }
+    seen[t] = true;
+  }
+  try {
+    c10::InferenceMode inference;
+    DraftHead head;
+    head.Set(m.module->lm_head_weight());
+    head.Restrict(tokens);
+    m.head = std::move(head);
+  } catch (const std::exception& e) {
+    return InternalError(StrCat("vocabulary restriction failed: ", ExceptionMessage(e)));
+  }
+  return OkStatus();
+}
+
 Status ModelRunner::Impl::Validate(const ForwardBatch& batch) const {
   const int64_t L = config.num_hidden_layers;
   for (int64_t layer : batch.hidden_layers) {
@@ -328,7 +360,7 @@ StatusOr<ForwardOutput> ModelRunner::Forward(const ForwardBatch& batch) {
       auto rows = static_cast<int64_t>(logit_rows.size()) == row
                       ? result.last_hidden
                       : result.last_hidden.index_select(0, to_dev(logit_rows));
-      out.logits = m.module->Logits(rows).to(torch::kFloat);
+      out.logits = (m.head.restricted() ? m.head(rows) : m.module->Logits(rows)).to(torch::kFloat);
     } else {
       out.logits = torch::empty({0, m.config.vocab_size}, torch::kFloat);
     }

@@ -76,6 +76,11 @@ class ModelRunner {
   Status CommitPaths(const std::vector<PathCommit>& commits);
   Status Truncate(SeqId seq, int64_t length);
 
+  // A draft LM's reduced head: later forwards compute logits for `tokens` only (ids in [0, vocab),
+  // no repeats) and return -inf in every other column, so the [R, vocab] contract is unchanged.
+  // INVALID_ARGUMENT naming the id at fault. Empty = the whole vocabulary again.
+  Status RestrictVocabulary(const std::vector<int32_t>& tokens);
+
   KvCacheStats kv_stats() const;
   // Read-only view of the cache (tests, metrics).
   const PagedKvCache& kv_cache() const;

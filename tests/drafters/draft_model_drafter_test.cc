@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <span>
@@ -432,6 +433,62 @@ TEST(DraftModelDrafterTest, FullCacheFailsWithoutCorruptingSequences) {
   // With the other sequence gone, sequence 1 drafts exactly what plain decoding says.
   d->ReleaseSequence(2);
   EXPECT_THAT(ProposeOne(*d, 1, 8, 8).tokens(), ElementsAreArray(GreedyReference(module, a, 8)));
+}
+
+// With a draft vocabulary the chain is greedy over the kept tokens only (the head reads only
+// their rows), each token's probability is the softmax over them, and sampled proposals put no
+// mass outside them; a vocabulary for another model size is refused naming it.
+TEST(DraftModelDrafterTest, DraftVocabularyDraftsOnlyItsTokens) {
+  auto module = Model();
+  auto vocab = std::make_shared<DraftVocab>();
+  vocab->vocab_size = kVocab;
+  for (int32_t t = 0; t < kVocab; t += 3) vocab->tokens.push_back(t);
+  auto created = DraftModelDrafter::Create(Runner(module), kVocab, {.draft_vocab = vocab});
+  ASSERT_TRUE(created.ok()) << created.status();
+  DraftModelDrafter& d = **created;
+  const std::vector<int32_t> history = RandomTokens(11, 7);
+  ASSERT_TRUE(d.AddSequence(1, {}).ok());
+  ASSERT_TRUE(d.Observe({{.seq = 1, .tokens = history}}).ok());
+  const CandidateTree t = ProposeOne(d, 1, 5, 5);
+  ASSERT_EQ(t.size(), 5);
+  std::vector<int32_t> path = history;
+  bool differs_from_full_head = false;
+  for (int32_t i = 0; i < t.size(); ++i) {
+    std::vector<float> logits = ReferenceLogits(module, path);
+    differs_from_full_head |= TopRef(logits, 1)[0] != t.token(i);
+    for (int32_t v = 0; v < kVocab; ++v) {
+      if (v % 3 != 0) logits[v] = -std::numeric_limits<float>::infinity();
+    }
+    const std::vector<double> p = SoftmaxRef(logits);
+    EXPECT_EQ(t.token(i), TopRef(logits, 1)[0]) << i;
+    EXPECT_NEAR(t.draft_prob(i), p[t.token(i)], 1e-5) << i;
+    path.push_back(t.token(i));
+  }
+  // The test means something only if the full head would have drafted something else.
+  EXPECT_TRUE(differs_from_full_head);
+
+  ASSERT_TRUE(d.AddSequence(2, {.temperature = 1.0f, .seed = 5}).ok());
+  ASSERT_TRUE(d.Observe({{.seq = 2, .tokens = history}}).ok());
+  for (int round = 0; round < 4; ++round) {
+    const CandidateTree s = ProposeOne(d, 2, 4, 4);
+    ASSERT_EQ(s.num_distributions(), s.size());
+    for (int32_t i = 0; i < s.size(); ++i) {
+      EXPECT_EQ(s.token(i) % 3, 0) << i;
+      const auto dist = s.distribution(s.proposal(i));
+      for (int32_t v = 0; v < kVocab; ++v) {
+        if (v % 3 != 0) {
+          EXPECT_EQ(dist[v], 0.0f) << v;
+        }
+      }
+    }
+    ASSERT_TRUE(d.Observe({{.seq = 2, .tokens = {s.token(0)}}}).ok());
+  }
+
+  auto other = std::make_shared<DraftVocab>(*vocab);
+  other->vocab_size = 4096;
+  auto refused = DraftModelDrafter::Create(Runner(module), kVocab, {.draft_vocab = other});
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("draft vocabulary"));
 }
 
 TEST(DraftModelDrafterTest, Errors) {

@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "common/drafters/draft_head.h"
+#include "common/model/draft_head.h"
 
 namespace specula {
 namespace {

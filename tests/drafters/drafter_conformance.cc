@@ -160,7 +160,9 @@ std::vector<ConformanceCase> Cases() {
       {"parallelspec-ar tokens only", "parallelspec-ar", {tokens_only}},
       {"parallelspec tokens only", "parallelspec", {tokens_only}},
       {"specdec", "specdec", {}},
-      // The drafters that project onto the target's lm_head, with a draft vocabulary.
+      // The drafters with an lm_head (the target's, or the draft LM's own), with a draft
+      // vocabulary.
+      {"draft-model chain, draft vocab", "draft-model", {draft_vocab}},
       {"specformer tree, draft vocab", "specformer", {draft_vocab}},
       {"beagle, draft vocab", "beagle", {draft_vocab}},
       {"parallelspec-chain, draft vocab", "parallelspec-chain", {draft_vocab}},

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -658,6 +659,46 @@ TEST(ModelRunnerTest, LogitsRowsAndHiddenStates) {
   EXPECT_EQ(none->logits.sizes(), (std::vector<int64_t>{0, 64}));
   EXPECT_EQ(none->logits_offset, (std::vector<int64_t>{0, 0}));
   EXPECT_EQ(runner->SequenceLength(2), 6);
+}
+
+// A draft LM's reduced head: the same logits on the kept tokens, -inf on the others, the shape
+// unchanged; bad restrictions are refused naming the token; an empty one restores the full head.
+TEST(ModelRunnerTest, RestrictedVocabularyKeepsTheLogitsOfItsTokens) {
+  auto model = MakeModel(TinyConfig(), 5);
+  auto runner = Runner(model);
+  const std::vector<int32_t> tokens = Tokens(5);
+  const torch::Tensor dense = DenseLogits(*model, tokens);
+  const std::vector<int32_t> kept = {9, 0, 63, 17};
+  ASSERT_TRUE(runner->RestrictVocabulary(kept).ok());
+  ASSERT_TRUE(runner->AddSequence(1).ok());
+  auto out = runner->Forward(Batch({Chunk(1, tokens, LogitsRows::kAll)}));
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->logits.sizes(), dense.sizes());
+  for (int64_t t = 0; t < 64; ++t) {
+    const torch::Tensor column = out->logits.select(1, t);
+    if (std::find(kept.begin(), kept.end(), t) != kept.end()) {
+      ExpectClose(column, dense.select(1, t), "kept token");
+    } else {
+      EXPECT_TRUE(torch::isinf(column).all().item<bool>()) << t;
+      EXPECT_LT(column.max().item<float>(), 0) << t;
+    }
+  }
+
+  EXPECT_THAT(runner->RestrictVocabulary({3, 64}).message(),
+              HasSubstr("token 1 is 64, outside [0, 64)"));
+  EXPECT_THAT(runner->RestrictVocabulary({-2}).message(), HasSubstr("token 0 is -2"));
+  EXPECT_THAT(runner->RestrictVocabulary({5, 7, 5}).message(), HasSubstr("token 5 is repeated"));
+  // A refused restriction leaves the previous one in place.
+  ASSERT_TRUE(runner->AddSequence(2).ok());
+  auto still = runner->Forward(Batch({Chunk(2, tokens)}));
+  ASSERT_TRUE(still.ok()) << still.status();
+  EXPECT_TRUE(torch::isinf(still->logits.select(1, 1)).all().item<bool>());
+
+  ASSERT_TRUE(runner->RestrictVocabulary({}).ok());
+  ASSERT_TRUE(runner->AddSequence(3).ok());
+  auto full = runner->Forward(Batch({Chunk(3, tokens, LogitsRows::kAll)}));
+  ASSERT_TRUE(full.ok()) << full.status();
+  ExpectClose(full->logits, dense, "full head again");
 }
 
 // ----------------------------------------------------------------------------------------------

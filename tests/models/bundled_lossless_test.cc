@@ -206,6 +206,7 @@ TEST_F(BundledLosslessTest, BeagleDynamicTreeEqualsPlainGreedy) {
 }
 // The heads cut to the bundled draft vocabulary (the 1,024 tokens the target emits most).
 TEST_F(BundledLosslessTest, DraftVocabularyKeepsOutputsEqualToPlainGreedy) {
+  CheckDrafter("draft-model+vocab", {2, 4});
   CheckDrafter("specformer-tree+vocab", {2, 4, 8});
   CheckDrafter("beagle+vocab", {4, 16});
   CheckDrafter("parallelspec-chain+vocab", {3, 5});

@@ -29,7 +29,7 @@
 #include <utility>
 
 #include "common/drafters/beagle/beagle_config.h"
-#include "common/drafters/draft_head.h"
+#include "common/model/draft_head.h"
 #include "common/model/transformer.h"
 
 namespace specula {

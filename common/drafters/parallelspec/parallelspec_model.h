@@ -20,7 +20,7 @@
 
 #include <utility>
 
-#include "common/drafters/draft_head.h"
+#include "common/model/draft_head.h"
 #include "common/drafters/parallelspec/parallelspec_config.h"
 #include "common/model/transformer.h"
 

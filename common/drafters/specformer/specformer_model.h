@@ -23,7 +23,7 @@
 
 #include <vector>
 
-#include "common/drafters/draft_head.h"
+#include "common/model/draft_head.h"
 #include "common/drafters/specformer/specformer_config.h"
 #include "common/model/transformer.h"
 

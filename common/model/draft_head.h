@@ -1,6 +1,7 @@
-// The target's lm_head as a drafter's output projection, optionally cut to a draft vocabulary
-// (common/drafters/draft_vocab.h): shared by SpecFormer, Beagle and ParallelSpec. Include only from
-// .cc files: this header pulls in <torch/torch.h>.
+// An lm_head as a drafter's output projection, optionally cut to a draft vocabulary
+// (common/drafters/draft_vocab.h): SpecFormer, Beagle and ParallelSpec project with the target's;
+// a standalone draft LM with its own (ModelRunner::RestrictVocabulary). Include only from .cc
+// files: this header pulls in <torch/torch.h>.
 #pragma once
 
 #include <torch/torch.h>
@@ -12,7 +13,7 @@ namespace specula {
 
 class DraftHead {
  public:
-  // The target's lm_head weight [V, d]: shared (not copied), frozen. Clears a restriction.
+  // The lm_head weight [V, d]: shared (not copied), frozen. Clears a restriction.
   void Set(const torch::Tensor& lm_head_weight);
   // Projects onto `tokens` only (ids in [0, V), no repeats): copies those rows of the head, on the
   // head's device and dtype. Serving only: training always uses the full head.

@@ -1,4 +1,4 @@
-#include "common/drafters/draft_head.h"
+#include "common/model/draft_head.h"
 
 #include <limits>
 
