@@ -3,7 +3,10 @@
 # self-distillation data (data/distill.bin, `specula distill`), the same held-out validation
 # records (the file's last 64), and the same wall-clock budget per drafter on this machine.
 #
-#   scripts/train_drafters.sh [KINDS]     (default specformer,beagle,parallelspec,specdec)
+#   scripts/train_drafters.sh [KINDS]     (default specformer,beagle,parallelspec,specdec,draft-model)
+#
+# draft-model is the standalone draft LM (models/pyllama-draft-1m, trained on the corpus) fine-tuned
+# on the same set with `specula train-lm --init-from --distill-data`.
 #
 # A budget in minutes is turned into a step count per drafter: a short probe run measures the
 # drafter's seconds per step, and the real run gets BUDGET_MIN * 60 / that many steps (its cosine
@@ -17,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bin/specula
 MODEL=models/pyllama-6m
-KINDS="${1:-specformer,beagle,parallelspec,specdec}"
+KINDS="${1:-specformer,beagle,parallelspec,specdec,draft-model}"
 DATA="${DATA:-data/distill.bin}"
 RUNS="${RUNS:-runs/recipe}"
 BUDGET_MIN="${BUDGET_MIN:-20}"
@@ -37,8 +40,21 @@ flags() {
     beagle) echo "--kind beagle --lr 1.5e-3 --min-lr 5e-5 --warmup-fraction 0.05 --max-seq-len 384 --vloss-weight 10" ;;
     parallelspec) echo "--kind parallelspec --lr 1.5e-3 --min-lr 5e-5 --warmup-fraction 0.05 --max-seq-len 256 --group-fraction 0.25" ;;
     specdec) echo "--kind specdec --lr 2e-3 --warmup-fraction 0.075 --max-seq-len 384" ;;
-    *) echo "unknown drafter kind '$1' (specformer, beagle, parallelspec, specdec)" >&2; return 1 ;;
+    # Fine-tuning a trained LM: a tenth of its pretraining peak lr scale, short warmup, its window.
+    draft-model) echo "--init-from models/pyllama-draft-1m --lr 1e-3 --min-lr 1e-4 --warmup 20 --seq-len 512" ;;
+    *) echo "unknown drafter kind '$1' (specformer, beagle, parallelspec, specdec, draft-model)" >&2; return 1 ;;
   esac
+}
+# train KIND OWN_FLAGS... -- RUN_FLAGS...: the trainer of the kind with the recipe's data.
+train() {
+  local kind="$1"
+  shift
+  if [ "$kind" = draft-model ]; then
+    "$BIN" train-lm --distill-data "$DATA" --val-records 64 --batch-size 8 --log-every 10 \
+      --seed "${SEED:-1}" "$@"
+  else
+    "$BIN" train-drafter "${COMMON[@]}" "$@"
+  fi
 }
 
 for kind in ${KINDS//,/ }; do
@@ -55,7 +71,7 @@ for kind in ${KINDS//,/ }; do
       local probe="$RUNS/probe-$kind"
       rm -rf "$probe"
       run() {
-        "$BIN" train-drafter "${own[@]}" "${COMMON[@]}" "${@:2}" --out "$probe" --steps 100000 \
+        train "$kind" "${own[@]}" "${@:2}" --out "$probe" --steps 100000 \
           --max-steps-this-run "$1" --eval-every 1000000 --checkpoint-every "$1" >/dev/null
       }
       run 2 "$@"
@@ -86,6 +102,6 @@ for kind in ${KINDS//,/ }; do
     continue
   fi
   echo "== training $kind: $steps steps"
-  "$BIN" train-drafter "${own[@]}" "${COMMON[@]}" --out "$out" --steps "$steps" \
+  train "$kind" "${own[@]}" --out "$out" --steps "$steps" \
     --eval-every "$((steps / 4 > 0 ? steps / 4 : 1))" --checkpoint-every 25
 done

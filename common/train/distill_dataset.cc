@@ -124,4 +124,16 @@ std::vector<int64_t> ResponseTokenCounts(const DistillDataset& data, size_t num_
   return counts;
 }
 
+std::vector<int32_t> DistillTokenStream(const DistillDataset& data, size_t begin, size_t end,
+                                        int32_t end_of_text) {
+  std::vector<int32_t> out;
+  for (size_t i = begin; i < std::min(end, data.size()); ++i) {
+    const DistillRecord r = data[i];
+    out.insert(out.end(), r.prompt.begin(), r.prompt.end());
+    out.insert(out.end(), r.response.begin(), r.response.end());
+    if (r.response.empty() || r.response.back() != end_of_text) out.push_back(end_of_text);
+  }
+  return out;
+}
+
 }  // namespace specula

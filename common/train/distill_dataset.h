@@ -32,6 +32,12 @@ class DistillDataset;
 // outputs): the ranking `specula draft-vocab` keeps the top of. Ids >= vocab_size are not counted.
 std::vector<int64_t> ResponseTokenCounts(const DistillDataset& data, size_t num_records);
 
+// Records [begin, end) as one token stream for causal-LM training (a draft LM fine-tuned on what
+// the target says): each record's prompt, then its response, then `end_of_text` unless the response
+// already ends with it (the target stopped there).
+std::vector<int32_t> DistillTokenStream(const DistillDataset& data, size_t begin, size_t end,
+                                        int32_t end_of_text);
+
 class DistillDataset {
  public:
   // NOT_FOUND if missing; DATA_LOSS for a bad magic or a truncated record.

@@ -65,6 +65,12 @@ double EvaluateLoss(CausalLMImpl& model, const TokenFile& tokens, int64_t seq_le
   return total / count;
 }
 
+// LoadWeightsInto shares memory with the mapped file; training writes, so take real copies.
+void TakeOwnedCopies(CausalLMImpl& model) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.named_parameters()) p.value().set_data(p.value().clone());
+}
+
 }  // namespace
 
 StatusOr<LmTrainResult> TrainLanguageModel(const ModelConfig& config, const LmTrainOptions& o) {
@@ -95,6 +101,10 @@ StatusOr<LmTrainResult> TrainLanguageModel(const ModelConfig& config, const LmTr
   torch::manual_seed(o.seed);
   auto model = std::make_shared<CausalLMImpl>(config);
   model->InitWeights(o.seed, o.depth_scaled_init);
+  if (!o.init_from.empty()) {
+    RETURN_IF_ERROR(LoadWeightsInto(*model, o.init_from).WithContext("init_from"));
+    TakeOwnedCopies(*model);
+  }
   model->train();
 
   std::unique_ptr<torch::optim::AdamW> adamw = MakeAdamW(*model, {.lr = o.lr.peak_lr,
@@ -115,11 +125,7 @@ StatusOr<LmTrainResult> TrainLanguageModel(const ModelConfig& config, const LmTr
       return DataLossError(StrCat((ckpt_dir / "state.json").string(), ": malformed"));
     }
     RETURN_IF_ERROR(LoadWeightsInto(*model, ckpt_dir.string()));
-    // LoadWeightsInto shares memory with the mapped file; training writes, so take real copies.
-    {
-      torch::NoGradGuard no_grad;
-      for (auto& p : model->named_parameters()) p.value().set_data(p.value().clone());
-    }
+    TakeOwnedCopies(*model);
     try {
       torch::load(optimizer, (ckpt_dir / "optimizer.pt").string());
     } catch (const c10::Error& e) {

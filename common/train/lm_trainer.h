@@ -40,7 +40,10 @@ struct LmTrainOptions {
   int64_t max_steps_this_run = 0;
   uint64_t seed = 0;
   bool depth_scaled_init = true;  // see CausalLMImpl::InitWeights
-  bool resume = true;             // continue from out_dir/checkpoint if present
+  // A model directory whose weights start the run instead of a fresh init (fine-tuning, e.g. the
+  // draft LM on the self-distillation set); its config must be the one passed in.
+  std::string init_from;
+  bool resume = true;  // continue from out_dir/checkpoint if present
   bool quiet = false;
 };
 

@@ -367,6 +367,63 @@ TEST_F(SpeculaCliTest, TrainTargetPrintsProgressAndValidationAndWritesAModel) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+// A trained LM fine-tuned on a self-distillation set: the records' tokens are the stream, the last
+// --val-records are validation, the shape and tokenizer come from --init-from; misuse is refused.
+TEST_F(SpeculaCliTest, TrainLmFineTunesOnADistillSet) {
+  const int64_t vocab =
+      Tokenizer::FromJson(ReadFileToString(model() + "/tokenizer.json").value(), "t")
+          .value()
+          ->vocab_size();
+  const std::string data = dir_->File("distill.bin");
+  {
+    size_t present = 0;
+    auto w = DistillWriter::OpenForAppend(data, static_cast<uint32_t>(vocab), &present);
+    ASSERT_TRUE(w.ok()) << w.status();
+    for (int32_t i = 0; i < 24; ++i) {
+      std::vector<int32_t> prompt, response;
+      for (int32_t k = 0; k < 6; ++k) prompt.push_back((i * 7 + k) % vocab);
+      for (int32_t k = 0; k < 20; ++k) response.push_back((i + 3 * k) % vocab);
+      ASSERT_TRUE((*w)->Append(prompt, response).ok());
+    }
+  }
+  // The fixture's model with an end-of-text id (the one between records).
+  const std::string init = dir_->File("eos-model");
+  fs::remove_all(init);
+  fs::copy(model(), init);
+  auto config = nlohmann::json::parse(ReadFileToString(init + "/config.json").value());
+  config["eos_token_id"] = 1;
+  ASSERT_TRUE(WriteStringToFile(init + "/config.json", config.dump(2)).ok());
+  const std::string out = dir_->File("tuned");
+  const std::string base = "train-lm --distill-data " + data + " --out " + out;
+  RunResult r = Run(base + " --init-from " + init +
+                    " --val-records 4 --batch-size 2 --seq-len 16 --steps 3 --warmup 1"
+                    " --eval-every 3 --log-every 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("step 3 | val loss "), std::string::npos) << r.err;
+  auto info = nlohmann::json::parse(ReadFileToString(out + "/training.json").value());
+  EXPECT_EQ(info["init_from"], init);
+  EXPECT_EQ(info["data"], data);
+  EXPECT_EQ(info["steps"], 3);
+  // 20 records of 6 + 20 tokens and an end-of-text each.
+  EXPECT_EQ(fs::file_size(out + "/data/train.tok"), 20u * 27u * 2u);
+  EXPECT_EQ(fs::file_size(out + "/data/val.tok"), 4u * 27u * 2u);
+  auto tuned_config = nlohmann::json::parse(ReadFileToString(out + "/config.json").value());
+  EXPECT_EQ(tuned_config["hidden_size"], config["hidden_size"]);
+  EXPECT_EQ(tuned_config["eos_token_id"], 1);
+  r = Run("generate --model " + out + " --prompt 'def f' --max-new-tokens 3 --json");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+
+  r = Run(base);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--distill-data fine-tunes a trained LM"), std::string::npos) << r.err;
+  r = Run(base + " --init-from " + init + " --layers 3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--init-from fixes the model's shape"), std::string::npos) << r.err;
+  r = Run(base + " --init-from " + init + " --val-records 24");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--val-records must be in [0, 24)"), std::string::npos) << r.err;
+}
+
 TEST_F(SpeculaCliTest, MissingModelDirectory) {
   RunResult r =
       Run("generate --model " + dir_->File("nope") + " --prompt-ids 1 --max-new-tokens 2");

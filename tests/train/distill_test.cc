@@ -45,6 +45,25 @@ TEST_F(DistillTest, DatasetRoundTrip) {
   EXPECT_EQ(d->total_response_tokens(), 2);
 }
 
+// The stream a draft LM fine-tunes on: prompt, response, one end-of-text per record (not doubled
+// where the target stopped on it), over the asked range only.
+TEST_F(DistillTest, TokenStreamJoinsRecordsWithOneEndOfText) {
+  size_t present = 0;
+  auto w = DistillWriter::OpenForAppend(Path("s.bin"), 100, &present);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Append({5, 6}, {7, 8}).ok());
+  ASSERT_TRUE((*w)->Append({9}, {10, 0}).ok());  // stopped on the end-of-text token 0
+  ASSERT_TRUE((*w)->Append({11}, {}).ok());
+  ASSERT_TRUE((*w)->Append({12}, {13}).ok());
+  w->reset();
+  auto d = DistillDataset::Open(Path("s.bin"));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(DistillTokenStream(*d, 0, 3, 0),
+            (std::vector<int32_t>{5, 6, 7, 8, 0, 9, 10, 0, 11, 0}));
+  EXPECT_EQ(DistillTokenStream(*d, 3, 99, 0), (std::vector<int32_t>{12, 13, 0}));
+  EXPECT_TRUE(DistillTokenStream(*d, 2, 2, 0).empty());
+}
+
 TEST_F(DistillTest, TruncatedFileIsReportedAndRepairedOnAppend) {
   size_t present = 0;
   {

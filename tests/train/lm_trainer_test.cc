@@ -107,6 +107,38 @@ TEST_F(LmTrainerTest, ResumeReproducesUninterruptedRun) {
   }
 }
 
+// Fine-tuning starts from the given weights: a zero learning rate leaves them as they were (so the
+// run's validation loss is the trained model's, far below a fresh init's); a missing directory is
+// refused naming init_from.
+TEST_F(LmTrainerTest, InitFromStartsFromTheGivenWeights) {
+  auto trained = TrainLanguageModel(TinyConfig(), Options("base", 40));
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  auto fresh = TrainLanguageModel(TinyConfig(), [&] {
+    LmTrainOptions o = Options("fresh", 1);
+    o.lr = {.peak_lr = 0, .min_lr = 0, .warmup_steps = 0, .total_steps = 1};
+    return o;
+  }());
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  LmTrainOptions o = Options("tuned", 1);
+  o.lr = {.peak_lr = 0, .min_lr = 0, .warmup_steps = 0, .total_steps = 1};
+  o.weight_decay = 0;
+  o.init_from = dir_.File("base");
+  auto tuned = TrainLanguageModel(TinyConfig(), o);
+  ASSERT_TRUE(tuned.ok()) << tuned.status();
+  EXPECT_NEAR(tuned->last_val_loss, trained->last_val_loss, 1e-4);
+  EXPECT_LT(tuned->last_val_loss, fresh->last_val_loss - 1.0);
+  auto a = LoadSafetensorsFile(dir_.File("base/model.safetensors"));
+  auto b = LoadSafetensorsFile(dir_.File("tuned/model.safetensors"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (const auto& [name, tensor] : *a) EXPECT_TRUE(torch::equal(tensor, b->at(name))) << name;
+
+  o.init_from = dir_.File("missing");
+  o.out_dir = dir_.File("tuned-missing");
+  auto missing = TrainLanguageModel(TinyConfig(), o);
+  EXPECT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().ToString().find("init_from"), std::string::npos) << missing.status();
+}
+
 TEST_F(LmTrainerTest, RejectsBadOptions) {
   LmTrainOptions o = Options("bad", 2);
   o.seq_len = 1000;  // over max_position_embeddings

@@ -1,11 +1,13 @@
 // specula train-lm: train a Llama-style causal LM on a prepared corpus (the bundled target and the
-// standalone draft LM), then write an HF-layout model directory with the corpus tokenizer.
+// standalone draft LM), then write an HF-layout model directory with the corpus tokenizer; or
+// fine-tune one (--init-from) on the self-distillation set (--distill-data): what the target says.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "common/train/distill_dataset.h"
 #include "common/train/lm_trainer.h"
 #include "common/util/mapped_file.h"
 #include "tools/cli/commands.h"
@@ -18,6 +20,9 @@ constexpr char kCommand[] = "train-lm";
 
 struct Flags {
   std::string data = "data/corpus";
+  std::string distill_data;
+  std::string init_from;
+  int64_t val_records = 64;
   std::string out;
   std::string preset = "target";
   int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, intermediate = 0, max_position = 0;
@@ -52,9 +57,48 @@ ModelConfig Preset(const std::string& name) {
   return c;
 }
 
-Status Run(Flags f) {
+// Writes the distill set as OUT/data/{train,val}.tok (the last `val_records` records held out, as
+// the drafter recipe holds them out) and points the options at them.
+Status UseDistillData(Flags& f, const ModelConfig& c) {
   namespace fs = std::filesystem;
-  if (f.out.empty()) return InvalidArgumentError("--out is required");
+  ASSIGN_OR_RETURN(DistillDataset d, DistillDataset::Open(f.distill_data));
+  if (d.vocab_size() != c.vocab_size) {
+    return InvalidArgumentError(StrCat("--distill-data ", f.distill_data,
+                                       " was made for a vocabulary of ", d.vocab_size(),
+                                       " tokens, the model has ", c.vocab_size));
+  }
+  if (f.val_records < 0 || static_cast<size_t>(f.val_records) >= d.size()) {
+    return InvalidArgumentError(
+        StrCat("--val-records must be in [0, ", d.size(), "), got ", f.val_records));
+  }
+  if (c.eos_token_ids.empty()) {
+    return InvalidArgumentError(
+        StrCat("--init-from ", f.init_from, ": config.json has no eos_token_id"));
+  }
+  const int32_t eot = c.eos_token_ids.front();
+  const size_t split = d.size() - static_cast<size_t>(f.val_records);
+  const fs::path dir = fs::path(f.out) / "data";
+  fs::create_directories(dir);
+  f.train.train_tokens = (dir / "train.tok").string();
+  f.train.val_tokens = f.val_records > 0 ? (dir / "val.tok").string() : "";
+  RETURN_IF_ERROR(WriteTokenFile(f.train.train_tokens, DistillTokenStream(d, 0, split, eot)));
+  if (f.val_records > 0) {
+    RETURN_IF_ERROR(
+        WriteTokenFile(f.train.val_tokens, DistillTokenStream(d, split, d.size(), eot)));
+  }
+  return OkStatus();
+}
+
+// The shape to train: a preset with the flags' overrides and the corpus's vocabulary, or the
+// --init-from model's own config.json (overrides refused: the weights fix the shape).
+StatusOr<ModelConfig> Shape(const Flags& f) {
+  namespace fs = std::filesystem;
+  if (!f.init_from.empty()) {
+    if (f.layers || f.hidden || f.heads || f.kv_heads || f.intermediate || f.max_position) {
+      return InvalidArgumentError("--init-from fixes the model's shape: drop the shape flags");
+    }
+    return ModelConfig::FromFile((fs::path(f.init_from) / "config.json").string());
+  }
   if (f.preset != "target" && f.preset != "draft") {
     return InvalidArgumentError(StrCat("--preset must be target or draft, got '", f.preset, "'"));
   }
@@ -75,16 +119,33 @@ Status Run(Flags f) {
   if (f.intermediate) c.intermediate_size = f.intermediate;
   if (f.max_position) c.max_position_embeddings = f.max_position;
   c.head_dim = c.hidden_size / c.num_attention_heads;
+  return c;
+}
+
+Status Run(Flags f) {
+  namespace fs = std::filesystem;
+  if (f.out.empty()) return InvalidArgumentError("--out is required");
+  if (!f.distill_data.empty() && f.init_from.empty()) {
+    return InvalidArgumentError(
+        "--distill-data fine-tunes a trained LM: give it one with --init-from DIR");
+  }
+  ASSIGN_OR_RETURN(ModelConfig c, Shape(f));
   RETURN_IF_ERROR(c.Validate("model shape"));
 
   if (f.threads > 0) SetThreads(f.threads);
-  f.train.train_tokens = (fs::path(f.data) / "train.tok").string();
-  f.train.val_tokens = (fs::path(f.data) / "val.tok").string();
+  if (!f.distill_data.empty()) {
+    RETURN_IF_ERROR(UseDistillData(f, c));
+  } else {
+    f.train.train_tokens = (fs::path(f.data) / "train.tok").string();
+    f.train.val_tokens = (fs::path(f.data) / "val.tok").string();
+  }
+  f.train.init_from = f.init_from;
   f.train.out_dir = f.out;
   f.train.seed = static_cast<uint64_t>(f.seed);
   std::fprintf(stderr, "training %s: %ld layers, hidden %ld, %ld params, %ld steps of %ld tokens\n",
-               f.preset.c_str(), c.num_hidden_layers, c.hidden_size, c.num_parameters(),
-               f.train.lr.total_steps, f.train.batch_size * f.train.seq_len * f.train.grad_accum);
+               (f.init_from.empty() ? f.preset : f.init_from).c_str(), c.num_hidden_layers,
+               c.hidden_size, c.num_parameters(), f.train.lr.total_steps,
+               f.train.batch_size * f.train.seq_len * f.train.grad_accum);
   ASSIGN_OR_RETURN(LmTrainResult result, TrainLanguageModel(c, f.train));
   if (!result.finished) {
     std::fprintf(stderr, "stopped at step %ld of %ld; run the same command again to resume\n",
@@ -92,10 +153,12 @@ Status Run(Flags f) {
     return OkStatus();
   }
   // The model directory is self-contained: tokenizer and training facts next to the weights.
-  ASSIGN_OR_RETURN(std::string tok,
-                   ReadFileToString((fs::path(f.data) / "tokenizer.json").string()));
+  const fs::path tokenizer_dir = f.init_from.empty() ? fs::path(f.data) : fs::path(f.init_from);
+  ASSIGN_OR_RETURN(std::string tok, ReadFileToString((tokenizer_dir / "tokenizer.json").string()));
   RETURN_IF_ERROR(WriteStringToFile((fs::path(f.out) / "tokenizer.json").string(), tok));
-  nlohmann::json info = {{"preset", f.preset},
+  nlohmann::json info = {{"preset", f.init_from.empty() ? f.preset : "init-from"},
+                         {"init_from", f.init_from},
+                         {"data", f.distill_data.empty() ? f.data : f.distill_data},
                          {"num_parameters", c.num_parameters()},
                          {"steps", result.steps_done},
                          {"tokens_seen", result.tokens_seen},
@@ -120,6 +183,13 @@ int RunTrainLm(const std::vector<std::string>& args) {
   FlagSet flags(kCommand);
   flags.AddString("data", &f.data, "prepared corpus directory (specula prepare-corpus)");
   flags.AddString("out", &f.out, "output model directory (checkpoints in OUT/checkpoint)");
+  flags.AddString("distill-data", &f.distill_data,
+                  "self-distillation set (specula distill) to fine-tune on instead of --data: "
+                  "records as prompt + response + end-of-text; needs --init-from");
+  flags.AddInt("val-records", &f.val_records,
+               "with --distill-data: the last N records are the validation set");
+  flags.AddString("init-from", &f.init_from,
+                  "model directory whose weights start the run (its config.json is the shape)");
   flags.AddString("preset", &f.preset, "model shape: target or draft");
   flags.AddInt("layers", &f.layers, "override the preset's num_hidden_layers");
   flags.AddInt("hidden", &f.hidden, "override hidden_size");
