@@ -130,6 +130,8 @@ class StepCostModel {
   bool ready() const { return observed_ > 0; }
 
   static const std::vector<int64_t>& Knots();
+  // An observed step counts as at most this many times its predicted seconds (see Observe).
+  static constexpr double kOutlierFactor = 1.5;
 
  private:
   std::vector<double> Features(const StepShape& shape) const;

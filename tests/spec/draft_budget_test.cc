@@ -117,6 +117,25 @@ TEST(StepCostModelTest, FollowsDriftWithinAFewDozenSteps) {
   }
 }
 
+// One step far slower than its shape (preempted, or on caches a drafter's catch-up evicted) does
+// not reprice the shape: drafted steps at batch 1 took 3-4.5 ms among ~1.1 ms ones, and one such
+// step on a rarely visited knot priced drafts at 2-3x their cost for the rest of a run.
+TEST(StepCostModelTest, OneOutlierStepDoesNotRepriceItsShape) {
+  StepCostModel model;
+  auto cost = [](int64_t tokens) { return 1e-3 + 5e-5 * static_cast<double>(tokens - 1); };
+  for (int i = 0; i < 200; ++i) model.Observe({.tokens = 1}, cost(1));
+  for (int i = 0; i < 10; ++i) model.Observe({.tokens = 8}, cost(8));  // a rarer drafted shape
+  const double eight = model.Predict({.tokens = 8}), five = model.Predict({.tokens = 5});
+  ASSERT_NEAR(eight, cost(8), 0.15 * cost(8));
+  model.Observe({.tokens = 8}, 4 * cost(8));
+  for (int i = 0; i < 20; ++i) model.Observe({.tokens = 1}, cost(1));
+  EXPECT_LT(model.Predict({.tokens = 8}), 1.25 * eight);
+  EXPECT_LT(model.Predict({.tokens = 5}), 1.25 * five);
+  // A lasting change is still followed: every 8-token step now costs twice as much.
+  for (int i = 0; i < 30; ++i) model.Observe({.tokens = 8}, 2 * cost(8));
+  EXPECT_NEAR(model.Predict({.tokens = 8}), 2 * cost(8), 0.15 * 2 * cost(8));
+}
+
 TEST(StepCostModelTest, WarmStartAnchorsUnvisitedShapes) {
   StepCostModel model;
   const Curve curve;
