@@ -30,6 +30,10 @@ def training_cost(model_dir):
         parts.append(f"{t['steps']} steps" + (f" x {batch}" if batch else ""))
     if t.get("tokens_seen"):
         parts.append(f"{t['tokens_seen'] / 1e6:.1f}M tok")
+    base = t.get("base_training")  # a fine-tuned LM (train-lm --init-from): its base's training too
+    if base:
+        parts.append(f"after {base.get('steps', '?')} steps, "
+                     f"{base.get('tokens_seen', 0) / 1e6:.1f}M tok of pretraining")
     if t.get("init_encoder_from"):  # SpecDec started from a trained LM: its training counts too
         parts.append(f"encoder from {os.path.basename(t['init_encoder_from'].rstrip('/'))}")
     return ", ".join(parts)

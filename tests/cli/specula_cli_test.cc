@@ -404,6 +404,8 @@ TEST_F(SpeculaCliTest, TrainLmFineTunesOnADistillSet) {
   EXPECT_EQ(info["init_from"], init);
   EXPECT_EQ(info["data"], data);
   EXPECT_EQ(info["steps"], 3);
+  EXPECT_GT(info["seconds_this_run"].get<double>(), 0.0);
+  EXPECT_FALSE(info.contains("depth_scaled_init"));  // the base's weights, not an init
   // 20 records of 6 + 20 tokens and an end-of-text each.
   EXPECT_EQ(fs::file_size(out + "/data/train.tok"), 20u * 27u * 2u);
   EXPECT_EQ(fs::file_size(out + "/data/val.tok"), 4u * 27u * 2u);

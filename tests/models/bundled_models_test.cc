@@ -24,7 +24,9 @@ const std::string kHeldOut = "/usr/lib/python3.11/test";
 // Measured held-out perplexities are in models/README.md; the bounds sit ~25% above them, far below
 // the 4096 of a uniform guess, so broken or untrained weights fail.
 constexpr double kTargetPerplexityBound = 65;  // measured 51.5
-constexpr double kDraftPerplexityBound = 82;   // measured 65.1
+// The draft LM is fine-tuned on the target's own greedy outputs (its job is to predict the target,
+// not Python): on held-out Python it reads higher than the pretrained one did (65.1 -> 92.3).
+constexpr double kDraftPerplexityBound = 115;  // measured 92.3
 
 // Held-out token file built with the bundled tokenizer from the first files of test/ (sorted).
 std::string HeldOutTokens(const Tokenizer& tok) {

@@ -1,6 +1,7 @@
 // specula train-lm: train a Llama-style causal LM on a prepared corpus (the bundled target and the
 // standalone draft LM), then write an HF-layout model directory with the corpus tokenizer; or
 // fine-tune one (--init-from) on the self-distillation set (--distill-data): what the target says.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -146,7 +147,10 @@ Status Run(Flags f) {
                (f.init_from.empty() ? f.preset : f.init_from).c_str(), c.num_hidden_layers,
                c.hidden_size, c.num_parameters(), f.train.lr.total_steps,
                f.train.batch_size * f.train.seq_len * f.train.grad_accum);
+  const auto started = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(LmTrainResult result, TrainLanguageModel(c, f.train));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (!result.finished) {
     std::fprintf(stderr, "stopped at step %ld of %ld; run the same command again to resume\n",
                  result.steps_done, f.train.lr.total_steps);
@@ -161,6 +165,7 @@ Status Run(Flags f) {
                          {"data", f.distill_data.empty() ? f.data : f.distill_data},
                          {"num_parameters", c.num_parameters()},
                          {"steps", result.steps_done},
+                         {"seconds_this_run", seconds},
                          {"tokens_seen", result.tokens_seen},
                          {"final_train_loss", result.last_train_loss},
                          {"final_val_loss", result.last_val_loss},
@@ -169,6 +174,15 @@ Status Run(Flags f) {
                          {"depth_scaled_init", f.train.depth_scaled_init},
                          {"warmup_steps", f.train.lr.warmup_steps},
                          {"peak_lr", f.train.lr.peak_lr}};
+  if (!f.init_from.empty()) {
+    // A fine-tune's cost includes the base's training: keep its facts beside this run's.
+    info.erase("depth_scaled_init");
+    auto base = ReadFileToString((fs::path(f.init_from) / "training.json").string());
+    if (base.ok()) {
+      auto base_info = nlohmann::json::parse(*base, nullptr, false);
+      if (!base_info.is_discarded()) info["base_training"] = base_info;
+    }
+  }
   RETURN_IF_ERROR(
       WriteStringToFile((fs::path(f.out) / "training.json").string(), info.dump(2) + "\n"));
   std::fprintf(stderr, "done: %s (val ppl %.2f)\n", f.out.c_str(), std::exp(result.last_val_loss));
