@@ -152,11 +152,11 @@ void StepCostModel::Observe(const StepShape& shape, double seconds) {
     fit_.Reset(std::move(prior));
     has_prior_ = true;
   }
-  // A step far slower than its shape has been (preempted, or run on caches a drafter's catch-up
-  // just evicted: 3-4.5 ms steps among ~1.1 ms ones at batch 1) counts as at most kOutlierFactor
-  // times the prediction. One such step on a rarely visited knot priced drafts at 2-3x their cost
-  // until the run ended; a real shift in cost still moves the fit, by up to that factor a step.
-  // Not during the first steps, while the prediction is still the first guess.
+  // A step far slower than its shape has been (preempted, or probably run on caches a drafter's
+  // catch-up just evicted: 3-4.5 ms steps among ~1.1 ms ones at batch 1) counts as at most
+  // kOutlierFactor times the prediction. One such step on a rarely visited knot priced drafts at
+  // 2-3x their cost until the run ended; a real shift in cost still moves the fit, by up to that
+  // factor a step. Not during the first steps, while the prediction is still the first guess.
   if (observed_ >= kAnchorEvery) {
     const double predicted = Predict(shape);
     if (predicted > 0) seconds = std::min(seconds, kOutlierFactor * predicted);
