@@ -424,6 +424,24 @@ TEST_F(SpeculaCliTest, TrainLmFineTunesOnADistillSet) {
   r = Run(base + " --init-from " + init + " --val-records 24");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--val-records must be in [0, 24)"), std::string::npos) << r.err;
+  // A base without an end-of-text id has nothing to put between records.
+  r = Run(base + " --init-from " + model() + " --val-records 4");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("config.json has no eos_token_id"), std::string::npos) << r.err;
+  // A set made for another vocabulary.
+  const std::string other = dir_->File("distill-other.bin");
+  {
+    size_t present = 0;
+    auto w = DistillWriter::OpenForAppend(other, static_cast<uint32_t>(vocab + 1), &present);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->Append({1, 2}, {3}).ok());
+  }
+  r = Run("train-lm --distill-data " + other + " --out " + out + "-other --init-from " + init +
+          " --val-records 0");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("was made for a vocabulary of " + std::to_string(vocab + 1) + " tokens"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST_F(SpeculaCliTest, MissingModelDirectory) {
