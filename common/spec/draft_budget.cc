@@ -212,10 +212,7 @@ std::vector<double> StepCostModel::Anchor() const {
   return anchor;
 }
 
-bool StepCostModel::Fresh(size_t knot) const {
-  constexpr double kFresh = 0.5;
-  return recent_visits_[knot] >= kFresh;
-}
+bool StepCostModel::Fresh(size_t knot) const { return recent_visits_[knot] >= kFreshVisits; }
 
 void StepCostModel::ClampStale(std::span<double> knots) const {
   const std::vector<int64_t>& k = Knots();
@@ -239,6 +236,29 @@ void StepCostModel::ClampStale(std::span<double> knots) const {
   }
 }
 
+void StepCostModel::RelaxStale(std::span<double> knots) const {
+  if (warm_started_) return;
+  const std::vector<int64_t>& k = Knots();
+  const std::vector<double> held(knots.begin(), knots.end());
+  for (size_t i = 0; i < k.size(); ++i) {
+    if (Fresh(i) || visits_[i] <= 0) continue;
+    // The least the fresh knots allow: the fresh knot below, or its share of the one above.
+    double lo = 0;
+    bool bounded = false;
+    for (size_t j = 0; j < k.size(); ++j) {
+      if (j == i || !Fresh(j)) continue;
+      lo = std::max(
+          lo, j < i ? held[j] : held[j] * static_cast<double>(k[i]) / static_cast<double>(k[j]));
+      bounded = true;
+    }
+    if (!bounded || knots[i] <= lo) continue;
+    // recent_visits_ fall by the forgetting factor per step: this keeps (recent / fresh)^(1/32)
+    // of the held value's excess, halving it every ~32 x 23 steps at 0.97.
+    const double kept = std::pow(std::max(recent_visits_[i], 1e-300) / kFreshVisits, kStaleDecay);
+    knots[i] = lo + (knots[i] - lo) * std::clamp(kept, 0.0, 1.0);
+  }
+}
+
 void StepCostModel::RefreshKnots() {
   // Monotone in tokens: each knot at least the one before (noise must never make a bigger step
   // look cheaper), and the attention term at least 0.
@@ -246,6 +266,7 @@ void StepCostModel::RefreshKnots() {
   const size_t nk = Knots().size();
   knots_.assign(theta.begin(), theta.begin() + static_cast<std::ptrdiff_t>(nk));
   ClampStale(knots_);
+  RelaxStale(knots_);
   for (size_t i = 1; i < nk; ++i) knots_[i] = std::max(knots_[i], knots_[i - 1]);
   per_attention_ = std::max(theta[nk], 0.0) / kAttentionUnit;
   chunk_step_ = std::max(theta[nk + 1], 0.0);
@@ -272,6 +293,8 @@ namespace {
 // step would pay, which would keep the drafter off before one steady call was measured; the
 // steady calls that follow correct whatever part was really per call.
 constexpr double kSeqUnit = 16, kNodeUnit = 64, kDepthUnit = 8, kObservedUnit = 16;
+// Calls between two re-anchorings of the drafter cost fit (DrafterCostModel::Observe).
+constexpr int64_t kDrafterAnchorEvery = 16;
 
 // No allocation: the policy predicts hundreds of drafter calls per plan.
 std::array<double, 5> DrafterFeatures(int32_t sequences, int64_t nodes, int32_t max_depth,
@@ -291,6 +314,13 @@ void DrafterCostModel::Observe(const DrafterCall& call) {
   const auto x = DrafterFeatures(call.sequences, call.nodes, call.max_depth,
                                  static_cast<double>(call.observed_tokens));
   fit_.Add(std::vector<double>(x.begin(), x.end()), call.seconds);
+  // The fit's anchor follows it, as the step cost's does: while a drafter only catches up (its
+  // sequences resuming now and then, every call of one shape), those calls do not tell its
+  // per-call and per-depth parts from its per-token part, and forgetting toward a zero prior
+  // re-split the steady calls' costs among them at random (the draft LM at batch 1 on the CPU:
+  // 0.29 ms per depth fitted where steady calls measure 0.17). Anchored, the directions those
+  // calls leave unexcited keep what earlier calls measured.
+  if (fit_.samples() % kDrafterAnchorEvery == 0) fit_.SetAnchor(fit_.coefficients());
 }
 
 DrafterCostModel::Parts DrafterCostModel::parts() const {
@@ -358,6 +388,14 @@ void AcceptanceModel::Rates::Update(const std::string& drafter, int64_t id, int3
   }
 }
 
+void AcceptanceModel::Rates::Relax(const std::string& drafter, int64_t id, double weight) {
+  auto it = seq.find(id);
+  if (it == seq.end()) return;  // it reads its drafter's average already
+  const std::vector<double>& average = Prior(drafter);
+  std::vector<double>& p = it->second;
+  for (size_t d = 1; d < p.size(); ++d) p[d] += weight * (average[d] - p[d]);
+}
+
 namespace {
 
 // Of `offered` positions (at most kMaxDepth), the first `hits` succeeded: positions 1..last were
@@ -385,6 +423,13 @@ void AcceptanceModel::ObserveSupply(const std::string& drafter, int64_t id, int3
   // Node j was in question iff it was asked for and node j-1 came back.
   const Trials t = Outcome(asked, returned);
   supply_.Update(drafter, id, t.last, t.hits, rate_, prior_rate_);
+}
+
+void AcceptanceModel::Relax(const std::string& drafter, int64_t id, double weight) {
+  weight = std::clamp(weight, 0.0, 1.0);
+  if (weight <= 0) return;
+  accept_.Relax(drafter, id, weight);
+  supply_.Relax(drafter, id, weight);
 }
 
 void AcceptanceModel::Forget(int64_t id) {
@@ -459,6 +504,13 @@ uint64_t SplitMix(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
+// A candidate's expected accepted tokens at its largest budget: what a drafting step of it
+// commits beyond the target's token, so what its next call observes.
+double SteadyAccepted(const std::vector<AcceptanceModel::Tables>& expected, size_t i) {
+  if (i >= expected.size() || expected[i].tokens.empty()) return 0;
+  return expected[i].tokens.back();
+}
+
 // What one drafter's call in a step covers, summed over its drafting sequences.
 struct Group {
   int32_t sequences = 0;
@@ -475,9 +527,11 @@ struct DrafterIndex {
   std::vector<double> charge;                   // per candidate: CatchUpCharge
   std::vector<const DrafterCostModel*> models;  // per drafter; null: never measured
 
-  DrafterIndex(const DraftBudgetPolicy& policy, const std::vector<BudgetCandidate>& candidates) {
+  DrafterIndex(const DraftBudgetPolicy& policy, const std::vector<BudgetCandidate>& candidates,
+               const std::vector<AcceptanceModel::Tables>& expected) {
     std::vector<const std::string*> names;
-    for (const BudgetCandidate& c : candidates) {
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const BudgetCandidate& c = candidates[i];
       const auto it = std::find_if(names.begin(), names.end(),
                                    [&](const std::string* name) { return *name == c.drafter; });
       of.push_back(static_cast<size_t>(it - names.begin()));
@@ -485,7 +539,7 @@ struct DrafterIndex {
         names.push_back(&c.drafter);
         models.push_back(policy.drafter_cost(c.drafter));
       }
-      charge.push_back(DraftBudgetPolicy::CatchUpCharge(c));
+      charge.push_back(DraftBudgetPolicy::CatchUpCharge(c, 1.0 + SteadyAccepted(expected, i)));
     }
   }
   size_t size() const { return models.size(); }
@@ -533,10 +587,12 @@ const DrafterCostModel* DraftBudgetPolicy::drafter_cost(const std::string& draft
   return it == drafter_cost_.end() ? nullptr : &it->second;
 }
 
-double DraftBudgetPolicy::CatchUpCharge(const BudgetCandidate& candidate) {
+double DraftBudgetPolicy::CatchUpCharge(const BudgetCandidate& candidate, double steady_tokens) {
   const double backlog = static_cast<double>(std::max<int64_t>(candidate.unobserved_tokens, 0));
-  // A drafting sequence observes at most its last step's nodes plus the target's token.
-  const double steady = std::min(backlog, static_cast<double>(candidate.max_nodes) + 1.0);
+  // A drafting sequence observes what its last step committed: at most its nodes plus the
+  // target's token.
+  const double steady = std::min(
+      {backlog, std::max(steady_tokens, 1.0), static_cast<double>(candidate.max_nodes) + 1.0});
   int64_t horizon = kCatchUpHorizon;
   if (candidate.tokens_left >= 0) horizon = std::min(horizon, candidate.tokens_left);
   return steady + (backlog - steady) / static_cast<double>(std::max<int64_t>(horizon, 1));
@@ -570,7 +626,7 @@ std::pair<double, double> DraftBudgetPolicy::Evaluate(
   StepShape shape = base.shape;
   double rows = 0;
   double tokens = base.decoding;
-  const DrafterIndex drafters(*this, candidates);
+  const DrafterIndex drafters(*this, candidates, expected);
   std::vector<Group> groups(drafters.size());
   for (size_t i = 0; i < candidates.size(); ++i) {
     const int32_t n = std::min(budgets[i], candidates[i].max_nodes);
@@ -612,13 +668,17 @@ double DraftBudgetPolicy::MinReach(const StepBase& base, const StepShape& shape,
 std::vector<int32_t> DraftBudgetPolicy::Allocate(
     const StepBase& base, const std::vector<BudgetCandidate>& candidates,
     const std::vector<AcceptanceModel::Tables>& expected, double step_limit) const {
+  std::vector<bool> continuing(candidates.size());
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    continuing[i] = options_.margin_hysteresis && drafted_last_plan_.count(candidates[i].id) > 0;
+  }
   // Greedy marginal allocation (see the header). State of the allocation so far:
   const size_t n = candidates.size();
   std::vector<int32_t> b(n, 0);
   StepShape shape = base.shape;  // its tokens stay the base's: the drafts' rows are `rows`
   double rows = 0;               // expected (a drafter may return fewer nodes than asked)
   double tokens = base.decoding;
-  const DrafterIndex drafters(*this, candidates);
+  const DrafterIndex drafters(*this, candidates, expected);
   std::vector<Group> groups(drafters.size());
   std::vector<double> group_seconds(drafters.size(), 0.0);  // each drafter's call at `groups`
   double target_seconds = TargetSeconds(shape, rows);
@@ -683,7 +743,12 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
       continue;
     }
     // Worth it only if it raises the batch's tokens per second, by the margin.
-    if (dy <= 0 || ratio <= rate() * (1 + options_.node_margin)) continue;
+    // The margin is waived for the first nodes of a sequence that drafted at the last plan: its
+    // drafting step's cost is what the last steps measured, and stopping is not free (resuming
+    // pays a catch-up, and an idle sequence's acceptance is measured no more), so it goes on
+    // while drafting at least breaks even.
+    const double margin = b[i] == 0 && continuing[i] ? 0.0 : options_.node_margin;
+    if (dy <= 0 || ratio <= rate() * (1 + margin)) continue;
     if ((base.max_nodes >= 0 && nodes + m > base.max_nodes) || total() + dt > step_limit) {
       // Past the step's token budget or the latency bound: a smaller first bundle may fit.
       if (m > 1) heap.emplace(ratio, i, m - 1);
@@ -769,16 +834,30 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     for (int32_t x : optimum) room_left -= x;
   }
   std::vector<size_t> probed;
+  std::vector<size_t> trials;   // sequences whose trial goes on if the plan explores
+  std::vector<size_t> started;  // sequences whose trial starts (probes, and the extra node at 0)
   for (size_t i = 0; i < n; ++i) {
     int32_t& idle = idle_plans_[candidates[i].id];
     if (optimum[i] > 0) {
       idle = 0;
+      trial_left_.erase(candidates[i].id);        // the optimum drafts it: no trial needed
       probe_backoff_[candidates[i].drafter] = 1;  // the drafter pays: probes as usual
       continue;
     }
     // A step with no room for drafts (prompt chunks fill its token budget) is not a plan that
     // left the sequence idle: counting it would probe every sequence at once when room opens.
     if (room_left == 0) continue;
+    if (auto trial = trial_left_.find(candidates[i].id); trial != trial_left_.end()) {
+      int32_t nodes = std::min(candidates[i].max_nodes, std::max(options_.probe_nodes, 1));
+      if (room_left >= 0) nodes = static_cast<int32_t>(std::min<int64_t>(nodes, room_left));
+      if (nodes > 0) {
+        if (room_left >= 0) room_left -= nodes;
+        explore[i] = nodes;
+        explored += nodes;
+        trials.push_back(i);
+        continue;
+      }
+    }
     if (options_.probe_after <= 0) continue;
     auto backoff = probe_backoff_.find(candidates[i].drafter);
     const int32_t wait =
@@ -791,6 +870,7 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     explore[i] = probe;
     explored += probe;
     probed.push_back(i);
+    started.push_back(i);
   }
   if (options_.explore_every > 0 && n > 0 &&
       plans_ % static_cast<uint64_t>(options_.explore_every) == 0) {
@@ -802,8 +882,17 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       if (explore[i] < candidates[i].max_nodes) room.push_back(i);
     }
     if (!room.empty() && room_left != 0) {
-      ++explore[room[SplitMix(rng_) % room.size()]];
-      explored += 1;
+      const size_t i = room[SplitMix(rng_) % room.size()];
+      if (explore[i] > 0) {
+        ++explore[i];
+        explored += 1;
+      } else {  // a sequence at 0: a trial's first step, as a probe
+        int32_t nodes = std::min(candidates[i].max_nodes, std::max(options_.probe_nodes, 1));
+        if (room_left > 0) nodes = static_cast<int32_t>(std::min<int64_t>(nodes, room_left));
+        explore[i] = nodes;
+        explored += nodes;
+        started.push_back(i);
+      }
     }
   }
   const auto [optimum_seconds, optimum_tokens] = Evaluate(base, candidates, expected, optimum);
@@ -815,12 +904,19 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     // same drafts without lengthening the longest gaps).
     const double explored_seconds = Evaluate(base, candidates, expected, explore).first;
     const double extra = std::max(0.0, explored_seconds - optimum_seconds);
+    const bool within_bound = explored_seconds <= std::max(prefill_limit, optimum_seconds);
     if (explored_seconds_ + extra <= options_.exploration_share * measured_seconds_ &&
-        explored_seconds <= std::max(prefill_limit, optimum_seconds)) {
+        within_bound) {
       explored_seconds_ += extra;
       // Observe charges what the step measures beyond the optimum's prediction, if more.
       pending_exploration_ = {.optimum_seconds = optimum_seconds, .charged_seconds = extra};
       decision.budgets = explore;
+      for (size_t i : trials) {
+        if (--trial_left_[candidates[i].id] <= 0) trial_left_.erase(candidates[i].id);
+      }
+      for (size_t i : started) {
+        if (options_.trial_plans > 1) trial_left_[candidates[i].id] = options_.trial_plans - 1;
+      }
       // The drafter's next probes wait twice as long (up to the cap; once per plan), until one
       // of its sequences drafts: a drafter that keeps not paying costs ever less of the share,
       // also through short requests that each would get their first probe.
@@ -833,11 +929,42 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
         auto [it, added] = probe_backoff_.try_emplace(drafter, 1);
         it->second = std::min(2 * it->second, std::max(options_.max_probe_backoff, 1));
       }
+    } else if (!trials.empty()) {
+      // A trial goes on past the share: its first step paid the catch-up (and used the share up),
+      // and stopping now would leave its backlog to grow until the next one pays it again. Its
+      // steps are still charged, so the next exploration waits for them.
+      std::vector<int32_t> continued = optimum;
+      explored = 0;
+      for (size_t i : trials) {
+        continued[i] = explore[i];
+        explored += explore[i];
+        if (--trial_left_[candidates[i].id] <= 0) trial_left_.erase(candidates[i].id);
+      }
+      const double continued_seconds = Evaluate(base, candidates, expected, continued).first;
+      const double charged = std::max(0.0, continued_seconds - optimum_seconds);
+      explored_seconds_ += charged;
+      pending_exploration_ = {.optimum_seconds = optimum_seconds, .charged_seconds = charged};
+      decision.budgets = continued;
     } else {
       explored = 0;  // waits (the idle counts keep growing) until the share and bound allow it
     }
   }
   decision.explored_nodes = explored;
+  for (size_t i = 0; i < n; ++i) {
+    if (decision.budgets[i] > 0) {
+      drafted_last_plan_.insert(candidates[i].id);
+    } else {
+      drafted_last_plan_.erase(candidates[i].id);
+    }
+  }
+  if (options_.idle_relaxation > 0) {
+    for (size_t i = 0; i < n; ++i) {
+      if (decision.budgets[i] == 0 && candidates[i].max_nodes > 0) {
+        acceptance_.Relax(candidates[i].drafter, candidates[i].id, options_.idle_relaxation);
+      }
+    }
+  }
+
   // Reported at the estimates, not at the optimism the allocation used.
   std::vector<AcceptanceModel::Tables> estimate;
   if (options_.acceptance_confidence > 0) {
@@ -873,13 +1000,48 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
     }
   }
   pending_exploration_ = {};
-  if (step.shape.tokens > 0) target_cost_.Observe(step.shape, step.target_seconds);
+  // A drafter's catch-up (a forward over a sequence's whole backlog) evicts the target's weights
+  // from the caches: on the CPU the target's step with it ran 1.6x and the next one 1.4x their
+  // shape's steady time (batch 1, 4-token steps: 1.58 and 1.42 ms against 0.99). Fed to the step
+  // cost fit, those steps priced the drafted shapes that trials and resumptions visit right after
+  // their catch-ups at ~1.3x, which kept them from paying. So both steps count as at most their
+  // predicted time, and the catch-up step's excess is booked to the calls that caused it (their
+  // per-observed-token cost then carries it); the next step's excess is dropped.
+  const bool caught_up =
+      std::any_of(step.drafter_calls.begin(), step.drafter_calls.end(), [](const DrafterCall& c) {
+        return c.observed_tokens - (c.nodes + c.sequences) >= kCatchUpHorizon;
+      });
+  double target_seconds = step.target_seconds;
+  double catch_up_excess = 0;
+  if ((caught_up || after_catch_up_) && step.shape.tokens > 0 && target_cost_.ready()) {
+    const double predicted = target_cost_.Predict(step.shape);
+    if (predicted > 0 && target_seconds > predicted) {
+      if (caught_up) catch_up_excess = target_seconds - predicted;
+      target_seconds = predicted;
+    }
+  }
+  after_catch_up_ = caught_up;
+  if (step.shape.tokens > 0) target_cost_.Observe(step.shape, target_seconds);
   if (step.other_seconds >= 0 && std::isfinite(step.other_seconds)) {
     other_seconds_ = other_seen_ ? other_seconds_ + 0.1 * (step.other_seconds - other_seconds_)
                                  : step.other_seconds;
     other_seen_ = true;
   }
-  for (const DrafterCall& call : step.drafter_calls) drafter_cost_[call.drafter].Observe(call);
+  int64_t caught_up_tokens = 0;
+  for (const DrafterCall& call : step.drafter_calls) {
+    if (call.observed_tokens - (call.nodes + call.sequences) >= kCatchUpHorizon) {
+      caught_up_tokens += call.observed_tokens;
+    }
+  }
+  for (DrafterCall call : step.drafter_calls) {
+    if (catch_up_excess > 0 && caught_up_tokens > 0 &&
+        call.observed_tokens - (call.nodes + call.sequences) >= kCatchUpHorizon) {
+      call.seconds += catch_up_excess * static_cast<double>(call.observed_tokens) /
+                      static_cast<double>(caught_up_tokens);
+    }
+    drafter_cost_[call.drafter].Observe(call);
+  }
+
   for (const StepMeasurement::Sequence& s : step.sequences) {
     if (s.asked > 0) acceptance_.ObserveSupply(s.drafter, s.id, s.asked, s.nodes);
     if (s.nodes > 0) acceptance_.Observe(s.drafter, s.id, s.nodes, s.accepted);
@@ -910,6 +1072,8 @@ double DraftBudgetPolicy::SpareTokens(const StepShape& base, double tolerance) c
 void DraftBudgetPolicy::Forget(int64_t id) {
   acceptance_.Forget(id);
   idle_plans_.erase(id);
+  trial_left_.erase(id);
+  drafted_last_plan_.erase(id);
 }
 
 }  // namespace specula

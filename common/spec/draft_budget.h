@@ -34,11 +34,14 @@
 // Catch-up is an investment, not a per-step cost: a sequence whose drafter has not seen its last
 // U tokens (its prompt, or what it generated while at budget 0) pays for observing them once,
 // after which each drafting step observes only what the previous one committed. The plan charges
-// the steady part (up to max_nodes + 1 tokens) to the step and spreads the rest over the steps
-// the sequence can still draft (its tokens left, at most kCatchUpHorizon): charged whole, a
-// backlog that grows while the sequence does not draft would keep it from ever drafting again.
-// For the same reason the drafter cost fit's units make a call's unexplained seconds go first to
-// the tokens it observed, not to a per-call constant that every later step would pay.
+// the steady part (what a drafting step observes: its expected accepted tokens plus one) to the
+// step and spreads the rest over the steps the sequence can still draft (its tokens left, at most
+// kCatchUpHorizon): charged whole, a backlog that grows while the sequence does not draft would
+// keep it from ever drafting again. For the same reason the drafter cost fit's units make a
+// call's unexplained seconds go first to the tokens it observed, not to a per-call constant that
+// every later step would pay. A catch-up also evicts the target's weights from the caches: the
+// step it ran in and the next one count in the step cost fit at most as predicted, and the
+// excess of the first is booked to the catch-up's call.
 //
 // Decision (Plan): start from no drafts. Then greedy marginal allocation (within the latency
 // bound, DraftBudgetOptions::max_step_increase, when one is set): repeatedly add the node
@@ -65,11 +68,15 @@
 // `max_probe_backoff`, and reset when one of its sequences drafts) gets a probe of `probe_nodes`
 // nodes (so a drafter whose acceptance was once low is re-measured), and every
 // `explore_every`-th plan one sequence gets one node past the optimum (so the cost curve is
-// measured around the operating point, and a sequence at 0 is re-measured between probes). Both are
-// capped by the requests' own limits, and their cost by `exploration_share` (1%) of the measured
-// time of all steps (each exploration is charged its predicted cost, or what its step measured
-// beyond the prediction without it, whichever is more): an expensive drafter (whose catch-up
-// Observe costs more than a step) is probed rarely.
+// measured around the operating point; a sequence at 0 that it picks gets a probe's nodes). A
+// probe of a sequence at 0 is a trial: it drafts for `trial_plans` plans, the first paying the
+// catch-up and the rest measuring what that step cannot. All of it is capped by the requests'
+// own limits, and its cost by `exploration_share` (1%) of the measured time of all steps (each
+// exploration is charged its predicted cost, or what its step measured beyond the prediction
+// without it, whichever is more; a trial that has started goes on and is charged): an expensive
+// drafter (whose catch-up Observe costs more than a step) is probed rarely. Between probes, an
+// idle sequence's acceptance estimate relaxes toward its drafter's average, so a paying drafter
+// resumes after a dip without waiting for one.
 #pragma once
 
 #include <cstdint>
@@ -77,6 +84,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace specula {
@@ -149,6 +157,23 @@ class StepCostModel {
   // not price shapes today's steps only probe: a stale knot held at 4x its neighbour kept drafts
   // off at batch 4.
   void ClampStale(std::span<double> knots) const;
+  // A knot is fresh while its recent visits weigh at least this much.
+  static constexpr double kFreshVisits = 0.5;
+  // How fast a stale knot's prediction relaxes (RelaxStale): the exponent on its recent visits'
+  // weight over kFreshVisits.
+  static constexpr double kStaleDecay = 1.0 / 32;
+  // Relaxes each stale knot's prediction from the value it holds toward the least the fresh
+  // knots allow, as its last visits recede (its excess halves every ~740 steps at the default
+  // forgetting): what a shape cost long ago (a cold warm-up, a burst of load on the machine
+  // since gone) says less and less about what it costs now. Held there, a knot that only drafts
+  // visit priced them out for good: no draft, no visit, no correction (at batch 1 on the CPU the
+  // 4-token knot stayed at 4x the 1-token one, 2.7 ms for a 1.0 ms step, through thousands of
+  // steps and kept a paying drafter off). Relaxed, the drafts return once the knot's excess has
+  // decayed and re-measure it; where they do not pay, that costs one re-measuring step every
+  // thousand or so. Slow, so that shapes visited now and then (a prompt's prefill) keep their
+  // price between visits; not after a warm start (a measured curve is the anchor). Applied to
+  // the prediction, not to the fit's anchor.
+  void RelaxStale(std::span<double> knots) const;
   // The anchor that the fit's knots fall back to: a knot that steps visited keeps its fitted
   // cost; one no step visited yet is interpolated between the visited ones (the chord: never
   // cheaper than a convex cost curve, so drafts are not made to look free; linear in tokens past
@@ -215,6 +240,12 @@ class AcceptanceModel {
   // The drafter's average P(depth d accepted | d-1), for metrics.
   double DrafterConditional(const std::string& drafter, int32_t d) const;
 
+  // A step in which sequence `id` did not draft: its estimates move `weight` of the way toward
+  // its drafter's average, as a step at the average would move them. Acceptance drifts along a
+  // sequence (a request's first tokens after its prompt are drafted worse than its later ones),
+  // and a sequence that stops drafting is measured no more: without this, a dip that stopped it
+  // would be its estimate for the rest of the request, however well its drafter does elsewhere.
+  void Relax(const std::string& drafter, int64_t id, double weight);
   // A step of sequence `id` asked its drafter for `asked` nodes and `returned` came back.
   void ObserveSupply(const std::string& drafter, int64_t id, int32_t asked, int32_t returned);
   // P(node j comes back | node j-1 did, j asked for), j >= 1 (1 until measured).
@@ -246,6 +277,7 @@ class AcceptanceModel {
     // Depths 1..last observed: depth d hit iff d <= hits.
     void Update(const std::string& drafter, int64_t id, int32_t last, int32_t hits, double rate,
                 double prior_rate);
+    void Relax(const std::string& drafter, int64_t id, double weight);
   };
 
   double rate_, prior_rate_;
@@ -262,8 +294,20 @@ struct DraftBudgetOptions {
   // that does not pay costs (short requests would each get a probe) and still re-measures it
   // every probe_after x max_probe_backoff plans of a sequence.
   int32_t max_probe_backoff = 8;
-  // Every explore_every-th plan, one sequence gets one node past the optimum (0 = never).
+  // Every explore_every-th plan, one sequence gets one node past the optimum (0 = never); one at
+  // 0 nodes gets probe_nodes and starts a trial, as a probe does.
   int32_t explore_every = 16;
+  // An exploration that drafts for a sequence at 0 nodes (a probe, or the extra node) is a trial:
+  // the sequence drafts probe_nodes nodes for this many plans in all (unless the optimum gives it
+  // more), charged to the exploration share like any exploration. Its first step pays the
+  // drafter's catch-up on everything the sequence generated undrafted; the steady steps after it
+  // measure what that step cannot: the deeper positions' acceptance, the drafter's steady call
+  // (a fit of catch-up calls alone cannot tell their per-call part from their per-token part)
+  // and the forward at the drafted size. With one step per exploration those three stayed at
+  // their initial or cold-start values for whole runs and kept a drafter that pays at batch 1
+  // off (the self-distilled draft LM on the CPU: 0.94x of no speculation where k = 3 ran at
+  // 1.18-1.29x). 1: single-step probes.
+  int32_t trial_plans = 4;
   // Exploration (probes and extra nodes) may cost at most this share of the measured steps'
   // time; what does not fit waits.
   double exploration_share = 0.01;
@@ -287,19 +331,37 @@ struct DraftBudgetOptions {
   // stops within a few dozen steps at batch 1, within a few steps at large batches. Only p[1]:
   // whether a drafter pays at all is mostly its first token, and a bonus at every position
   // would compound into deep drafts whose positions were never measured. 0: the estimate alone.
-  double acceptance_confidence = 2.0;
+  // One standard error since trials, idle relaxation and the margin's hysteresis (below) also
+  // bring a dipped drafter back: with two, a drafter that never pays (p = 0.3 in the closed-loop
+  // test) kept drafting a tenth of its steps at the bonus's break-even.
+  double acceptance_confidence = 1.0;
+  // Each plan that leaves a sequence at 0 nodes moves its acceptance estimates this much of the
+  // way back toward its drafter's average (AcceptanceModel::Relax), so that a sequence whose
+  // drafts were rejected a few times in a row resumes after a few steps if its drafter pays on
+  // average (at batch 1 on the CPU the self-distilled draft LM stopped for good after such a dip
+  // and ran at 1.05x where k = 3 ran at 1.24x), while a drafter whose average does not pay stays
+  // off. The same weight as a measured step's (the per-sequence EMA rate, 0.1): a step without a
+  // draft counts as a step at the average. 0: an idle sequence keeps its last estimate.
+  double idle_relaxation = 0.1;
   // Each plan prices a forward row in tokens (BudgetDecision::min_reach) for drafters that can
   // estimate how likely each of their nodes is to be reached (the n-gram drafter, by the length
   // of its match): they leave out the nodes not worth their verification. The budget stays the
   // most nodes; off: every node proposed within it is verified.
   bool prune_by_reach = true;
   // A node is added only if its expected tokens per added second beat the batch's decoding rate
-  // by this fraction (and a pruning drafter's row price is raised by it). Where drafting is at
-  // break-even (the bundled model on CPU from batch 16: a verified row costs what a decoded token
-  // does, ~0.23 ms at batch 16) the optimum sits exactly on the margin, and the cost model's
-  // error on drafted steps (measured 5-10% low there) turned those nodes into a 2-8% loss; where
-  // drafting pays (small batches, GPUs) the nodes it removes added almost nothing.
+  // by this fraction (and a pruning drafter's row price is raised by it), except a sequence's
+  // first nodes while it drafted at the last plan (hysteresis: it goes on while drafting breaks
+  // even, since stopping costs a catch-up when it resumes and its acceptance is measured no
+  // more; at batch 1 on the CPU the margin stopped the self-distilled draft LM in every dip
+  // of its acceptance, 0.84-0.96 of the best fixed budget against 0.99 with no margin). Where
+  // drafting is at break-even (the bundled model on CPU from batch 16: a verified row costs what a
+  // decoded token does, ~0.23 ms at batch 16) the optimum sits exactly on the margin, and the cost
+  // model's error on drafted steps (measured 5-10% low there) turned those nodes into a 2-8% loss;
+  // where drafting pays (small batches, GPUs) the nodes it removes added almost nothing.
   double node_margin = 0.1;
+  // Whether a sequence that drafted at the last plan keeps its first nodes without the margin
+  // (the hysteresis above).
+  bool margin_hysteresis = true;
   uint64_t seed = 0x5eed;
 };
 
@@ -363,8 +425,13 @@ class DraftBudgetPolicy {
   // The most steps a catch-up is spread over (see the header's comment).
   static constexpr int64_t kCatchUpHorizon = 16;
   // The observed tokens a candidate's drafting is charged this step: the steady part in full,
-  // the rest of its backlog spread over the steps it can still draft.
-  static double CatchUpCharge(const BudgetCandidate& candidate);
+  // the rest of its backlog spread over the steps it can still draft. The steady part is what a
+  // drafting step of it observes: the tokens its previous step committed, `steady_tokens` (its
+  // expected accepted tokens plus the target's), at most max_nodes + 1. Charged as max_nodes + 1
+  // whatever its acceptance, a sequence resuming after a pause (or a new one) paid ~13 tokens
+  // of catch-up more than it would observe per step, 0.18 ms on a 0.77 ms step at batch 1 on
+  // the CPU: enough to keep a paying draft LM from resuming.
+  static double CatchUpCharge(const BudgetCandidate& candidate, double steady_tokens);
 
   explicit DraftBudgetPolicy(DraftBudgetOptions options = {});
 
@@ -421,7 +488,10 @@ class DraftBudgetPolicy {
   AcceptanceModel acceptance_;
   double other_seconds_ = 0;
   bool other_seen_ = false;
+  bool after_catch_up_ = false;  // the last observed step had a drafter's catch-up
   std::unordered_map<int64_t, int32_t> idle_plans_;  // plans in a row at budget 0
+  std::unordered_map<int64_t, int32_t> trial_left_;  // plans left in a sequence's trial
+  std::unordered_set<int64_t> drafted_last_plan_;    // sequences whose last plan drafted
   // Per drafter: its sequences' probes wait probe_after x this many plans.
   std::map<std::string, int32_t> probe_backoff_;
   uint64_t plans_ = 0;

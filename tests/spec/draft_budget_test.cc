@@ -245,6 +245,32 @@ TEST(StepCostModelTest, PredictionIsMonotoneInTokens) {
   }
 }
 
+// A knot that a burst of slow steps priced and no step has visited since relaxes toward what the
+// fresh knots allow, slowly: at batch 1 on the CPU the 4-token knot held 2.7 ms (4x the 1-token
+// step) from a cold start for a whole run, while 4-token steps took 1.0 ms.
+TEST(StepCostModelTest, AStaleKnotRelaxesTowardTheFreshOnes) {
+  StepCostModel model;
+  for (int i = 0; i < 100; ++i) model.Observe({.tokens = 1}, 0.7e-3);
+  for (int i = 0; i < 10; ++i) model.Observe({.tokens = 4}, 1.0e-3);  // drafted steps
+  for (int i = 0; i < 200; ++i) model.Observe({.tokens = 1}, 0.7e-3);
+  const double held = model.Predict({.tokens = 4});
+  EXPECT_NEAR(held, 1.0e-3, 0.1e-3) << "a few hundred steps later it still holds";
+  // Now a slow burst lands on it, then only 1-token steps for a long while.
+  StepCostModel burst;
+  for (int i = 0; i < 100; ++i) burst.Observe({.tokens = 1}, 0.7e-3);
+  for (int i = 0; i < 10; ++i) burst.Observe({.tokens = 4}, 2.7e-3);
+  for (int i = 0; i < 60; ++i) burst.Observe({.tokens = 1}, 0.7e-3);
+  const double early = burst.Predict({.tokens = 4});
+  EXPECT_GT(early, 2.0e-3);
+  for (int i = 0; i < 3000; ++i) burst.Observe({.tokens = 1}, 0.7e-3);
+  const double late = burst.Predict({.tokens = 4});
+  EXPECT_LT(late, 0.5 * early) << "the stale price must fade";
+  EXPECT_GE(late, burst.Predict({.tokens = 1})) << "never below the fresh knot under it";
+  // A visit prices it again at once.
+  for (int i = 0; i < 5; ++i) burst.Observe({.tokens = 4}, 1.0e-3);
+  EXPECT_NEAR(burst.Predict({.tokens = 4}), 1.0e-3, 0.2e-3);
+}
+
 TEST(AcceptanceModelTest, ExpectedTokensOfAChain) {
   AcceptanceModel model(/*rate=*/1.0, /*prior_rate=*/1.0);
   // Depth 1 and 2 accepted, depth 3 rejected: p = 1, 1, 0 (rate 1 keeps only the newest step).
@@ -305,6 +331,22 @@ TEST(AcceptanceModelTest, ATreesWidthIsValuedAtWhatItBroughtBack) {
   const AcceptanceModel::Tables t = model.ExpectedDraft("tree", 1, 4);
   EXPECT_NEAR(t.tokens[1], 0.9, 0.1);
   EXPECT_NEAR(t.tokens[4], t.tokens[1], 1e-6);
+}
+
+// An idle sequence's estimates move toward its drafter's average, a step's weight at a time.
+TEST(AcceptanceModelTest, AnIdleSequenceRelaxesTowardItsDraftersAverage) {
+  AcceptanceModel model(/*rate=*/0.1, /*prior_rate=*/0.05);
+  for (int i = 0; i < 200; ++i) model.Observe("d", 1, 1, 1);  // the drafter does well...
+  for (int i = 0; i < 30; ++i) model.Observe("d", 2, 1, 0);   // ...but sequence 2 dipped
+  const double average = model.DrafterConditional("d", 1);
+  const double dipped = model.Conditional("d", 2, 1);
+  ASSERT_LT(dipped, 0.2);
+  for (int i = 0; i < 10; ++i) model.Relax("d", 2, 0.1);
+  const double expected = average + (dipped - average) * std::pow(0.9, 10);
+  EXPECT_NEAR(model.Conditional("d", 2, 1), expected, 1e-9);
+  EXPECT_DOUBLE_EQ(model.DrafterConditional("d", 1), average) << "the average is not moved";
+  model.Relax("d", 7, 0.1);  // a sequence never seen reads the average already
+  EXPECT_DOUBLE_EQ(model.Conditional("d", 7, 1), average);
 }
 
 TEST(AcceptanceModelTest, ShortDraftsScaleTokensAndRows) {
@@ -522,14 +564,20 @@ TEST(DraftBudgetPolicyTest, ACatchUpIsSpreadOverTheStepsLeft) {
   c[0].max_nodes = 1;
   EXPECT_EQ(policy.Plan(Decoding(1, 300), c).budgets[0], 0);
   c[0].max_nodes = 8;
-  // Its steady part (what a drafting step observes: at most its nodes and the target's token)
-  // is this step's, whatever is left.
+  // Its steady part (what a drafting step observes: the tokens its previous step committed, at
+  // most its nodes and the target's token) is this step's, whatever is left.
   c[0].unobserved_tokens = 5;
   c[0].tokens_left = 100;
-  EXPECT_DOUBLE_EQ(DraftBudgetPolicy::CatchUpCharge(c[0]), 5);
+  EXPECT_DOUBLE_EQ(DraftBudgetPolicy::CatchUpCharge(c[0], 9), 5);
   c[0].unobserved_tokens = 9 + 32;
-  EXPECT_DOUBLE_EQ(DraftBudgetPolicy::CatchUpCharge(c[0]),
+  EXPECT_DOUBLE_EQ(DraftBudgetPolicy::CatchUpCharge(c[0], 9),
                    9 + 32.0 / DraftBudgetPolicy::kCatchUpHorizon);
+  // A sequence expected to commit 3 tokens a step observes 3, not its 8 nodes and one.
+  c[0].unobserved_tokens = 3 + 48;
+  EXPECT_DOUBLE_EQ(DraftBudgetPolicy::CatchUpCharge(c[0], 3),
+                   3 + 48.0 / DraftBudgetPolicy::kCatchUpHorizon);
+  EXPECT_DOUBLE_EQ(DraftBudgetPolicy::CatchUpCharge(c[0], 20),
+                   9 + 42.0 / DraftBudgetPolicy::kCatchUpHorizon);  // at most nodes + 1
 }
 
 TEST(DraftBudgetPolicyTest, APromptChunkDoesNotMakeDraftsLookCheap) {
@@ -576,11 +624,12 @@ TEST(DraftBudgetPolicyTest, RespectsEveryCap) {
 
 // A policy that probes a sequence left at 0 after 5 plans (its drafter's backoff capped at
 // `max_backoff`), whose sequence 1 has poor acceptance and whose every token costs a step's worth.
-DraftBudgetPolicy ProbingPolicy(int32_t max_backoff, std::mt19937& rng) {
+DraftBudgetPolicy ProbingPolicy(int32_t max_backoff, std::mt19937& rng, int32_t trial_plans = 1) {
   DraftBudgetPolicy policy({.probe_after = 5,
                             .probe_nodes = 2,
                             .max_probe_backoff = max_backoff,
                             .explore_every = 0,
+                            .trial_plans = trial_plans,
                             .exploration_share = 1.0});
   Train(policy, Curve{.base = 1e-4, .knee = 0, .per_token = 1e-4}, 300, rng);
   TrainAcceptance(policy, "ngram", 1, 0.05, 50, rng);
@@ -602,11 +651,56 @@ TEST(DraftBudgetPolicyTest, ProbesASequenceLeftAtZero) {
   EXPECT_EQ(probes, 4);  // every 5th plan (no backoff)
 }
 
+// A probe is a trial's first step: the sequence keeps drafting probe_nodes for trial_plans plans
+// in all (its catch-up is paid by the first), then waits probe_after plans again.
+TEST(DraftBudgetPolicyTest, AProbeDraftsForItsTrialsPlans) {
+  std::mt19937 rng(8);
+  DraftBudgetPolicy policy = ProbingPolicy(/*max_backoff=*/1, rng, /*trial_plans=*/3);
+  std::vector<int> drafted;
+  for (int plan = 1; plan <= 20; ++plan) {
+    const auto d = policy.Plan(Decoding(1, 10), Candidates(1, "ngram", 8, 10));
+    if (d.budgets[0] > 0) {
+      EXPECT_EQ(d.budgets[0], 2);
+      EXPECT_EQ(d.explored_nodes, 2);
+      drafted.push_back(plan);
+    }
+  }
+  EXPECT_EQ(drafted, (std::vector<int>{5, 6, 7, 12, 13, 14, 19, 20}));
+  // The trial goes on past the exploration share (its first step used it up), and is charged.
+  DraftBudgetPolicy tight({.probe_after = 5,
+                           .probe_nodes = 2,
+                           .max_probe_backoff = 1,
+                           .explore_every = 0,
+                           .trial_plans = 3,
+                           .exploration_share = 1e-9});
+  Train(tight, Curve{.base = 1e-4, .knee = 0, .per_token = 1e-4}, 300, rng);
+  TrainAcceptance(tight, "ngram", 1, 0.05, 50, rng);
+  int drafted_tight = 0;
+  for (int plan = 1; plan <= 20; ++plan) {
+    if (tight.Plan(Decoding(1, 10), Candidates(1, "ngram", 8, 10)).budgets[0] > 0) {
+      ++drafted_tight;
+    }
+  }
+  EXPECT_EQ(drafted_tight, 0) << "no share: no trial starts";
+}
+
+// A trial ends when the sequence leaves (Forget), and gives way to the optimum when drafting
+// pays: its nodes are a floor, not a cap.
+TEST(DraftBudgetPolicyTest, ATrialEndsWithItsSequence) {
+  std::mt19937 rng(8);
+  DraftBudgetPolicy policy = ProbingPolicy(/*max_backoff=*/1, rng, /*trial_plans=*/10);
+  for (int plan = 1; plan <= 5; ++plan) policy.Plan(Decoding(1, 10), Candidates(1, "ngram", 8, 10));
+  EXPECT_GT(policy.Plan(Decoding(1, 10), Candidates(1, "ngram", 8, 10)).budgets[0], 0);
+  policy.Forget(1);
+  EXPECT_EQ(policy.Plan(Decoding(1, 10), Candidates(1, "ngram", 8, 10)).budgets[0], 0);
+}
+
 // The extra node past the optimum goes to any sequence, one at 0 included: while a drafter's
 // probes back off, it is what re-measures a sequence whose acceptance estimate dipped.
 TEST(DraftBudgetPolicyTest, TheExtraNodeReachesASequenceAtZero) {
   std::mt19937 rng(16);
-  DraftBudgetPolicy policy({.probe_after = 0, .explore_every = 4, .exploration_share = 1.0});
+  DraftBudgetPolicy policy(
+      {.probe_after = 0, .explore_every = 4, .trial_plans = 1, .exploration_share = 1.0});
   Train(policy, Curve{.base = 1e-4, .knee = 0, .per_token = 1e-4}, 300, rng);
   TrainAcceptance(policy, "ngram", 1, 0.05, 50, rng);
   TrainDrafter(policy, "ngram", 1e-7, 1e-8);
@@ -614,8 +708,9 @@ TEST(DraftBudgetPolicyTest, TheExtraNodeReachesASequenceAtZero) {
   for (int plan = 1; plan <= 12; ++plan) {
     const auto d = policy.Plan(Decoding(1, 10), Candidates(1, "ngram", 8, 10));
     if (d.budgets[0] > 0) {
-      EXPECT_EQ(d.budgets[0], 1);
-      EXPECT_EQ(d.explored_nodes, 1);
+      // A sequence at 0 gets a probe's nodes (a trial's first step), not a lone node.
+      EXPECT_EQ(d.budgets[0], DraftBudgetOptions{}.probe_nodes);
+      EXPECT_EQ(d.explored_nodes, DraftBudgetOptions{}.probe_nodes);
       plans.push_back(plan);
     }
   }
@@ -702,6 +797,7 @@ TEST(DraftBudgetPolicyTest, LatencyBoundCapsTheStepTime) {
     DraftBudgetPolicy bounded({.probe_after = 4,
                                .probe_nodes = 4,
                                .explore_every = 3,
+                               .trial_plans = 1,  // single-step explorations: plans to check
                                .exploration_share = 1.0,
                                .max_step_increase = bound});
     for (DraftBudgetPolicy* policy : {&unbounded, &bounded}) {
@@ -961,9 +1057,195 @@ TEST(BudgetPlannerTest, AFewUnluckyFirstDraftsDoNotTurnADrafterOff) {
   // probes and the occasional extra node raise it (it drafts in about a third of the steps); at
   // its upper confidence bound the drafter keeps drafting until its samples tell.
   EXPECT_GT(DraftingShare(/*per_call=*/4e-4, /*p=*/0.75, /*unlucky=*/6), 0.9);
-  EXPECT_LT(DraftingShare(4e-4, 0.75, 6, {.acceptance_confidence = 0}), 0.5);
+  EXPECT_LT(DraftingShare(4e-4, 0.75, 6, {.acceptance_confidence = 0, .margin_hysteresis = false}),
+            0.5);
   // The bonus shrinks with samples: a drafter that does not pay (p = 0.3) still stops.
   EXPECT_LT(DraftingShare(4e-4, 0.3), 0.05);
+}
+
+// Calls that only catch up (one shape) do not re-split the drafter's steady cost: its per-depth
+// part stays what steady calls of many depths measured.
+TEST(DrafterCostModelTest, CatchUpCallsKeepTheSteadySplit) {
+  DrafterCostModel model;
+  auto steady = [](int32_t depth, int64_t observed) {
+    return 0.08e-3 + 0.17e-3 * depth + 14e-6 * static_cast<double>(observed);
+  };
+  for (int i = 0; i < 200; ++i) {
+    const int32_t depth = 1 + i % 6;
+    const int64_t observed = 1 + i % 4;
+    model.Observe({.drafter = "lm",
+                   .sequences = 1,
+                   .nodes = depth,
+                   .max_depth = depth,
+                   .observed_tokens = observed,
+                   .seconds = steady(depth, observed)});
+  }
+  ASSERT_NEAR(model.parts().per_depth, 0.17e-3, 0.03e-3);
+  // Then only resumptions: 2-node drafts after a 150-token catch-up that also pays the target's
+  // cold caches (0.6 ms more than the steady cost predicts).
+  for (int i = 0; i < 100; ++i) {
+    model.Observe({.drafter = "lm",
+                   .sequences = 1,
+                   .nodes = 2,
+                   .max_depth = 2,
+                   .observed_tokens = 150,
+                   .seconds = steady(2, 150) + 0.6e-3});
+  }
+  EXPECT_NEAR(model.Predict(1, 3, 3, 3), steady(3, 3), 0.3 * steady(3, 3))
+      << "per call " << model.parts().per_call << ", per depth " << model.parts().per_depth;
+  EXPECT_NEAR(model.Predict(1, 2, 2, 150), steady(2, 150) + 0.6e-3, 0.1e-3);
+}
+
+// The target step that ran with a drafter's catch-up, and the one after, ran on caches the
+// catch-up evicted: they do not price their shape, and the catch-up step's excess is booked to
+// the drafter call that caused it.
+TEST(DraftBudgetPolicyTest, ACatchUpsColdStepsAreBookedToTheCatchUp) {
+  DraftBudgetPolicy policy(NoExploration());
+  const StepShape four{.tokens = 4, .attention = 600};
+  for (int i = 0; i < 100; ++i) {
+    policy.Observe({.shape = {.tokens = 1, .attention = 150}, .target_seconds = 0.7e-3});
+    policy.Observe({.shape = four,
+                    .target_seconds = 1.0e-3,
+                    .drafter_calls = {{.drafter = "lm",
+                                       .sequences = 1,
+                                       .nodes = 3,
+                                       .max_depth = 3,
+                                       .observed_tokens = 1 + i % 4,
+                                       .seconds = 0.6e-3}}});
+  }
+  const double before = policy.target_cost().Predict(four);
+  ASSERT_NEAR(before, 1.0e-3, 0.1e-3);
+  for (int resumption = 0; resumption < 20; ++resumption) {
+    policy.Observe({.shape = four,
+                    .target_seconds = 1.6e-3,
+                    .drafter_calls = {{.drafter = "lm",
+                                       .sequences = 1,
+                                       .nodes = 3,
+                                       .max_depth = 3,
+                                       .observed_tokens = 150,
+                                       .seconds = 2.7e-3}}});
+    policy.Observe({.shape = four,
+                    .target_seconds = 1.4e-3,
+                    .drafter_calls = {{.drafter = "lm",
+                                       .sequences = 1,
+                                       .nodes = 3,
+                                       .max_depth = 3,
+                                       .observed_tokens = 3,
+                                       .seconds = 0.6e-3}}});
+  }
+  EXPECT_LT(policy.target_cost().Predict(four), 1.1 * before);
+  // The catch-up call is now predicted with the target time it cost (2.7 + ~0.6 ms).
+  EXPECT_GT(policy.drafter_cost("lm")->Predict(1, 3, 3, 150), 3.0e-3);
+}
+
+// Batch 1 as the self-distilled draft LM runs it on the CPU (measured in a trace of `specula
+// bench`, docs/BENCHMARKS.md), in a closed loop through the planner: 64-token requests one after
+// another after a 128-token prompt; a step of 1 token takes 0.7 ms and each draft row 0.1 ms
+// more; a drafter call 0.08 ms, 0.17 ms per depth and 14 us per token it catches up on; the
+// target's step with a catch-up of 16 tokens or more runs 1.6x and the next one 1.4x (the
+// catch-up evicted its weights); the first draft position is accepted with p = 0.6 at a
+// request's start rising to 0.9 at its end, deeper ones with 0.85, and every step's time is
+// noisy (5%). Returns the tokens per second of the last half of `requests` with the budget the
+// planner chooses, or with `fixed` nodes every step when fixed >= 0.
+double BatchOneTokensPerSecond(const DraftBudgetOptions& options, int32_t fixed, int requests) {
+  BudgetPlanner planner(options);
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::normal_distribution<double> noise(1.0, 0.05);
+  double seconds = 0, tokens = 0;
+  for (int r = 0; r < requests; ++r) {
+    const RequestId id = r + 1;
+    const bool counted = r >= requests / 2;
+    SpecRequest request;
+    request.generation.prompt.assign(128, 1);
+    request.generation.max_new_tokens = 64;
+    request.speculation = {.drafter = "lm", .max_draft_tokens = 8};
+    planner.Admit(id, request);
+    StepReport prefill{.prefill_tokens = 128, .verify_seconds = 9.7e-3};
+    prefill.updates.push_back({.id = id,
+                               .new_tokens = {2},
+                               .context_tokens = 128,
+                               .unobserved_tokens = 129,
+                               .max_draft_nodes = 8});
+    planner.OnStep(prefill, 9.7e-3);
+    int64_t generated = 1, context = 129, unobserved = 129;
+    bool after_catch_up = false;
+    while (generated < 64) {
+      int32_t n = 0;
+      if (fixed >= 0) {
+        n = fixed;
+      } else {
+        for (const StepPlan::DraftBudget& b : planner.Plan()) {
+          if (b.id == id) n = b.max_draft_tokens;
+        }
+      }
+      n = static_cast<int32_t>(std::min<int64_t>(n, 64 - generated - 1));
+      const double p1 = 0.6 + 0.3 * static_cast<double>(generated) / 64;
+      int32_t a = 0;
+      while (a < n && unit(rng) < (a == 0 ? p1 : 0.85)) ++a;
+      const bool catch_up = n > 0 && unobserved >= 16;
+      double target = (0.7e-3 + 0.1e-3 * n) * noise(rng);
+      if (catch_up) {
+        target *= 1.6;
+      } else if (after_catch_up) {
+        target *= 1.4;
+      }
+      after_catch_up = catch_up;
+      StepReport report{.verify_tokens = 1 + n, .verify_seconds = target};
+      RequestUpdate u{.id = id};
+      double draft = 0;
+      if (n > 0) {
+        draft = (0.08e-3 + 0.17e-3 * n + 14e-6 * static_cast<double>(unobserved)) * noise(rng);
+        report.drafter_calls.push_back({.drafter = "lm",
+                                        .sequences = 1,
+                                        .nodes = n,
+                                        .max_depth = n,
+                                        .observed_tokens = unobserved,
+                                        .seconds = draft});
+        report.draft_seconds = draft;
+        unobserved = 0;
+        u.draft_nodes = n;
+        u.draft_depth = n;
+        u.draft_accepted = a;
+      }
+      generated += a + 1;
+      context += a + 1;
+      unobserved += a + 1;
+      u.new_tokens.assign(a + 1, 3);
+      u.context_tokens = context;
+      u.unobserved_tokens = unobserved;
+      u.max_draft_nodes = static_cast<int32_t>(std::min<int64_t>(8, 64 - generated - 1));
+      if (generated >= 64) u.finished = true;
+      report.updates.push_back(u);
+      planner.OnStep(report, target + draft);
+      if (counted) {
+        seconds += target + draft;
+        tokens += a + 1;
+      }
+    }
+    planner.Forget(id);
+  }
+  return tokens / seconds;
+}
+
+TEST(BudgetPlannerTest, APayingDrafterWhoseAcceptanceDipsKeepsDraftingAtBatchOne) {
+  const int kRequests = 160;
+  const double none = BatchOneTokensPerSecond({}, 0, kRequests);
+  double best_fixed = 0;
+  for (int32_t k : {2, 3, 4})
+    best_fixed = std::max(best_fixed, BatchOneTokensPerSecond({}, k, kRequests));
+  ASSERT_GT(best_fixed, 1.15 * none) << "the simulated drafter no longer pays";
+  const double adaptive = BatchOneTokensPerSecond({}, -1, kRequests);
+  EXPECT_GT(adaptive, 0.95 * best_fixed) << "none " << none << ", best fixed " << best_fixed;
+  // The margin stopped it in every dip of its acceptance, and the single-node explorations of
+  // an idle sequence could not bring it back in time (the policy as it was: one-step probes, no
+  // relaxation, a margin on every node, two standard errors of optimism).
+  const double before = BatchOneTokensPerSecond({.trial_plans = 1,
+                                                 .acceptance_confidence = 2,
+                                                 .idle_relaxation = 0,
+                                                 .margin_hysteresis = false},
+                                                -1, kRequests);
+  EXPECT_LT(before, 0.95 * best_fixed);
 }
 
 }  // namespace
