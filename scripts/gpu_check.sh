@@ -152,6 +152,19 @@ step bench_adaptive_b1 130 $b bench --model $m/pyllama-6m --device $device --dty
   --batch-sizes 1 --draft-lens adaptive --max-new-tokens 64 --repeats 3 --min-requests 16 \
   --json "$r/bench-gpu-adaptive-b1.json" > "$r/bench_adaptive_b1.txt" 2>&1
 tail -9 "$r/bench_adaptive_b1.txt"
+# Batch 1 with the learned drafters at fixed budgets and adaptive (issues 14 and 17): whether the
+# self-distilled draft LM and SpecFormer pay where a verified row is nearly free, against n-gram.
+step bench_b1_learned 150 $b bench --model $m/pyllama-6m --device $device --dtype bfloat16 \
+  --drafter ngram,draft-model,specformer "${drafter_flags[@]}" --draft-vocab $m/pyllama-6m/draft_vocab.json \
+  --batch-sizes 1 --draft-lens 2,3,4,adaptive --max-new-tokens 64 --repeats 3 --min-requests 16 \
+  --json "$r/bench-gpu-b1-learned.json" > "$r/bench_b1_learned.txt" 2>&1
+tail -14 "$r/bench_b1_learned.txt"
+# The adaptive floor at batches 16 and 64 for the drafters that do not pay there.
+step bench_floor_b16_b64 120 $b bench --model $m/pyllama-6m --device $device --dtype bfloat16 \
+  --drafter ngram,draft-model,specformer,beagle "${drafter_flags[@]}" \
+  --batch-sizes 16,64 --draft-lens adaptive --max-new-tokens 64 --repeats 3 --min-requests 128 \
+  --json "$r/bench-gpu-floor-b16-b64.json" > "$r/bench_floor_b16_b64.txt" 2>&1
+tail -12 "$r/bench_floor_b16_b64.txt"
 for temp in 0 0.8; do
   for place in host tensors; do
     step "bench_place_${place}_t$temp" 45 $b bench --model $m/pyllama-6m --device $device \
@@ -167,7 +180,7 @@ step bench_forward_fp32 45 $b bench-forward --model $m/pyllama-6m --device $devi
   --json "$r/bench-forward-gpu-fp32.json" > "$r/bench_forward_fp32.txt" 2>&1
 tail -20 "$r/bench_forward_fp32.txt"
 step bundled_lossless_test 150 $t/bundled_lossless_test \
-  --gtest_filter='*Ngram*:*SpecFormerTree*:*BeagleDynamicTree*:*ParallelSpecTree*:*SpecDec*:*DraftModelTree*' \
+  --gtest_filter='*Ngram*:*SpecFormerTree*:*BeagleDynamicTree*:*ParallelSpecTree*:*SpecDec*:*DraftModelTree*:*DraftVocabulary*' \
   > "$r/test_bundled_lossless.txt" 2>&1
 grep -E "^\[ *(OK|FAILED|PASSED) |ties" "$r/test_bundled_lossless.txt" | tail -12
 echo "=== done in $((SECONDS - start))s"
