@@ -1102,36 +1102,26 @@ TEST(DrafterCostModelTest, CatchUpCallsKeepTheSteadySplit) {
 TEST(DraftBudgetPolicyTest, ACatchUpsColdStepsAreBookedToTheCatchUp) {
   DraftBudgetPolicy policy(NoExploration());
   const StepShape four{.tokens = 4, .attention = 600};
-  for (int i = 0; i < 100; ++i) {
-    policy.Observe({.shape = {.tokens = 1, .attention = 150}, .target_seconds = 0.7e-3});
+  // A 4-token step that drafted 3 nodes after observing `observed` tokens.
+  auto drafted = [&](double target_seconds, int64_t observed, double drafter_seconds) {
     policy.Observe({.shape = four,
-                    .target_seconds = 1.0e-3,
+                    .target_seconds = target_seconds,
                     .drafter_calls = {{.drafter = "lm",
                                        .sequences = 1,
                                        .nodes = 3,
                                        .max_depth = 3,
-                                       .observed_tokens = 1 + i % 4,
-                                       .seconds = 0.6e-3}}});
+                                       .observed_tokens = observed,
+                                       .seconds = drafter_seconds}}});
+  };
+  for (int i = 0; i < 100; ++i) {
+    policy.Observe({.shape = {.tokens = 1, .attention = 150}, .target_seconds = 0.7e-3});
+    drafted(1.0e-3, 1 + i % 4, 0.6e-3);
   }
   const double before = policy.target_cost().Predict(four);
   ASSERT_NEAR(before, 1.0e-3, 0.1e-3);
   for (int resumption = 0; resumption < 20; ++resumption) {
-    policy.Observe({.shape = four,
-                    .target_seconds = 1.6e-3,
-                    .drafter_calls = {{.drafter = "lm",
-                                       .sequences = 1,
-                                       .nodes = 3,
-                                       .max_depth = 3,
-                                       .observed_tokens = 150,
-                                       .seconds = 2.7e-3}}});
-    policy.Observe({.shape = four,
-                    .target_seconds = 1.4e-3,
-                    .drafter_calls = {{.drafter = "lm",
-                                       .sequences = 1,
-                                       .nodes = 3,
-                                       .max_depth = 3,
-                                       .observed_tokens = 3,
-                                       .seconds = 0.6e-3}}});
+    drafted(1.6e-3, 150, 2.7e-3);  // the catch-up's step
+    drafted(1.4e-3, 3, 0.6e-3);    // the next one
   }
   EXPECT_LT(policy.target_cost().Predict(four), 1.1 * before);
   // The catch-up call is now predicted with the target time it cost (2.7 + ~0.6 ms).
