@@ -569,6 +569,13 @@ double AttentionRows(int64_t context, double nodes) {
 
 }  // namespace
 
+double DraftBudgetPolicy::Margin(const StepBase& base) const {
+  if (options_.margin_full_batch <= 1) return options_.node_margin;
+  const double scale = static_cast<double>(std::max(base.decoding, 1) - 1) /
+                       static_cast<double>(options_.margin_full_batch - 1);
+  return options_.node_margin * std::min(scale, 1.0);
+}
+
 double DraftBudgetPolicy::StepLimit(double no_draft_seconds) const {
   if (options_.max_step_increase < 0) return std::numeric_limits<double>::infinity();
   return no_draft_seconds * (1 + options_.max_step_increase);
@@ -661,7 +668,7 @@ double DraftBudgetPolicy::MinReach(const StepBase& base, const StepShape& shape,
   // shape's attention, small next to the row's weights at the contexts served).
   const double rate = tokens / std::max(seconds - ChunkSeconds(base), 1e-12);
   const double row = TargetSeconds(shape, rows + 1) - TargetSeconds(shape, rows);
-  const double price = row * rate * (1 + options_.node_margin);
+  const double price = row * rate * (1 + Margin(base));
   return std::isfinite(price) ? std::clamp(price, 0.0, 1.0) : 0.0;
 }
 
@@ -747,7 +754,7 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
     // drafting step's cost is what the last steps measured, and stopping is not free (resuming
     // pays a catch-up, and an idle sequence's acceptance is measured no more), so it goes on
     // while drafting at least breaks even.
-    const double margin = b[i] == 0 && continuing[i] ? 0.0 : options_.node_margin;
+    const double margin = b[i] == 0 && continuing[i] ? 0.0 : Margin(base);
     if (dy <= 0 || ratio <= rate() * (1 + margin)) continue;
     if ((base.max_nodes >= 0 && nodes + m > base.max_nodes) || total() + dt > step_limit) {
       // Past the step's token budget or the latency bound: a smaller first bundle may fit.

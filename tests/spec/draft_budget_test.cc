@@ -410,6 +410,30 @@ TEST(DraftBudgetPolicyTest, NodesAtBreakEvenAreLeftToTheMargin) {
   for (int32_t b : with.budgets) EXPECT_EQ(b, 0);
 }
 
+// The margin scales with the batch: with one decoding sequence a node that gains a few percent is
+// taken (the margin would stop a paying drafter in every dip of its acceptance); from
+// margin_full_batch sequences on it must clear the whole margin (the test above).
+TEST(DraftBudgetPolicyTest, OneSequenceDraftsWithoutTheMargin) {
+  // A row costs 95% of a decode: an always-accepted node adds a token for 0.1 ms where the step
+  // yields one per 0.105 ms, a 5% gain.
+  const Curve curve{.base = 0.005e-3, .knee = 0, .per_token = 1e-4};
+  auto plan = [&](int32_t full_batch) {
+    std::mt19937 rng(5);
+    DraftBudgetOptions options = NoExploration();
+    options.margin_full_batch = full_batch;
+    DraftBudgetPolicy policy(options);
+    Train(policy, curve, 400, rng, 0.01);
+    TrainDrafter(policy, "ngram", 1e-9, 1e-10);
+    TrainAcceptance(policy, "ngram", 1, 1.0, 50, rng);
+    return policy.Plan(Decoding(1, 100), Candidates(1, "ngram", 8, 100));
+  };
+  const BudgetDecision scaled = plan(DraftBudgetOptions{}.margin_full_batch);
+  EXPECT_GT(scaled.budgets[0], 0);
+  EXPECT_GT(scaled.predicted_speedup(), 1.0);
+  EXPECT_LT(scaled.predicted_speedup(), 1.1);
+  EXPECT_EQ(plan(/*full_batch=*/1).budgets[0], 0) << "the whole margin at batch 1 leaves it off";
+}
+
 TEST(DraftBudgetPolicyTest, GrowsToTheCapWhenVerificationIsFree) {
   std::mt19937 rng(2);
   DraftBudgetPolicy policy(NoExploration());
@@ -1057,7 +1081,9 @@ TEST(BudgetPlannerTest, AFewUnluckyFirstDraftsDoNotTurnADrafterOff) {
   // probes and the occasional extra node raise it (it drafts in about a third of the steps); at
   // its upper confidence bound the drafter keeps drafting until its samples tell.
   EXPECT_GT(DraftingShare(/*per_call=*/4e-4, /*p=*/0.75, /*unlucky=*/6), 0.9);
-  EXPECT_LT(DraftingShare(4e-4, 0.75, 6, {.acceptance_confidence = 0, .margin_hysteresis = false}),
+  EXPECT_LT(DraftingShare(
+                4e-4, 0.75, 6,
+                {.acceptance_confidence = 0, .margin_hysteresis = false, .margin_full_batch = 1}),
             0.5);
   // The bonus shrinks with samples: a drafter that does not pay (p = 0.3) still stops.
   EXPECT_LT(DraftingShare(4e-4, 0.3), 0.05);
@@ -1233,7 +1259,8 @@ TEST(BudgetPlannerTest, APayingDrafterWhoseAcceptanceDipsKeepsDraftingAtBatchOne
   const double before = BatchOneTokensPerSecond({.trial_plans = 1,
                                                  .acceptance_confidence = 2,
                                                  .idle_relaxation = 0,
-                                                 .margin_hysteresis = false},
+                                                 .margin_hysteresis = false,
+                                                 .margin_full_batch = 1},
                                                 -1, kRequests);
   EXPECT_LT(before, 0.95 * best_fixed);
 }

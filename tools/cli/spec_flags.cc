@@ -55,7 +55,8 @@ void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
   flags.AddDouble("draft-margin", &draft_margin,
                   "adaptive: a draft node is added only if its expected tokens per second beat "
                   "decoding without it by this fraction (a margin for the cost and acceptance "
-                  "models' error where drafting is at break-even; 0 = any gain, at least 0)");
+                  "models' error where drafting is at break-even; in full from 16 decoding "
+                  "sequences, scaled down below, none with one; 0 = any gain, at least 0)");
   flags.AddString("cost-profile", &cost_profile,
                   "adaptive: warm-start the step cost model from `specula bench-forward --json`");
   flags.AddString("verify", &verify,
