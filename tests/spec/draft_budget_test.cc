@@ -384,29 +384,33 @@ TEST(DraftBudgetPolicyTest, ZeroBudgetWhenDraftingCannotPay) {
   EXPECT_NEAR(d.predicted_speedup(), 1.0, 1e-9);
 }
 
+// The plan for `batch` decoding sequences whose n-gram drafts are always accepted, on `curve`, with
+// a nearly free drafter.
+BudgetDecision PlanAlwaysAccepted(const Curve& curve, const DraftBudgetOptions& options,
+                                  int32_t batch) {
+  std::mt19937 rng(5);
+  DraftBudgetPolicy policy(options);
+  Train(policy, curve, 400, rng, 0.01);
+  TrainDrafter(policy, "ngram", 1e-9, 1e-10);
+  for (int64_t id = 1; id <= batch; ++id) TrainAcceptance(policy, "ngram", id, 1.0, 50, rng);
+  return policy.Plan(Decoding(batch, 100), Candidates(batch, "ngram", 8, 100));
+}
+
 TEST(DraftBudgetPolicyTest, NodesAtBreakEvenAreLeftToTheMargin) {
   // Batch 16 where a verified row costs what a decoded token does (the bundled model on CPU; the
   // step's fixed part is 5% of it): even drafts that are always accepted gain at most 5%, less
   // than the cost model's error on drafted steps. Without a margin they are planned; with the
   // default one they are not.
   const Curve curve{.base = 0.08e-3, .knee = 0, .per_token = 1e-4};
-  auto plan = [&](double margin) {
-    std::mt19937 rng(5);
-    DraftBudgetOptions options = NoExploration();
-    options.node_margin = margin;
-    DraftBudgetPolicy policy(options);
-    Train(policy, curve, 400, rng, 0.01);
-    TrainDrafter(policy, "ngram", 1e-7, 1e-9);
-    for (int64_t id = 1; id <= 16; ++id) TrainAcceptance(policy, "ngram", id, 1.0, 50, rng);
-    return policy.Plan(Decoding(16, 100), Candidates(16, "ngram", 8, 100));
-  };
-  const BudgetDecision without = plan(0.0);
+  DraftBudgetOptions options = NoExploration();
+  options.node_margin = 0;
+  const BudgetDecision without = PlanAlwaysAccepted(curve, options, 16);
   int32_t drafted = 0;
   for (int32_t b : without.budgets) drafted += b;
   EXPECT_GT(drafted, 0);
   EXPECT_GT(without.predicted_speedup(), 1.0);
   EXPECT_LT(without.predicted_speedup(), 1.06);
-  const BudgetDecision with = plan(DraftBudgetOptions{}.node_margin);
+  const BudgetDecision with = PlanAlwaysAccepted(curve, NoExploration(), 16);
   for (int32_t b : with.budgets) EXPECT_EQ(b, 0);
 }
 
@@ -417,21 +421,14 @@ TEST(DraftBudgetPolicyTest, OneSequenceDraftsWithoutTheMargin) {
   // A row costs 95% of a decode: an always-accepted node adds a token for 0.1 ms where the step
   // yields one per 0.105 ms, a 5% gain.
   const Curve curve{.base = 0.005e-3, .knee = 0, .per_token = 1e-4};
-  auto plan = [&](int32_t full_batch) {
-    std::mt19937 rng(5);
-    DraftBudgetOptions options = NoExploration();
-    options.margin_full_batch = full_batch;
-    DraftBudgetPolicy policy(options);
-    Train(policy, curve, 400, rng, 0.01);
-    TrainDrafter(policy, "ngram", 1e-9, 1e-10);
-    TrainAcceptance(policy, "ngram", 1, 1.0, 50, rng);
-    return policy.Plan(Decoding(1, 100), Candidates(1, "ngram", 8, 100));
-  };
-  const BudgetDecision scaled = plan(DraftBudgetOptions{}.margin_full_batch);
+  const BudgetDecision scaled = PlanAlwaysAccepted(curve, NoExploration(), 1);
   EXPECT_GT(scaled.budgets[0], 0);
   EXPECT_GT(scaled.predicted_speedup(), 1.0);
   EXPECT_LT(scaled.predicted_speedup(), 1.1);
-  EXPECT_EQ(plan(/*full_batch=*/1).budgets[0], 0) << "the whole margin at batch 1 leaves it off";
+  DraftBudgetOptions whole = NoExploration();
+  whole.margin_full_batch = 1;
+  EXPECT_EQ(PlanAlwaysAccepted(curve, whole, 1).budgets[0], 0)
+      << "the whole margin at batch 1 leaves it off";
 }
 
 TEST(DraftBudgetPolicyTest, GrowsToTheCapWhenVerificationIsFree) {
