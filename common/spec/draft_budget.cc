@@ -504,6 +504,12 @@ uint64_t SplitMix(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
+// Whether a drafter call observed a backlog (a catch-up) rather than what a drafting step commits
+// (at most its nodes and one token per sequence).
+bool CaughtUp(const DrafterCall& call) {
+  return call.observed_tokens - (call.nodes + call.sequences) >= DraftBudgetPolicy::kCatchUpHorizon;
+}
+
 // A candidate's expected accepted tokens at its largest budget: what a drafting step of it
 // commits beyond the target's token, so what its next call observes.
 double SteadyAccepted(const std::vector<AcceptanceModel::Tables>& expected, size_t i) {
@@ -840,6 +846,17 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   if (room_left >= 0) {
     for (int32_t x : optimum) room_left -= x;
   }
+  // Gives candidate i a probe's nodes (a probe, a trial's step, the extra node at 0) within the
+  // room left; false when none fits.
+  auto probe = [&](size_t i) {
+    int32_t nodes = std::min(candidates[i].max_nodes, std::max(options_.probe_nodes, 1));
+    if (room_left >= 0) nodes = static_cast<int32_t>(std::min<int64_t>(nodes, room_left));
+    if (nodes <= 0) return false;
+    if (room_left >= 0) room_left -= nodes;
+    explore[i] = nodes;
+    explored += nodes;
+    return true;
+  };
   std::vector<size_t> probed;
   std::vector<size_t> trials;   // sequences whose trial goes on if the plan explores
   std::vector<size_t> started;  // sequences whose trial starts (probes, and the extra node at 0)
@@ -854,28 +871,15 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     // A step with no room for drafts (prompt chunks fill its token budget) is not a plan that
     // left the sequence idle: counting it would probe every sequence at once when room opens.
     if (room_left == 0) continue;
-    if (auto trial = trial_left_.find(candidates[i].id); trial != trial_left_.end()) {
-      int32_t nodes = std::min(candidates[i].max_nodes, std::max(options_.probe_nodes, 1));
-      if (room_left >= 0) nodes = static_cast<int32_t>(std::min<int64_t>(nodes, room_left));
-      if (nodes > 0) {
-        if (room_left >= 0) room_left -= nodes;
-        explore[i] = nodes;
-        explored += nodes;
-        trials.push_back(i);
-        continue;
-      }
+    if (trial_left_.count(candidates[i].id) > 0 && probe(i)) {
+      trials.push_back(i);
+      continue;
     }
     if (options_.probe_after <= 0) continue;
     auto backoff = probe_backoff_.find(candidates[i].drafter);
     const int32_t wait =
         options_.probe_after * (backoff == probe_backoff_.end() ? 1 : backoff->second);
-    if (++idle < wait) continue;
-    int32_t probe = std::min(candidates[i].max_nodes, options_.probe_nodes);
-    if (room_left >= 0) probe = static_cast<int32_t>(std::min<int64_t>(probe, room_left));
-    if (probe <= 0) continue;
-    if (room_left >= 0) room_left -= probe;
-    explore[i] = probe;
-    explored += probe;
+    if (++idle < wait || !probe(i)) continue;
     probed.push_back(i);
     started.push_back(i);
   }
@@ -893,11 +897,7 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       if (explore[i] > 0) {
         ++explore[i];
         explored += 1;
-      } else {  // a sequence at 0: a trial's first step, as a probe
-        int32_t nodes = std::min(candidates[i].max_nodes, std::max(options_.probe_nodes, 1));
-        if (room_left > 0) nodes = static_cast<int32_t>(std::min<int64_t>(nodes, room_left));
-        explore[i] = nodes;
-        explored += nodes;
+      } else if (probe(i)) {  // a sequence at 0: a trial's first step, as a probe
         started.push_back(i);
       }
     }
@@ -1014,10 +1014,11 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   // their catch-ups at ~1.3x, which kept them from paying. So both steps count as at most their
   // predicted time, and the catch-up step's excess is booked to the calls that caused it (their
   // per-observed-token cost then carries it); the next step's excess is dropped.
-  const bool caught_up =
-      std::any_of(step.drafter_calls.begin(), step.drafter_calls.end(), [](const DrafterCall& c) {
-        return c.observed_tokens - (c.nodes + c.sequences) >= kCatchUpHorizon;
-      });
+  int64_t caught_up_tokens = 0;  // observed by the calls that caught up
+  for (const DrafterCall& call : step.drafter_calls) {
+    if (CaughtUp(call)) caught_up_tokens += call.observed_tokens;
+  }
+  const bool caught_up = caught_up_tokens > 0;
   double target_seconds = step.target_seconds;
   double catch_up_excess = 0;
   if ((caught_up || after_catch_up_) && step.shape.tokens > 0 && target_cost_.ready()) {
@@ -1034,15 +1035,8 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
                                  : step.other_seconds;
     other_seen_ = true;
   }
-  int64_t caught_up_tokens = 0;
-  for (const DrafterCall& call : step.drafter_calls) {
-    if (call.observed_tokens - (call.nodes + call.sequences) >= kCatchUpHorizon) {
-      caught_up_tokens += call.observed_tokens;
-    }
-  }
   for (DrafterCall call : step.drafter_calls) {
-    if (catch_up_excess > 0 && caught_up_tokens > 0 &&
-        call.observed_tokens - (call.nodes + call.sequences) >= kCatchUpHorizon) {
+    if (catch_up_excess > 0 && CaughtUp(call)) {
       call.seconds += catch_up_excess * static_cast<double>(call.observed_tokens) /
                       static_cast<double>(caught_up_tokens);
     }

@@ -286,7 +286,8 @@ class AcceptanceModel {
 };
 
 struct DraftBudgetOptions {
-  // A sequence at budget 0 this many plans in a row is probed with probe_nodes (0 = never).
+  // A sequence at budget 0 this many plans in a row is probed with probe_nodes (0 = never; a probe
+  // has at least one node).
   int32_t probe_after = 32;
   int32_t probe_nodes = 2;
   // Each plan that probes a drafter doubles the wait for its next probes, up to this factor
