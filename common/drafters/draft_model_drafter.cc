@@ -88,8 +88,8 @@ StatusOr<HostLogits> CatchUp(ModelRunner& model, const std::vector<Work*>& works
 void ExtendChain(Work& w, std::span<const float> row) {
   const int32_t parent = w.tree.size() - 1;
   if (w.st->sampling.greedy()) {
-    const int32_t token = Argmax(row);
-    w.tree.AddNode(parent, token, Softmax(row)[token]);
+    const TopToken top = ArgmaxWithProbability(row);
+    w.tree.AddNode(parent, top.token, top.prob);
   } else {
     AddSampledNode(w.tree, parent, Probabilities(row, w.st->sampling), w.proposal_top_k, w.st->rng);
   }

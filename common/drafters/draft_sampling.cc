@@ -20,16 +20,38 @@ uint64_t DraftSeed(uint64_t seed) {
   return x ^ (x >> 31);
 }
 
+namespace {
+
+// sum(exp(l - max)) over the row; -inf entries add nothing and skip the exponential.
+double SumExp(std::span<const float> row, float max_logit) {
+  double total = 0.0;
+  for (float l : row) {
+    if (l != -INFINITY) total += std::exp(l - max_logit);
+  }
+  return total;
+}
+
+}  // namespace
+
 std::vector<float> Softmax(std::span<const float> row) {
   std::vector<float> probs(row.size(), 0.0f);
   if (row.empty()) return probs;
-  const double max_logit = *std::max_element(row.begin(), row.end());
+  const float max_logit = *std::max_element(row.begin(), row.end());
   double total = 0.0;
-  for (float l : row) total += std::exp(static_cast<double>(l) - max_logit);
   for (size_t i = 0; i < row.size(); ++i) {
-    probs[i] = static_cast<float>(std::exp(static_cast<double>(row[i]) - max_logit) / total);
+    if (row[i] == -INFINITY) continue;
+    probs[i] = std::exp(row[i] - max_logit);
+    total += probs[i];
   }
+  const double inv = 1.0 / total;
+  for (float& p : probs) p = static_cast<float>(p * inv);
   return probs;
+}
+
+TopToken ArgmaxWithProbability(std::span<const float> row) {
+  if (row.empty()) return {};
+  const int32_t token = Argmax(row);
+  return {token, static_cast<float>(1.0 / SumExp(row, row[token]))};
 }
 
 std::vector<float> DraftProbabilities(std::span<const float> row, const SamplingParams& sampling) {

@@ -14,9 +14,9 @@ namespace specula {
 int32_t AddChainNode(CandidateTree& tree, int32_t parent, std::span<const float> row,
                      const SamplingParams& sampling, SequenceRng& rng, int32_t proposal_top_k) {
   if (sampling.greedy()) {
-    const int32_t token = Argmax(row);
-    tree.AddNode(parent, token, Softmax(row)[token]);
-    return token;
+    const TopToken top = ArgmaxWithProbability(row);
+    tree.AddNode(parent, top.token, top.prob);
+    return top.token;
   }
   const int32_t node =
       AddSampledNode(tree, parent, Probabilities(row, sampling), proposal_top_k, rng);
