@@ -64,9 +64,12 @@ AttentionInputs MakePaddedInputs(const PagedAttentionLayout& layout, at::Tensor 
 namespace {
 
 // q and k as one [N, nh + nkv, hd] view when they are adjacent heads of one fused projection (the
-// serving path's qkv matmul): one rotation instead of two. Undefined otherwise.
+// serving path's qkv matmul): one rotation instead of two. Undefined otherwise. Adjacent addresses
+// alone do not make one projection: the CUDA caching allocator puts separate small tensors back to
+// back, and a view over both would run past q's storage.
 at::Tensor AdjacentHeads(const at::Tensor& q, const at::Tensor& k) {
-  if (q.dim() != 3 || k.dim() != 3 || q.size(0) != k.size(0) || q.size(2) != k.size(2) ||
+  if (!q.has_storage() || !k.has_storage() || !q.storage().is_alias_of(k.storage()) ||
+      q.dim() != 3 || k.dim() != 3 || q.size(0) != k.size(0) || q.size(2) != k.size(2) ||
       // A dimension of size 1 may report any stride (views of one row do).
       (q.size(0) > 1 && q.stride(0) != k.stride(0)) || q.stride(1) != k.stride(1) ||
       q.stride(2) != k.stride(2) || q.scalar_type() != k.scalar_type() ||

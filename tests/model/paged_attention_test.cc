@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <random>
 
 #include "common/kv/block_allocator.h"
@@ -29,6 +30,9 @@ struct SeqSpec {
 struct Case {
   int64_t nh = 8, nkv = 4, hd = 32, block_size = 16, window = 0;
   std::vector<SeqSpec> seqs;
+  // q, k and v as three tensors with their own storage that lie back to back in memory (what the
+  // CUDA caching allocator does with three small projections): not one fused projection.
+  bool adjacent_storages = false;
 };
 
 // Visible cache positions of new row i of `s`, straight from the definition.
@@ -91,7 +95,16 @@ class PagedAttentionTest : public ::testing::Test {
     // Odd seeds: q, k and v as adjacent heads of one fused projection (the serving layout, which
     // the padded path rotates in one go); even seeds: three separate tensors.
     torch::Tensor q, k, v;
-    if (seed % 2) {
+    std::vector<float> back_to_back;  // owns the adjacent_storages case's memory
+    if (c.adjacent_storages) {
+      back_to_back.resize(N * (c.nh + 2 * c.nkv) * c.hd);
+      const auto filled = torch::randn({static_cast<int64_t>(back_to_back.size())});
+      std::copy_n(filled.data_ptr<float>(), back_to_back.size(), back_to_back.data());
+      float* p = back_to_back.data();
+      q = torch::from_blob(p, {N, c.nh, c.hd});
+      k = torch::from_blob(p + N * c.nh * c.hd, {N, c.nkv, c.hd});
+      v = torch::from_blob(p + N * (c.nh + c.nkv) * c.hd, {N, c.nkv, c.hd});
+    } else if (seed % 2) {
       auto qkv = torch::randn({N, c.nh + 2 * c.nkv, c.hd});
       q = qkv.narrow(1, 0, c.nh);
       k = qkv.narrow(1, c.nh, c.nkv);
@@ -188,6 +201,19 @@ TEST_F(PagedAttentionTest, OneRowForward) {
     EXPECT_LT(MaxError(c, false, seed), kTolerance) << seed;
     EXPECT_LT(MaxError(c, true, seed), kTolerance) << seed;
   }
+}
+
+TEST_F(PagedAttentionTest, SeparateProjectionsThatLieBackToBack) {
+  // One row: q's storage ends exactly where k's begins. The padded path's fused rotation must not
+  // take them for one projection (it viewed past q's storage and threw: on an H200 in bf16 every
+  // one-row SpecFormer observation failed and its sequences stopped drafting).
+  Case c;
+  c.adjacent_storages = true;
+  c.seqs.push_back({.cached = 37, .num_new = 1});
+  EXPECT_LT(MaxError(c, true, 2), kTolerance);
+  EXPECT_LT(MaxError(c, false, 2), kTolerance);
+  c.seqs.push_back({.cached = 5, .num_new = 3});
+  EXPECT_LT(MaxError(c, true, 2), kTolerance);
 }
 
 TEST_F(PagedAttentionTest, ChunksAndPrefillsAcrossBlockBoundaries) {
