@@ -46,6 +46,7 @@ StatusOr<std::unique_ptr<SpecFormerDrafter>> SpecFormerDrafter::Create(
   try {
     module->eval();
     module->to(head.device(), head.scalar_type());
+    module->FuseForServing();
     module->SetTargetWeights(target_module->model->embed_tokens->weight,
                              target_module->model->norm->weight, head,
                              target.config().rms_norm_eps);

@@ -44,6 +44,12 @@ void SpecFormerImpl::SetTargetWeights(const torch::Tensor& embedding,
   head_norm_eps_ = norm_eps;
 }
 
+void SpecFormerImpl::FuseForServing() {
+  context_attn->FuseProjections();
+  draft_attn->FuseProjections();
+  draft_mlp->FuseProjections();
+}
+
 std::pair<torch::Tensor, torch::Tensor> SpecFormerImpl::RopeFor(const torch::Tensor& positions) {
   const auto& w = downsampler->weight;
   return RopeCosSin(inv_freq_.to(w.device()), positions.to(w.device()), w.scalar_type());

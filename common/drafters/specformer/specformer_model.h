@@ -23,8 +23,8 @@
 
 #include <vector>
 
-#include "common/model/draft_head.h"
 #include "common/drafters/specformer/specformer_config.h"
+#include "common/model/draft_head.h"
 #include "common/model/transformer.h"
 
 namespace specula {
@@ -55,6 +55,10 @@ class SpecFormerImpl : public torch::nn::Module {
   // Serving: the head projects onto `tokens` only (a draft vocabulary, common/drafters/
   // draft_vocab.h); -inf logits elsewhere. Call after moving the module to its device and dtype.
   void RestrictHead(const std::vector<int32_t>& tokens) { head_.Restrict(tokens); }
+
+  // Serving: fuses the q/k/v and gate/up matmuls of its attentions and MLP (after the module is
+  // placed on its device and dtype).
+  void FuseForServing();
   // Tokens the head can rank (V, or the draft vocabulary's size).
   int64_t head_size() const { return head_.size(); }
 
