@@ -244,6 +244,8 @@ TEST_F(SpeculaCliTest, BenchComparesWithNoSpeculationAndWritesJson) {
   for (const auto& row : j["results"]) {
     EXPECT_EQ(row["repeats"].size(), 2u);
     EXPECT_EQ(row["output_mismatches"], 0) << row.dump();
+    EXPECT_EQ(row["draft_errors"], 0) << row.dump();
+    EXPECT_EQ(row["repeats"][0]["draft_errors"], 0) << row.dump();
     EXPECT_GT(row["tokens_per_s_median"].get<double>(), 0.0);
     if (row["drafter"] == "none") {
       EXPECT_DOUBLE_EQ(row["speedup_median"].get<double>(), 1.0);

@@ -138,6 +138,10 @@ struct RunResult {
   int64_t draft_depth = 0;
   int64_t accepted_tokens = 0;
   int64_t mismatches = 0;  // requests whose output differs from the baseline's
+  // Drafter failures (a step without speculation, or a sequence detached from its drafter): the
+  // output stays lossless, so only these say that a drafter's numbers are not its own.
+  int64_t draft_errors = 0;
+  std::string first_draft_error;
   int64_t peak_drafter_state_bytes = 0;
   int64_t engine_steps = 0;  // target forwards (each serves the whole batch)
   int64_t budget_nodes = 0;  // adaptive: nodes the policy gave, over sequence-steps
@@ -195,6 +199,8 @@ StatusOr<RunResult> RunOnce(SpecEngine& engine, const std::vector<SpecRequest>& 
       r.draft_tokens += x.stats.draft_tokens;
       r.draft_depth += x.stats.draft_depth;
       r.accepted_tokens += x.stats.accepted_tokens;
+      r.draft_errors += x.stats.draft_errors;
+      if (r.first_draft_error.empty()) r.first_draft_error = x.stats.last_draft_error;
       if (baseline && (*baseline)[i] != x.result.tokens) ++r.mismatches;
       outputs->push_back(x.result.tokens);
     }
@@ -338,7 +344,8 @@ Status Run(const BenchFlags& f) {
     for (size_t s = 0; s < settings.size(); ++s) {
       std::vector<double> tps, speedups, draft_share, verify_share;
       double a = 0, k = 0, l_d = 0, budget = 0;
-      int64_t mismatches = 0, peak_state = 0;
+      int64_t mismatches = 0, peak_state = 0, draft_errors = 0;
+      std::string first_draft_error;
       // Quality over the repeats that measured it: identical share, first divergence (over the
       // repeats where some request diverged), BLEU-4, mean target log-probability.
       std::vector<double> identical, divergence, bleu, log_prob;
@@ -357,6 +364,8 @@ Status Run(const BenchFlags& f) {
                     static_cast<double>(r.budgeted_sequence_steps) / f.repeats;
         }
         mismatches += r.mismatches;
+        draft_errors += r.draft_errors;
+        if (first_draft_error.empty()) first_draft_error = r.first_draft_error;
         peak_state = std::max(peak_state, r.peak_drafter_state_bytes);
         nlohmann::json quality = nullptr;
         if (r.quality) {
@@ -387,6 +396,7 @@ Status Run(const BenchFlags& f) {
                         {"engine_steps", r.engine_steps},
                         {"verify_seconds", r.verify_seconds},
                         {"mismatches", r.mismatches},
+                        {"draft_errors", r.draft_errors},
                         {"peak_drafter_state_bytes", r.peak_drafter_state_bytes}});
       }
       // kappa = a * l_d / k (SpecFormer): accepted length per draft token spent, scaled by the
@@ -442,6 +452,10 @@ Status Run(const BenchFlags& f) {
           Median(speedups), Min(speedups), a, kappa, k, 100 * Median(draft_share),
           100 * Median(verify_share), state_mb, static_cast<long long>(mismatches));
       if (!ops_line.empty()) std::printf("%-6s   %s\n", "", ops_line.c_str());
+      if (draft_errors > 0) {
+        std::printf("%-6s   DRAFTER ERRORS: %lld (first: %s)\n", "",
+                    static_cast<long long>(draft_errors), first_draft_error.c_str());
+      }
       if (!log_prob.empty()) {
         auto mean = [](const std::vector<double>& v) {
           double total = 0;
@@ -492,6 +506,9 @@ Status Run(const BenchFlags& f) {
            {"draft_share_median", Median(draft_share)},
            {"verify_share_median", Median(verify_share)},
            {"output_mismatches", mismatches},
+           {"draft_errors", draft_errors},
+           {"first_draft_error", first_draft_error.empty() ? nlohmann::json(nullptr)
+                                                           : nlohmann::json(first_draft_error)},
            {"ops", ops_json},
            {"repeats", reps}});
     }
