@@ -313,7 +313,17 @@ void DrafterCostModel::Observe(const DrafterCall& call) {
   if (!(call.seconds >= 0) || !std::isfinite(call.seconds)) return;
   const auto x = DrafterFeatures(call.sequences, call.nodes, call.max_depth,
                                  static_cast<double>(call.observed_tokens));
-  fit_.Add(std::vector<double>(x.begin(), x.end()), call.seconds);
+  // A call far slower than its shape has been (the process preempted: 1.8-2.8 ms calls among
+  // ~0.5 ms ones at batch 1 on the CPU, with 4 ms target steps beside them) counts as at most
+  // kOutlierFactor times the prediction, as a target step does (StepCostModel::Observe). Three
+  // such calls fitted a 1.2 ms per-call part (~0.05 ms measured): the draft LM then drafted
+  // nothing or 15-node chains, and did not draft again for the rest of the run.
+  double seconds = call.seconds;
+  if (fit_.samples() >= kDrafterAnchorEvery) {
+    const double predicted = fit_.Predict(x);
+    if (predicted > 0) seconds = std::min(seconds, StepCostModel::kOutlierFactor * predicted);
+  }
+  fit_.Add(std::vector<double>(x.begin(), x.end()), seconds);
   // The fit's anchor follows it, as the step cost's does: while a drafter only catches up (its
   // sequences resuming now and then, every call of one shape), those calls do not tell its
   // per-call and per-depth parts from its per-token part, and forgetting toward a zero prior

@@ -1119,6 +1119,32 @@ TEST(DrafterCostModelTest, CatchUpCallsKeepTheSteadySplit) {
   EXPECT_NEAR(model.Predict(1, 2, 2, 150), steady(2, 150) + 0.6e-3, 0.1e-3);
 }
 
+// Calls of a preempted process (the CPU trace: 1.8-2.8 ms calls among ~0.5 ms ones) move the fit
+// by at most the outlier factor each, instead of pricing every later call as one of them.
+TEST(DrafterCostModelTest, APreemptedCallDoesNotPriceDraftingOut) {
+  DrafterCostModel model;
+  auto steady = [](int32_t depth, int64_t observed) {
+    return 0.05e-3 + 0.065e-3 * depth + 14e-6 * static_cast<double>(observed);
+  };
+  auto call = [&](int32_t depth, int64_t observed, double seconds) {
+    model.Observe({.drafter = "lm",
+                   .sequences = 1,
+                   .nodes = depth,
+                   .max_depth = depth,
+                   .observed_tokens = observed,
+                   .seconds = seconds});
+  };
+  for (int i = 0; i < 200; ++i) call(3 + i % 3, 1 + i % 5, steady(3 + i % 3, 1 + i % 5));
+  ASSERT_NEAR(model.Predict(1, 4, 4, 4), steady(4, 4), 0.1 * steady(4, 4));
+  call(4, 2, 1.83e-3);
+  call(4, 6, 2.79e-3);
+  call(3, 7, 2.30e-3);
+  for (int i = 0; i < 3; ++i) call(3 + i % 3, 1 + i % 5, steady(3 + i % 3, 1 + i % 5));
+  EXPECT_NEAR(model.Predict(1, 4, 4, 4), steady(4, 4), 0.25 * steady(4, 4))
+      << "per call " << model.parts().per_call << ", per depth " << model.parts().per_depth;
+  EXPECT_LT(model.parts().per_call, 0.2e-3);
+}
+
 // The target step that ran with a drafter's catch-up, and the one after, ran on caches the
 // catch-up evicted: they do not price their shape, and the catch-up step's excess is booked to
 // the drafter call that caused it.
