@@ -25,7 +25,8 @@ trap 'for p in "$LOGS"/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; 
 source scripts/serve_lib.sh
 
 DRAFTER_FLAGS=(--drafter ngram,draft-model,specformer,beagle --drafter-model models/pyllama-draft-1m
-  --specformer-model models/specformer-pyllama-6m --beagle-model models/beagle-pyllama-6m)
+  --specformer-model models/specformer-pyllama-6m --beagle-model models/beagle-pyllama-6m
+  --draft-vocab "$MODEL/draft_vocab.json")
 
 # start NAME BUDGET_FLAGS...: one server (or three processes) named NAME; prints its public port.
 start() {
