@@ -94,6 +94,11 @@ PANELS = [
          [(f"{rate('specula_spec_decode_num_accepted_tokens_per_pos_total', by='position')} "
            f"/ ignoring(position) group_left {rate('specula_spec_decode_num_drafts_total')}",
            "position {{position}}")]),
+        ("Dropped drafts", "Drafts dropped per step: a failed or late drafter call, an invalid "
+         "tree. Output stays lossless; only speculation is lost.",
+         "percentunit", "timeseries",
+         [(f"{rate('specula_spec_decode_draft_errors_total')} / "
+           f"{rate('specula_engine_steps_total')}", "dropped / step")]),
         ("Draft vs verify time (target)", "Where the target's step time goes (split deployment).",
          "percentunit", "timeseries",
          [(f"{rate('specula_target_draft_seconds_total')} / ({rate('specula_target_draft_seconds_total')}"

@@ -92,6 +92,16 @@ struct RouterMetrics::Impl {
                                      .Labels(labels)
                                      .Register(*registry)
                                      .Add({});
+  Counter& draft_errors =
+      BuildCounter()
+          .Name("specula_spec_decode_draft_errors_total")
+          .Help(
+              "Drafts dropped: a drafter call failed or was late, or its tree was invalid. "
+              "Output stays lossless; the step ran without speculation for that sequence, "
+              "or the sequence was detached from a drafter that failed twice.")
+          .Labels(labels)
+          .Register(*registry)
+          .Add({});
   Family<Counter>& accepted_per_pos =
       BuildCounter()
           .Name("specula_spec_decode_num_accepted_tokens_per_pos_total")
@@ -422,6 +432,7 @@ void RouterMetrics::SpecProgress(const SpecRequestStats& before, const SpecReque
   add(impl_->num_drafts, after.draft_steps - before.draft_steps);
   add(impl_->num_draft_tokens, after.draft_tokens - before.draft_tokens);
   add(impl_->num_accepted_tokens, after.accepted_tokens - before.accepted_tokens);
+  add(impl_->draft_errors, after.draft_errors - before.draft_errors);
   for (size_t d = 0; d < after.accepted_per_position.size(); ++d) {
     const int64_t was =
         d < before.accepted_per_position.size() ? before.accepted_per_position[d] : 0;

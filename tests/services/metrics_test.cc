@@ -63,9 +63,10 @@ TEST(RouterMetricsTest, NamesMirrorVllmAndCountsMove) {
   const std::string before = m.Text();
   for (const char* name :
        {"specula_spec_decode_num_drafts_total", "specula_spec_decode_num_draft_tokens_total",
-        "specula_spec_decode_num_accepted_tokens_total", "specula_time_to_first_token_seconds",
-        "specula_inter_token_latency_seconds", "specula_e2e_request_latency_seconds",
-        "specula_num_requests_running", "specula_num_requests_waiting",
+        "specula_spec_decode_num_accepted_tokens_total", "specula_spec_decode_draft_errors_total",
+        "specula_time_to_first_token_seconds", "specula_inter_token_latency_seconds",
+        "specula_e2e_request_latency_seconds", "specula_num_requests_running",
+        "specula_num_requests_waiting",
         "specula_request_success_total{finished_reason=\"stop\",specula_reason=\"stop\"} 0",
         "specula_prompt_tokens_total", "specula_generation_tokens_total",
         "specula_kv_cache_usage_perc"}) {
@@ -79,6 +80,7 @@ TEST(RouterMetricsTest, NamesMirrorVllmAndCountsMove) {
   b.draft_tokens = 4;
   b.accepted_tokens = 2;
   b.accepted_per_position = {1, 1, 0, 0};
+  b.draft_errors = 2;
   m.SpecProgress(a, b);
   m.Finished({.reason = FinishReason::kLength, .e2e_seconds = 0.5});
   m.SetLoad(2, 3, 0.25);
@@ -88,6 +90,7 @@ TEST(RouterMetricsTest, NamesMirrorVllmAndCountsMove) {
        {"specula_prompt_tokens_total 7", "specula_generation_tokens_total 4",
         "specula_spec_decode_num_drafts_total 1", "specula_spec_decode_num_draft_tokens_total 4",
         "specula_spec_decode_num_accepted_tokens_total 2",
+        "specula_spec_decode_draft_errors_total 2",
         "specula_spec_decode_num_accepted_tokens_per_pos_total{position=\"1\"} 1",
         "specula_request_success_total{finished_reason=\"length\",specula_reason=\"length\"} 1",
         "specula_time_to_first_token_seconds_count 1",
