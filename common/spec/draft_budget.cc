@@ -69,6 +69,15 @@ void ForgettingLeastSquares::Solve() {
   }
 }
 
+namespace {
+
+// A measured time counts as at most kOutlierFactor times its prediction (both cost models).
+double WithoutOutlier(double seconds, double predicted) {
+  return predicted > 0 ? std::min(seconds, StepCostModel::kOutlierFactor * predicted) : seconds;
+}
+
+}  // namespace
+
 double ForgettingLeastSquares::Predict(std::span<const double> x) const {
   double y = 0;
   for (size_t i = 0; i < n_; ++i) y += theta_[i] * x[i];
@@ -157,10 +166,7 @@ void StepCostModel::Observe(const StepShape& shape, double seconds) {
   // kOutlierFactor times the prediction. One such step on a rarely visited knot priced drafts at
   // 2-3x their cost until the run ended; a real shift in cost still moves the fit, by up to that
   // factor a step. Not during the first steps, while the prediction is still the first guess.
-  if (observed_ >= kAnchorEvery) {
-    const double predicted = Predict(shape);
-    if (predicted > 0) seconds = std::min(seconds, kOutlierFactor * predicted);
-  }
+  if (observed_ >= kAnchorEvery) seconds = WithoutOutlier(seconds, Predict(shape));
   const std::vector<double> x = Features(shape);
   fit_.Add(x, seconds);
   bool went_stale = false;
@@ -318,11 +324,9 @@ void DrafterCostModel::Observe(const DrafterCall& call) {
   // kOutlierFactor times the prediction, as a target step does (StepCostModel::Observe). Three
   // such calls fitted a 1.2 ms per-call part (~0.05 ms measured): the draft LM then drafted
   // nothing or 15-node chains, and did not draft again for the rest of the run.
-  double seconds = call.seconds;
-  if (fit_.samples() >= kDrafterAnchorEvery) {
-    const double predicted = fit_.Predict(x);
-    if (predicted > 0) seconds = std::min(seconds, StepCostModel::kOutlierFactor * predicted);
-  }
+  const double seconds = fit_.samples() >= kDrafterAnchorEvery
+                             ? WithoutOutlier(call.seconds, fit_.Predict(x))
+                             : call.seconds;
   fit_.Add(std::vector<double>(x.begin(), x.end()), seconds);
   // The fit's anchor follows it, as the step cost's does: while a drafter only catches up (its
   // sequences resuming now and then, every call of one shape), those calls do not tell its
@@ -970,15 +974,11 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   for (size_t i = 0; i < n; ++i) {
     if (decision.budgets[i] > 0) {
       drafted_last_plan_.insert(candidates[i].id);
-    } else {
-      drafted_last_plan_.erase(candidates[i].id);
+      continue;
     }
-  }
-  if (options_.idle_relaxation > 0) {
-    for (size_t i = 0; i < n; ++i) {
-      if (decision.budgets[i] == 0 && candidates[i].max_nodes > 0) {
-        acceptance_.Relax(candidates[i].drafter, candidates[i].id, options_.idle_relaxation);
-      }
+    drafted_last_plan_.erase(candidates[i].id);
+    if (options_.idle_relaxation > 0 && candidates[i].max_nodes > 0) {
+      acceptance_.Relax(candidates[i].drafter, candidates[i].id, options_.idle_relaxation);
     }
   }
 
