@@ -56,6 +56,8 @@ class PagedKvCache {
   int64_t num_layers() const { return static_cast<int64_t>(keys_.size()); }
   at::Tensor& keys(int64_t layer) { return keys_[layer]; }      // [num_slots, n_kv, head_dim]
   at::Tensor& values(int64_t layer) { return values_[layer]; }  // [num_slots, n_kv, head_dim]
+  const at::Tensor& keys(int64_t layer) const { return keys_[layer]; }
+  const at::Tensor& values(int64_t layer) const { return values_[layer]; }
 
   // Keeps only positions start + offsets[i] (offsets strictly increasing, all inside the sequence),
   // moving them to start + i, and truncates the sequence to start + offsets.size(). This is how an

@@ -59,4 +59,40 @@ at::Tensor PagedAttentionCpu(const at::Tensor& q, const at::Tensor& key_cache,
                              const at::Tensor& value_cache, const PagedAttentionLayout& layout,
                              const RowKeys* row_keys = nullptr);
 
+// Raw forms of the kernels above, for callers that keep their own buffers (CpuForward): the same
+// computations, so the same results, without a tensor per call. Rows have a stride of their
+// width unless a stride is given.
+
+// y [rows, n] = x [rows, k] @ weight [n, k]^T (+ bias [n]) (+ residual [rows, n]); rows in
+// [1, kSmallMatmulMaxRows], k a multiple of 16.
+void SmallMatmulRaw(const float* x, int64_t rows, int64_t k, const float* weight, int64_t n,
+                    const float* bias, const float* residual, float* y);
+void RmsNormRaw(const float* x, const float* weight, float* out, int64_t rows, int64_t d,
+                double eps);
+void SiluMulRaw(const float* gate_up, float* out, int64_t rows, int64_t f);
+
+// One forward's rows for RopeAndCacheRaw: q/k/v row i at q + i * q_stride (heads q_head_stride
+// apart, each head_dim contiguous floats), rotated by the cos/sin table rows cos_row[i].
+struct RopeRows {
+  const float* q;
+  const float* k;
+  const float* v;
+  int64_t q_stride, k_stride, v_stride;
+  int64_t q_head_stride, k_head_stride, v_head_stride;
+  int64_t rows, num_heads, num_kv_heads, head_dim;
+  const float* cos;  // [table rows, head_dim]
+  const float* sin;
+  const int64_t* cos_row;      // [rows]
+  const int64_t* write_slots;  // [rows], each in [0, num_slots)
+};
+// Writes the rotated keys and the values to their slots of the [num_slots, nkv, hd] caches and
+// the rotated queries to q_out [rows, nh, hd].
+void RopeAndCacheRaw(const RopeRows& rows, int64_t num_slots, float* key_cache, float* value_cache,
+                     float* q_out);
+
+// PagedAttentionCpu without row keys: q [rows, nh, hd] contiguous, out [rows, nh * hd].
+void PagedAttentionRaw(const float* q, int64_t rows, int64_t num_heads, int64_t head_dim,
+                       int64_t num_kv_heads, const float* key_cache, const float* value_cache,
+                       const PagedAttentionLayout& layout, float* out);
+
 }  // namespace specula

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "common/model/checkpoint.h"
+#include "common/model/cpu_forward.h"
 #include "common/model/draft_head.h"
 #include "common/model/paged_attention.h"
 #include "common/model/rope.h"
@@ -48,6 +49,7 @@ struct ModelRunner::Impl {
   // a forward gathers its rows instead of recomputing them.
   torch::Tensor rope_cos, rope_sin;
   DraftHead head;  // set only by RestrictVocabulary: logits for a draft vocabulary
+  std::unique_ptr<CpuForward> cpu_forward;  // float32 CPU, unless options.cpu_forward is false
 
   Status Validate(const ForwardBatch& batch) const;
 };
@@ -158,6 +160,9 @@ StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::FromModule(std::shared_ptr<C
   }
   for (int64_t l = 0; l < impl->config.num_hidden_layers; ++l) {
     impl->layer_kv.push_back({impl->kv->keys(l), impl->kv->values(l)});
+  }
+  if (options.cpu_forward && impl->device.is_cpu() && impl->dtype == torch::kFloat) {
+    impl->cpu_forward = std::make_unique<CpuForward>(impl->config);
   }
   impl->module = std::move(module);
   return std::unique_ptr<ModelRunner>(new ModelRunner(std::move(impl)));
@@ -348,6 +353,14 @@ StatusOr<ForwardOutput> ModelRunner::Forward(const ForwardBatch& batch) {
   try {
     // Inference mode: no autograd bookkeeping (version counters, views) on any op of the forward.
     c10::InferenceMode inference;
+    if (m.cpu_forward && m.cpu_forward->Applies(*m.module, row)) {
+      CpuForward::Result result =
+          m.cpu_forward->Run(*m.module, tokens, layout, m.rope_cos, m.rope_sin, m.layer_kv,
+                             logit_rows, m.head, batch.hidden_layers);
+      out.logits = std::move(result.logits);
+      out.hidden = std::move(result.hidden);
+      return out;
+    }
     auto long_opts = torch::TensorOptions().dtype(torch::kLong);
     auto to_dev = [&](std::vector<int64_t>& v) {
       return torch::from_blob(v.data(), {(int64_t)v.size()}, long_opts).to(m.device);

@@ -23,6 +23,9 @@ struct ModelRunnerOptions {
   std::string device = "cpu";     // "cpu", "cuda", "cuda:N"
   std::string dtype = "float32";  // "float32", "bfloat16", "float16"
   KvCacheOptions kv;
+  // float32 CPU forwards of up to kSmallMatmulMaxRows rows run CpuForward (the module's kernels
+  // without LibTorch ops; the same results). false: always the module's forward (A/B checks).
+  bool cpu_forward = true;
 };
 
 struct ForwardOutput {

@@ -132,17 +132,20 @@ void SelfAttentionImpl::FuseProjections() {
   }
 }
 
+bool SelfAttentionImpl::fused() const {
+  const int64_t nq = num_heads_ * head_dim_, nk = num_kv_heads_ * head_dim_;
+  const int64_t d = q_proj->weight.size(1);
+  return SharesStorage(q_proj->weight, qkv_weight_, 0) &&
+         SharesStorage(k_proj->weight, qkv_weight_, nq * d) &&
+         SharesStorage(v_proj->weight, qkv_weight_, (nq + nk) * d) &&
+         (!q_proj->bias.defined() || SharesStorage(q_proj->bias, qkv_bias_, 0));
+}
+
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> SelfAttentionImpl::Project(
     const torch::Tensor& x) {
   const int64_t N = x.size(0);
   const int64_t nq = num_heads_ * head_dim_, nk = num_kv_heads_ * head_dim_;
-  const int64_t d = x.size(-1);
-  const bool fused = !torch::GradMode::is_enabled() &&
-                     SharesStorage(q_proj->weight, qkv_weight_, 0) &&
-                     SharesStorage(k_proj->weight, qkv_weight_, nq * d) &&
-                     SharesStorage(v_proj->weight, qkv_weight_, (nq + nk) * d) &&
-                     (!q_proj->bias.defined() || SharesStorage(q_proj->bias, qkv_bias_, 0));
-  if (fused) {
+  if (!torch::GradMode::is_enabled() && fused()) {
     auto qkv = ServingLinear(x, qkv_weight_, qkv_bias_);  // [N, nq + 2 nk]
     return {qkv.narrow(1, 0, nq).view({N, num_heads_, head_dim_}),
             qkv.narrow(1, nq, nk).view({N, num_kv_heads_, head_dim_}),
@@ -193,15 +196,21 @@ void MlpImpl::FuseProjections() {
   up_proj->weight.set_data(gate_up_weight_.narrow(0, f, f));
 }
 
-torch::Tensor MlpImpl::Activation(const torch::Tensor& x) {
+bool MlpImpl::fused() const {
   const int64_t f = gate_proj->weight.size(0), d = gate_proj->weight.size(1);
-  if (!torch::GradMode::is_enabled() && SharesStorage(gate_proj->weight, gate_up_weight_, 0) &&
-      SharesStorage(up_proj->weight, gate_up_weight_, f * d)) {
+  return SharesStorage(gate_proj->weight, gate_up_weight_, 0) &&
+         SharesStorage(up_proj->weight, gate_up_weight_, f * d);
+}
+
+torch::Tensor MlpImpl::Activation(const torch::Tensor& x) {
+  const int64_t f = gate_proj->weight.size(0);
+  if (!torch::GradMode::is_enabled() && fused()) {
     auto gate_up = ServingLinear(x, gate_up_weight_, {});  // [..., 2f]
     // The one-pass kernel saves ops where op overhead dominates (a few rows); on many rows
-    // LibTorch's silu and mul use both cores, the kernel one (not re-measured since the
-    // kernel's loop was vectorised).
-    constexpr int64_t kOnePassMaxRows = 8;
+    // LibTorch's silu and mul use both cores, the kernel one. Its bound is the small matmul's,
+    // so that a forward of up to that many rows runs the same kernels as CpuForward (which
+    // gives the same results on the same rows).
+    constexpr int64_t kOnePassMaxRows = kSmallMatmulMaxRows;
     if (CpuKernelsApply(gate_up) && gate_up.numel() <= 2 * f * kOnePassMaxRows) {
       return SiluMulCpu(gate_up);
     }

@@ -45,6 +45,11 @@ class SelfAttentionImpl : public torch::nn::Module {
   // Serving: q/k/v become views of one [q+k+v, d] weight so that a forward runs one matmul. The
   // parameters keep their names and stay trainable (they share the fused storage).
   void FuseProjections();
+  // Whether q/k/v are still views of the fused weight (moving the module un-fuses it), and that
+  // weight [q+k+v, d] and bias (undefined without biases).
+  bool fused() const;
+  const torch::Tensor& qkv_weight() const { return qkv_weight_; }
+  const torch::Tensor& qkv_bias() const { return qkv_bias_; }
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
@@ -65,6 +70,9 @@ class MlpImpl : public torch::nn::Module {
   torch::Tensor Activation(const torch::Tensor& x);  // silu(gate(x)) * up(x)
   // Serving: gate and up become views of one [2f, d] weight (one matmul per forward).
   void FuseProjections();
+  // Whether gate and up are still views of the fused [2f, d] weight, and that weight.
+  bool fused() const;
+  const torch::Tensor& gate_up_weight() const { return gate_up_weight_; }
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 
  private:

@@ -1,0 +1,66 @@
+// A forward of a few rows (decode steps, a draft LM's depths, short drafts' verification) of a
+// float32 Llama-family model on the CPU, without LibTorch ops. For such rows the module's forward
+// (transformer.cc) already runs the hand-written kernels of cpu_kernels.h, but through ~70 (the
+// bundled 2-layer draft LM) to ~160 (the 6-layer target) LibTorch calls per forward, each a
+// dispatch and most a new tensor: at batch 1 on two cores about half of a draft LM forward's
+// time and a tenth of the target's (docs/BENCHMARKS.md). CpuForward calls the same kernels in the
+// same order on raw pointers into the module's weights and into scratch it keeps between
+// forwards, so its results are bitwise the module's (tests/model/cpu_forward_test.cc).
+//
+// It reads the module's parameters at every forward (no copies, nothing to go stale when weights
+// are reloaded or trained in place) and applies only while they are float32 on the CPU with the
+// serving fusions in place (CausalLMImpl::FuseForServing). Include only from .cc files.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "common/model/attention_inputs.h"
+#include "common/model/model_config.h"
+
+namespace specula {
+
+class CausalLMImpl;
+class DraftHead;
+class PagedAttentionLayout;
+
+class CpuForward {
+ public:
+  explicit CpuForward(const ModelConfig& config);
+
+  // Whether Run can take a forward of `rows` rows of `module` now: float32 CPU weights, fused
+  // projections, at most kSmallMatmulMaxRows rows (above it the module's matmuls run on BLAS).
+  bool Applies(CausalLMImpl& module, int64_t rows) const;
+
+  struct Result {
+    at::Tensor logits;               // [logit rows, vocab] float32
+    std::vector<at::Tensor> hidden;  // per requested layer index (as CausalLMImpl::forward)
+  };
+  // tokens [rows] in the layout's row order; layout: each row's position, write slot and visible
+  // keys; rope_cos/rope_sin: [max positions, head_dim] tables; kv: one cache per layer, where the
+  // rows' keys and values are written. Logits are of the final-normed rows `logit_rows`, through
+  // `head` when it is restricted to a draft vocabulary, else the module's lm_head.
+  Result Run(CausalLMImpl& module, const std::vector<int64_t>& tokens,
+             const PagedAttentionLayout& layout, const at::Tensor& rope_cos,
+             const at::Tensor& rope_sin, std::vector<LayerKvCache>& kv,
+             const std::vector<int64_t>& logit_rows, const DraftHead& head,
+             const std::vector<int64_t>& hidden_layers);
+
+ private:
+  ModelConfig config_;
+  // A scratch buffer, allocated once: 64-byte aligned as LibTorch's (the kernels' row loads
+  // straddled cache lines in std::vector's 16-byte-aligned rows: 10% slower at 32 rows).
+  struct Scratch {
+    at::Tensor storage;
+    float* Get(int64_t floats);  // at least that many floats
+  };
+  // For kSmallMatmulMaxRows rows: the residual stream before and after attention, a normed copy,
+  // the fused projections' outputs, rotated queries, attention output, activation, the logit
+  // rows and a restricted head's scores.
+  Scratch x_, h_, normed_, qkv_, q_normed_, k_normed_, q_rot_, attn_, gate_up_, act_;
+  Scratch head_rows_, head_out_;
+};
+
+}  // namespace specula

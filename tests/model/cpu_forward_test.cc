@@ -1,0 +1,195 @@
+#include "common/model/cpu_forward.h"
+
+#include <ATen/record_function.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/model/cpu_kernels.h"
+#include "common/model/model_runner.h"
+#include "common/model/transformer.h"
+#include "tests/testing/tiny_model.h"
+
+namespace specula {
+namespace {
+
+// Larger weights, random biases and norm scales (as model_runner_test), so that every parameter
+// shows in the logits.
+std::shared_ptr<CausalLMImpl> MakeModel(const ModelConfig& config, uint64_t seed) {
+  auto model = MakeTinyModel(config, seed, /*weight_scale=*/10.0);
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(seed + 1000);
+  for (auto& p : model->named_parameters()) {
+    const std::string& name = p.key();
+    if (name.find("norm") != std::string::npos) {
+      p.value().uniform_(0.5, 1.5);
+    } else if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
+      p.value().normal_(0.0, 0.5);
+    }
+  }
+  model->eval();
+  return model;
+}
+
+std::unique_ptr<ModelRunner> Runner(const ModelConfig& config, bool cpu_forward) {
+  ModelRunnerOptions options;
+  options.kv.block_size = 4;
+  options.kv.num_blocks = 64;
+  options.cpu_forward = cpu_forward;
+  auto runner = ModelRunner::FromModule(MakeModel(config, 7), options);
+  EXPECT_TRUE(runner.ok()) << runner.status().ToString();
+  return std::move(runner).value();
+}
+
+// LibTorch ops dispatched on this thread while it lives.
+class OpCount {
+ public:
+  OpCount() {
+    handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(
+        [](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> {
+          ++count_;
+          return nullptr;
+        }));
+  }
+  ~OpCount() { at::removeCallback(handle_); }
+  int64_t count() const { return count_; }
+
+ private:
+  static inline thread_local int64_t count_ = 0;
+  at::CallbackHandle handle_;
+};
+
+// The same forwards through CpuForward and through the module: logits, hidden states and the
+// KV caches written must be bitwise equal (the same kernels in the same order on the same data).
+void ExpectSameForwards(const ModelConfig& config) {
+  auto fast = Runner(config, /*cpu_forward=*/true);
+  auto reference = Runner(config, /*cpu_forward=*/false);
+  ASSERT_TRUE(fast && reference);
+  const int64_t L = config.num_hidden_layers;
+  // A prompt chunk, a decode step, a tree with explicit positions, a batch of three with a
+  // restricted head, and a chunk too long for CpuForward (both take the module's path).
+  std::vector<ForwardBatch> steps;
+  SequenceChunk prompt{.seq = 1, .logits = LogitsRows::kAll};
+  for (int i = 0; i < 20; ++i) prompt.tokens.push_back((i * 7 + 3) % config.vocab_size);
+  steps.push_back({.seqs = {prompt}, .hidden_layers = {0, 1, L}});
+  steps.push_back({.seqs = {{.seq = 1, .tokens = {5}}}});
+  steps.push_back({.seqs = {{.seq = 1,
+                             .tokens = {9, 4, 11, 2, 30, 8},
+                             .positions = {21, 22, 22, 23, 23, 24},
+                             .parents = {-1, 0, 0, 1, 2, 3},
+                             .logits = LogitsRows::kExplicit,
+                             .logit_rows = {0, 3, 5}}},
+                   .hidden_layers = {L}});
+  steps.push_back({.seqs = {{.seq = 1, .tokens = {17}},
+                            {.seq = 2, .tokens = {1, 2, 3, 4, 5, 6, 7}, .logits = LogitsRows::kAll},
+                            {.seq = 3, .tokens = {40, 41}, .logits = LogitsRows::kNone}},
+                   .hidden_layers = {1}});
+  SequenceChunk long_chunk{.seq = 3};
+  for (int i = 0; i < 40; ++i) long_chunk.tokens.push_back((i * 5 + 1) % config.vocab_size);
+  steps.push_back({.seqs = {long_chunk}});
+  steps.push_back({.seqs = {{.seq = 2, .tokens = {12}}, {.seq = 3, .tokens = {13}}}});
+  for (SeqId s : {1, 2, 3}) {
+    ASSERT_TRUE(fast->AddSequence(s).ok());
+    ASSERT_TRUE(reference->AddSequence(s).ok());
+  }
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (i == 3) {  // a draft LM's reduced head from here on
+      std::vector<int32_t> vocabulary;
+      for (int32_t t = 0; t < config.vocab_size; t += 3) vocabulary.push_back(t);
+      ASSERT_TRUE(fast->RestrictVocabulary(vocabulary).ok());
+      ASSERT_TRUE(reference->RestrictVocabulary(vocabulary).ok());
+    }
+    int64_t rows = 0;
+    for (const SequenceChunk& s : steps[i].seqs) rows += static_cast<int64_t>(s.tokens.size());
+    EXPECT_EQ(CpuForward(config).Applies(*fast->module(), rows), rows <= kSmallMatmulMaxRows);
+    auto a = fast->Forward(steps[i]);
+    auto b = reference->Forward(steps[i]);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_TRUE(torch::equal(a->logits, b->logits)) << "step " << i;
+    EXPECT_EQ(a->logits_offset, b->logits_offset);
+    ASSERT_EQ(a->hidden.size(), b->hidden.size());
+    for (size_t h = 0; h < a->hidden.size(); ++h) {
+      EXPECT_TRUE(torch::equal(a->hidden[h], b->hidden[h])) << "step " << i << " hidden " << h;
+    }
+    // Every cached position (slots no sequence holds are uninitialised memory).
+    const BlockAllocator& alloc = fast->kv_cache().allocator();
+    for (SeqId s : {1, 2, 3}) {
+      ASSERT_EQ(alloc.Length(s), reference->kv_cache().allocator().Length(s));
+      ASSERT_EQ(alloc.BlockTable(s), reference->kv_cache().allocator().BlockTable(s));
+      for (int64_t pos = 0; pos < alloc.Length(s); ++pos) {
+        const int64_t slot = alloc.BlockTable(s)[pos / alloc.block_size()] * alloc.block_size() +
+                             pos % alloc.block_size();
+        for (int64_t l = 0; l < L; ++l) {
+          EXPECT_TRUE(
+              torch::equal(fast->kv_cache().keys(l)[slot], reference->kv_cache().keys(l)[slot]))
+              << "step " << i << " sequence " << s << " position " << pos;
+          EXPECT_TRUE(
+              torch::equal(fast->kv_cache().values(l)[slot], reference->kv_cache().values(l)[slot]))
+              << "step " << i << " sequence " << s << " position " << pos;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuForwardTest, MatchesTheModulesForwardBitwise) { ExpectSameForwards(TinyModelConfig()); }
+
+TEST(CpuForwardTest, MatchesWithBiasesAndTiedEmbeddings) {
+  ModelConfig config = TinyModelConfig();
+  config.qkv_bias = true;  // Qwen2
+  config.o_bias = true;
+  config.tie_word_embeddings = true;
+  ExpectSameForwards(config);
+}
+
+TEST(CpuForwardTest, MatchesWithQkNormAndASlidingWindow) {
+  ModelConfig config = TinyModelConfig();
+  config.qk_norm = true;  // Qwen3
+  config.sliding_window = 6;
+  ExpectSameForwards(config);
+}
+
+// The point of it: a forward of a few rows dispatches almost no LibTorch ops.
+TEST(CpuForwardTest, ADecodeStepDispatchesAlmostNoLibTorchOps) {
+  const ModelConfig config = TinyModelConfig();
+  auto fast = Runner(config, true);
+  auto reference = Runner(config, false);
+  ASSERT_TRUE(fast && reference);
+  ASSERT_TRUE(fast->AddSequence(1).ok() && reference->AddSequence(1).ok());
+  const ForwardBatch step{.seqs = {{.seq = 1, .tokens = {3, 4}}}};
+  ASSERT_TRUE(fast->Forward(step).ok() && reference->Forward(step).ok());  // scratch allocated
+  int64_t fast_ops = 0, reference_ops = 0;
+  {
+    OpCount count;
+    ASSERT_TRUE(fast->Forward({.seqs = {{.seq = 1, .tokens = {5}}}}).ok());
+    fast_ops = count.count();
+  }
+  {
+    OpCount count;
+    ASSERT_TRUE(reference->Forward({.seqs = {{.seq = 1, .tokens = {5}}}}).ok());
+    reference_ops = count.count() - fast_ops;
+  }
+  EXPECT_LE(fast_ops, 4);
+  EXPECT_GT(reference_ops, 40);
+}
+
+TEST(CpuForwardTest, AppliesOnlyToFusedFloat32WeightsAndFewRows) {
+  const ModelConfig config = TinyModelConfig();
+  auto module = MakeModel(config, 3);
+  CpuForward forward(config);
+  EXPECT_FALSE(forward.Applies(*module, 1)) << "projections not fused";
+  module->FuseForServing();
+  EXPECT_TRUE(forward.Applies(*module, 1));
+  EXPECT_TRUE(forward.Applies(*module, kSmallMatmulMaxRows));
+  EXPECT_FALSE(forward.Applies(*module, 0));
+  EXPECT_FALSE(forward.Applies(*module, kSmallMatmulMaxRows + 1));
+  module->to(torch::kDouble);  // moving a module un-fuses it, and float64 is not the kernels'
+  EXPECT_FALSE(forward.Applies(*module, 1));
+}
+
+}  // namespace
+}  // namespace specula
