@@ -25,7 +25,9 @@ class DraftHead {
   int64_t size() const { return restricted() ? rows_.size(0) : full_.size(0); }
   // x [..., d] -> logits [..., V]; restricted: -inf outside the draft vocabulary.
   torch::Tensor operator()(const torch::Tensor& x) const;
-  // Restricted: the draft vocabulary's rows of the head [N, d] and their ids [N] (int64).
+  // The whole head [V, d]; restricted: the draft vocabulary's rows [N, d] and their ids [N]
+  // (int64).
+  const torch::Tensor& full_weight() const { return full_; }
   const torch::Tensor& restricted_rows() const { return rows_; }
   const torch::Tensor& restricted_ids() const { return ids_; }
 

@@ -12,6 +12,7 @@
 #include <functional>
 #include <random>
 
+#include "common/drafters/draft_vocab.h"
 #include "common/drafters/specformer/specformer_model.h"
 #include "common/engine/plain_decoder.h"
 #include "common/model/rope.h"
@@ -324,6 +325,83 @@ TEST(SpecFormerDrafterTest, SampledChainsCarryTheShapedSlotDistribution) {
       auto got = t.distribution(t.proposal(i));
       for (int32_t v = 0; v < kVocab; ++v) EXPECT_NEAR(got[v], want[v], 1e-5);
       EXPECT_GT(want[t.token(i)], 0.0f);
+    }
+  }
+}
+
+// On a float32 CPU target a step of up to 32 rows runs SpecFormerCpuForward: its context cache
+// and slot logits must be bitwise the module's, for every slot attention, with and without the
+// pending token and a draft vocabulary, through catch-ups (the module's path), batched steady
+// observations and single ones.
+TEST(SpecFormerDrafterTest, TheCpuForwardMatchesTheModuleBitwise) {
+  auto target = Runner(TargetModule());
+  auto vocab = std::make_shared<DraftVocab>();
+  vocab->vocab_size = kVocab;
+  for (int32_t t = 1; t < kVocab; t += 2) vocab->tokens.push_back(t);
+  const int64_t d = TinyModelConfig().hidden_size;
+  for (bool causal : {false, true}) {
+    for (bool pending : {false, true}) {
+      for (bool restricted : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "causal " << causal << " pending " << pending
+                                        << " restricted " << restricted);
+        std::unique_ptr<SpecFormerDrafter> drafters[2];
+        for (int i = 0; i < 2; ++i) {
+          auto module = SpecModule(5, causal, pending);
+          {  // a non-zero positional bias (the init's is 0), the same in both
+            torch::NoGradGuard no_grad;
+            torch::manual_seed(21);
+            module->positional_ffn->bias.normal_(0.0, 0.5);
+          }
+          auto created = SpecFormerDrafter::Create(module, *target,
+                                                   {.kv = {.block_size = 4, .num_blocks = 256},
+                                                    .draft_vocab = restricted ? vocab : nullptr,
+                                                    .cpu_forward = i == 0});
+          ASSERT_TRUE(created.ok()) << created.status();
+          drafters[i] = std::move(*created);
+          ASSERT_TRUE(drafters[i]->AddSequence(1, {}).ok());
+          ASSERT_TRUE(drafters[i]->AddSequence(2, {}).ok());
+        }
+        const size_t K = drafters[0]->hidden_layers().size();
+        torch::manual_seed(11);
+        auto observation = [&](SeqId seq, int64_t tokens, int64_t rows) {
+          DrafterObservation o{.seq = seq, .tokens = RandomTokens(tokens, seq * 100 + tokens)};
+          for (size_t k = 0; k < K; ++k) o.hidden.push_back(torch::randn({rows, d}));
+          return o;
+        };
+        // A catch-up of 50 rows (the module's path), two steady rounds, one single row.
+        const std::vector<std::vector<DrafterObservation>> rounds = {
+            {observation(1, 12, 11), observation(2, 40, 39)},
+            {observation(1, 3, 3), observation(2, 2, 2)},
+            {observation(2, 4, 4), observation(1, 1, 1)},
+            {observation(1, 1, 1)}};
+        for (size_t r = 0; r < rounds.size(); ++r) {
+          for (auto& drafter : drafters) ASSERT_TRUE(drafter->Observe(rounds[r]).ok());
+          for (SeqId seq : {1, 2}) {
+            auto fast = drafters[0]->SlotLogits(seq);
+            auto reference = drafters[1]->SlotLogits(seq);
+            ASSERT_TRUE(fast.ok() && reference.ok());
+            EXPECT_TRUE(torch::equal(*fast, *reference)) << "round " << r << " sequence " << seq;
+            auto fast_cache = drafters[0]->ContextCache(seq);
+            auto reference_cache = drafters[1]->ContextCache(seq);
+            ASSERT_TRUE(fast_cache.ok() && reference_cache.ok());
+            EXPECT_TRUE(torch::equal(fast_cache->first, reference_cache->first)) << r;
+            EXPECT_TRUE(torch::equal(fast_cache->second, reference_cache->second)) << r;
+          }
+        }
+        // Batched proposals (two sequences' slots in one draft block) agree too.
+        auto fast = drafters[0]->Propose({{.seq = 1, .max_nodes = 4, .max_depth = 4},
+                                          {.seq = 2, .max_nodes = 3, .max_depth = 3}});
+        auto reference = drafters[1]->Propose({{.seq = 1, .max_nodes = 4, .max_depth = 4},
+                                               {.seq = 2, .max_nodes = 3, .max_depth = 3}});
+        ASSERT_TRUE(fast.ok() && reference.ok());
+        for (size_t i = 0; i < 2; ++i) {
+          EXPECT_EQ((*fast)[i].tokens(), (*reference)[i].tokens());
+          EXPECT_EQ((*fast)[i].parents(), (*reference)[i].parents());
+          for (int32_t n = 0; n < (*fast)[i].size(); ++n) {
+            EXPECT_EQ((*fast)[i].draft_prob(n), (*reference)[i].draft_prob(n));
+          }
+        }
+      }
     }
   }
 }

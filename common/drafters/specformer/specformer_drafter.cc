@@ -8,7 +8,9 @@
 #include "common/drafters/draft_sampling.h"
 #include "common/drafters/drafter_cache_size.h"
 #include "common/drafters/marginal_drafts.h"
+#include "common/drafters/specformer/specformer_cpu_forward.h"
 #include "common/drafters/specformer/specformer_model.h"
+#include "common/model/cpu_kernels.h"
 #include "common/model/paged_attention.h"
 #include "common/model/transformer.h"
 
@@ -63,9 +65,18 @@ StatusOr<std::unique_ptr<SpecFormerDrafter>> SpecFormerDrafter::Create(
     return InternalError(StrCat("cannot place SpecFormer on ", head.device().str(), ": ",
                                 e.what_without_backtrace()));
   }
+  std::unique_ptr<SpecFormerCpuForward> cpu_forward;
+  if (options.cpu_forward && head.device().is_cpu() && head.scalar_type() == torch::kFloat) {
+    try {
+      cpu_forward = std::make_unique<SpecFormerCpuForward>(*module);
+    } catch (const c10::Error& e) {
+      return InternalError(StrCat("SpecFormer RoPE tables: ", e.what_without_backtrace()));
+    }
+  }
   auto drafter = std::unique_ptr<SpecFormerDrafter>(
       new SpecFormerDrafter(std::move(module), std::move(kv), std::move(options)));
   drafter->target_module_ = std::move(target_module);
+  drafter->cpu_forward_ = std::move(cpu_forward);
   return drafter;
 }
 
@@ -124,6 +135,24 @@ Status SpecFormerDrafter::Observe(const std::vector<DrafterObservation>& observa
 
     try {
       c10::InferenceMode inference;
+      LayerKvCache layer{kv_->keys(0), kv_->values(0)};
+      // The rows' states as the kernels read them (the target's float32 CPU output is).
+      bool raw_states = cpu_forward_ && cpu_forward_->Applies(*module_, layout.num_rows());
+      for (size_t i = 0; raw_states && i < with_rows.size(); ++i) {
+        for (const at::Tensor& h : observations[with_rows[i]].hidden) {
+          raw_states = raw_states && CpuKernelsApply(h) && h.is_contiguous();
+        }
+      }
+      if (raw_states) {
+        std::vector<std::vector<at::Tensor>> hidden;
+        for (size_t i : with_rows) hidden.push_back(observations[i].hidden);
+        const at::Tensor c = cpu_forward_->Context(*module_, hidden, next_tokens, layout, layer);
+        for (int64_t b = 0; b < B; ++b) {
+          states_.find(observations[with_rows[b]].seq)->last = c[last_row[b]].clone();
+        }
+        states_.AppendTokens(observations);
+        return OkStatus();
+      }
       const auto& w = module_->downsampler->weight;
       std::vector<torch::Tensor> hidden(K);
       for (size_t k = 0; k < K; ++k) {
@@ -136,7 +165,6 @@ Status SpecFormerDrafter::Observe(const std::vector<DrafterObservation>& observa
                                                   {static_cast<int64_t>(positions.size())},
                                                   torch::TensorOptions().dtype(torch::kLong)));
       AttentionInputs in = MakePagedInputs(layout, cs.first, cs.second);
-      LayerKvCache layer{kv_->keys(0), kv_->values(0)};
       torch::Tensor next;
       if (config.pending_token) {
         next = torch::tensor(next_tokens, torch::TensorOptions().dtype(torch::kLong));
@@ -158,6 +186,18 @@ StatusOr<at::Tensor> SpecFormerDrafter::DraftLogits(const std::vector<State*>& s
                                                     int64_t slots) {
   try {
     c10::InferenceMode inference;
+    const int64_t n = std::min<int64_t>(slots, module_->config().draft_len);
+    const int64_t runs = module_->config().causal_draft ? n : module_->config().draft_len;
+    if (cpu_forward_ &&
+        cpu_forward_->Applies(*module_, static_cast<int64_t>(states.size()) * runs)) {
+      std::vector<const float*> c;
+      bool raw = true;
+      for (State* st : states) {
+        raw = raw && CpuKernelsApply(st->last) && st->last.is_contiguous();
+        if (raw) c.push_back(st->last.data_ptr<float>());
+      }
+      if (raw) return cpu_forward_->DraftLogits(*module_, c, slots);
+    }
     std::vector<torch::Tensor> rows;
     for (State* st : states) rows.push_back(st->last);
     torch::Tensor c = torch::stack(rows, 0);                  // [M, d]

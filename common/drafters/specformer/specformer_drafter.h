@@ -41,6 +41,7 @@
 
 namespace specula {
 
+class SpecFormerCpuForward;
 class SpecFormerImpl;
 
 struct SpecFormerDrafterOptions {
@@ -52,6 +53,9 @@ struct SpecFormerDrafterOptions {
   std::string name = "specformer";  // the engine's drafter name
   // The head's tokens (common/drafters/draft_vocab.h); nullptr = the whole vocabulary.
   std::shared_ptr<const DraftVocab> draft_vocab;
+  // float32 on the CPU: steps of up to 32 rows run SpecFormerCpuForward (the module's kernels
+  // without LibTorch ops; the same results). false: always the module (A/B checks).
+  bool cpu_forward = true;
 };
 
 class SpecFormerDrafter : public Drafter {
@@ -109,6 +113,7 @@ class SpecFormerDrafter : public Drafter {
   std::shared_ptr<SpecFormerImpl> module_;
   std::shared_ptr<CausalLMImpl> target_module_;  // keeps the shared head alive
   std::unique_ptr<PagedKvCache> kv_;
+  std::unique_ptr<SpecFormerCpuForward> cpu_forward_;  // null: the module's forwards only
   SpecFormerDrafterOptions options_;
   CachedSequences<State> states_;
 };

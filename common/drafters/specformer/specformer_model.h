@@ -73,6 +73,11 @@ class SpecFormerImpl : public torch::nn::Module {
 
   const SpecFormerConfig& config() const { return config_; }
   const ModelConfig& layer_config() const { return layer_config_; }
+  // The target's weights SetTargetWeights shared, and the head (SpecFormerCpuForward reads them).
+  const torch::Tensor& target_embedding() const { return embedding_; }
+  const torch::Tensor& head_norm_weight() const { return head_norm_weight_; }
+  double head_norm_eps() const { return head_norm_eps_; }
+  const DraftHead& head() const { return head_; }
 
   torch::nn::ModuleList hook_norms{nullptr};
   torch::nn::Linear downsampler{nullptr};
