@@ -16,30 +16,12 @@
 namespace specula {
 namespace {
 
-// Larger weights, random biases and norm scales (as model_runner_test), so that every parameter
-// shows in the logits.
-std::shared_ptr<CausalLMImpl> MakeModel(const ModelConfig& config, uint64_t seed) {
-  auto model = MakeTinyModel(config, seed, /*weight_scale=*/10.0);
-  torch::NoGradGuard no_grad;
-  torch::manual_seed(seed + 1000);
-  for (auto& p : model->named_parameters()) {
-    const std::string& name = p.key();
-    if (name.find("norm") != std::string::npos) {
-      p.value().uniform_(0.5, 1.5);
-    } else if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
-      p.value().normal_(0.0, 0.5);
-    }
-  }
-  model->eval();
-  return model;
-}
-
 std::unique_ptr<ModelRunner> Runner(const ModelConfig& config, bool cpu_forward) {
   ModelRunnerOptions options;
   options.kv.block_size = 4;
   options.kv.num_blocks = 64;
   options.cpu_forward = cpu_forward;
-  auto runner = ModelRunner::FromModule(MakeModel(config, 7), options);
+  auto runner = ModelRunner::FromModule(MakeVariedTinyModel(config, 7), options);
   EXPECT_TRUE(runner.ok()) << runner.status().ToString();
   return std::move(runner).value();
 }
@@ -179,7 +161,7 @@ TEST(CpuForwardTest, ADecodeStepDispatchesAlmostNoLibTorchOps) {
 
 TEST(CpuForwardTest, AppliesOnlyToFusedFloat32WeightsAndFewRows) {
   const ModelConfig config = TinyModelConfig();
-  auto module = MakeModel(config, 3);
+  auto module = MakeVariedTinyModel(config, 3);
   CpuForward forward(config);
   EXPECT_FALSE(forward.Applies(*module, 1)) << "projections not fused";
   module->FuseForServing();

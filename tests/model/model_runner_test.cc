@@ -36,24 +36,6 @@ ModelConfig TinyConfig() {
   return c;
 }
 
-// HF init (InitWeights), then larger weights, random biases and non-trivial norm scales, so that
-// every parameter and every attention edge visibly changes the logits.
-std::shared_ptr<CausalLMImpl> MakeModel(const ModelConfig& config, uint64_t seed) {
-  auto model = MakeTinyModel(config, seed, /*weight_scale=*/10.0);
-  torch::NoGradGuard no_grad;
-  torch::manual_seed(seed + 1000);
-  for (auto& p : model->named_parameters()) {
-    const std::string& name = p.key();
-    if (name.find("norm") != std::string::npos) {
-      p.value().uniform_(0.5, 1.5);
-    } else if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
-      p.value().normal_(0.0, 0.5);
-    }
-  }
-  model->eval();
-  return model;
-}
-
 std::map<std::string, at::Tensor> Weights(CausalLMImpl& model) {
   std::map<std::string, at::Tensor> out;
   for (const auto& p : model.named_parameters()) out[p.key()] = p.value().detach().clone();
@@ -184,7 +166,7 @@ class LoadRoundTripTest : public ::testing::TestWithParam<ArchCase> {};
 
 TEST_P(LoadRoundTripTest, LoadedLogitsEqualInMemoryDenseForward) {
   const ModelConfig& config = GetParam().config;
-  auto model = MakeModel(config, 11);
+  auto model = MakeVariedTinyModel(config, 11);
   TempDir dir;
   SaveModel(*model, dir.path().string());
 
@@ -218,7 +200,7 @@ INSTANTIATE_TEST_SUITE_P(Archs, LoadRoundTripTest, ::testing::ValuesIn(ArchCases
                          [](const auto& info) { return info.param.name; });
 
 TEST(LoadTest, ShardedCheckpointWithIndex) {
-  auto model = MakeModel(TinyConfig(), 12);
+  auto model = MakeVariedTinyModel(TinyConfig(), 12);
   TempDir dir;
   auto weights = Weights(*model);
   std::map<std::string, at::Tensor> shard[2];
@@ -245,7 +227,7 @@ TEST(LoadTest, ShardedCheckpointWithIndex) {
 }
 
 TEST(LoadTest, Bf16CheckpointIntoFloat32Runner) {
-  auto model = MakeModel(TinyConfig(), 13);
+  auto model = MakeVariedTinyModel(TinyConfig(), 13);
   TempDir dir;
   SaveModel(*model, dir.path().string(), [](auto& weights) {
     for (auto& [name, t] : weights) t = t.to(torch::kBFloat16);
@@ -266,7 +248,7 @@ TEST(LoadTest, Bf16CheckpointIntoFloat32Runner) {
 // Half-precision runners on CPU: same model, logits within half-precision rounding of fp32, and
 // the KV cache holds the runner's dtype.
 TEST(LoadTest, HalfPrecisionRunnersTrackFloat32) {
-  auto model = MakeModel(TinyConfig(), 14);
+  auto model = MakeVariedTinyModel(TinyConfig(), 14);
   TempDir dir;
   SaveModel(*model, dir.path().string());
   const std::vector<int32_t> tokens = Tokens(7);
@@ -308,7 +290,7 @@ TEST(LoadErrorTest, MissingDirectory) {
 }
 
 TEST(LoadErrorTest, MissingConfigJson) {
-  auto model = MakeModel(TinyConfig(), 1);
+  auto model = MakeVariedTinyModel(TinyConfig(), 1);
   TempDir dir;
   SaveModel(*model, dir.path().string());
   fs::remove(dir.File("config.json"));
@@ -327,7 +309,7 @@ TEST(LoadErrorTest, MissingWeights) {
 }
 
 TEST(LoadErrorTest, BadConfigJson) {
-  auto model = MakeModel(TinyConfig(), 1);
+  auto model = MakeVariedTinyModel(TinyConfig(), 1);
   TempDir dir;
   SaveModel(*model, dir.path().string());
   WriteText(dir.File("config.json"), "{\"model_type\": \"llama\", ");
@@ -337,7 +319,7 @@ TEST(LoadErrorTest, BadConfigJson) {
 }
 
 TEST(LoadErrorTest, ShapeMismatchNamesTheTensor) {
-  auto model = MakeModel(TinyConfig(), 1);  // hidden 32
+  auto model = MakeVariedTinyModel(TinyConfig(), 1);  // hidden 32
   TempDir dir;
   SaveModel(*model, dir.path().string());
   ModelConfig wider = TinyConfig();
@@ -351,7 +333,7 @@ TEST(LoadErrorTest, ShapeMismatchNamesTheTensor) {
 }
 
 TEST(LoadErrorTest, ShapeMismatchInALaterTensor) {
-  auto model = MakeModel(TinyConfig(), 1);
+  auto model = MakeVariedTinyModel(TinyConfig(), 1);
   TempDir dir;
   SaveModel(*model, dir.path().string(), [](auto& weights) {
     weights["model.layers.1.self_attn.k_proj.weight"] = torch::zeros({8, 32});
@@ -364,7 +346,7 @@ TEST(LoadErrorTest, ShapeMismatchInALaterTensor) {
 }
 
 TEST(LoadErrorTest, MissingTensorNamesIt) {
-  auto model = MakeModel(TinyConfig(), 1);
+  auto model = MakeVariedTinyModel(TinyConfig(), 1);
   TempDir dir;
   SaveModel(*model, dir.path().string(), [](auto& weights) {
     ASSERT_EQ(weights.erase("model.layers.1.mlp.up_proj.weight"), 1u);
@@ -378,7 +360,7 @@ TEST(LoadErrorTest, MissingTensorNamesIt) {
 TEST(LoadErrorTest, UntiedConfigNeedsLmHead) {
   ModelConfig tied = TinyConfig();
   tied.tie_word_embeddings = true;
-  auto model = MakeModel(tied, 1);
+  auto model = MakeVariedTinyModel(tied, 1);
   TempDir dir;
   SaveModel(*model, dir.path().string());
   WriteText(dir.File("config.json"), TinyConfig().ToJson());  // untied
@@ -388,7 +370,7 @@ TEST(LoadErrorTest, UntiedConfigNeedsLmHead) {
 }
 
 TEST(LoadErrorTest, NonFloatTensor) {
-  auto model = MakeModel(TinyConfig(), 1);
+  auto model = MakeVariedTinyModel(TinyConfig(), 1);
   TempDir dir;
   SaveModel(*model, dir.path().string(),
             [](auto& weights) { weights["model.norm.weight"] = torch::ones({32}, torch::kInt); });
@@ -400,7 +382,7 @@ TEST(LoadErrorTest, NonFloatTensor) {
 }
 
 TEST(LoadErrorTest, TruncatedWeightsFile) {
-  auto model = MakeModel(TinyConfig(), 1);
+  auto model = MakeVariedTinyModel(TinyConfig(), 1);
   TempDir dir;
   SaveModel(*model, dir.path().string());
   const std::string path = dir.File("model.safetensors");
@@ -411,7 +393,7 @@ TEST(LoadErrorTest, TruncatedWeightsFile) {
 }
 
 TEST(LoadErrorTest, BadOptions) {
-  auto model = MakeModel(TinyConfig(), 1);
+  auto model = MakeVariedTinyModel(TinyConfig(), 1);
   TempDir dir;
   SaveModel(*model, dir.path().string());
 
@@ -448,7 +430,7 @@ TEST(LoadErrorTest, BadOptions) {
 class ForwardValidationTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    model_ = MakeModel(TinyConfig(), 21);
+    model_ = MakeVariedTinyModel(TinyConfig(), 21);
     runner_ = Runner(model_);
     ASSERT_NE(runner_, nullptr);
     ASSERT_TRUE(runner_->AddSequence(1).ok());
@@ -588,7 +570,7 @@ TEST_F(ForwardValidationTest, ContextLengthBoundary) {
 // Sequence management.
 
 TEST(ModelRunnerTest, SequenceLifecycle) {
-  auto model = MakeModel(TinyConfig(), 2);
+  auto model = MakeVariedTinyModel(TinyConfig(), 2);
   auto runner = Runner(model);
   ASSERT_TRUE(runner->AddSequence(4).ok());
   EXPECT_TRUE(runner->HasSequence(4));
@@ -624,7 +606,7 @@ TEST(ModelRunnerTest, SequenceLifecycle) {
 }
 
 TEST(ModelRunnerTest, LogitsRowsAndHiddenStates) {
-  auto model = MakeModel(TinyConfig(), 3);
+  auto model = MakeVariedTinyModel(TinyConfig(), 3);
   auto runner = Runner(model);
   ASSERT_TRUE(runner->AddSequence(1).ok());
   const std::vector<int32_t> tokens = Tokens(6);
@@ -664,7 +646,7 @@ TEST(ModelRunnerTest, LogitsRowsAndHiddenStates) {
 // A draft LM's reduced head: the same logits on the kept tokens, -inf on the others, the shape
 // unchanged; bad restrictions are refused naming the token; an empty one restores the full head.
 TEST(ModelRunnerTest, RestrictedVocabularyKeepsTheLogitsOfItsTokens) {
-  auto model = MakeModel(TinyConfig(), 5);
+  auto model = MakeVariedTinyModel(TinyConfig(), 5);
   auto runner = Runner(model);
   const std::vector<int32_t> tokens = Tokens(5);
   const torch::Tensor dense = DenseLogits(*model, tokens);
@@ -705,7 +687,7 @@ TEST(ModelRunnerTest, RestrictedVocabularyKeepsTheLogitsOfItsTokens) {
 // KV cache exhaustion and reuse after free.
 
 TEST(KvExhaustionTest, RejectsWhatDoesNotFitAndReusesFreedBlocks) {
-  auto model = MakeModel(TinyConfig(), 31);
+  auto model = MakeVariedTinyModel(TinyConfig(), 31);
   auto runner = Runner(model, Options(/*num_blocks=*/4, /*block_size=*/4));
   const std::vector<int32_t> a = Tokens(10, 1), b = Tokens(8, 30), c = Tokens(4, 50);
   ASSERT_TRUE(runner->AddSequence(1).ok());
@@ -751,7 +733,7 @@ TEST(KvExhaustionTest, RejectsWhatDoesNotFitAndReusesFreedBlocks) {
 }
 
 TEST(KvExhaustionTest, BatchNeedsAreSummed) {
-  auto model = MakeModel(TinyConfig(), 32);
+  auto model = MakeVariedTinyModel(TinyConfig(), 32);
   auto runner = Runner(model, Options(/*num_blocks=*/4, /*block_size=*/4));
   ASSERT_TRUE(runner->AddSequence(1).ok());
   ASSERT_TRUE(runner->AddSequence(2).ok());
@@ -772,7 +754,7 @@ TEST(KvExhaustionTest, BatchNeedsAreSummed) {
 // Ragged batches: sequences of different lengths in one forward equal each run alone.
 
 TEST(RaggedBatchTest, BatchEqualsEachSequenceAlone) {
-  auto model = MakeModel(TinyConfig(), 41);
+  auto model = MakeVariedTinyModel(TinyConfig(), 41);
   auto batched = Runner(model);
   auto alone = Runner(model);
   const std::vector<int32_t> a = Tokens(9, 2), b = Tokens(8, 20), c = Tokens(6, 44);

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <map>
+#include <string>
 
 #include "common/model/checkpoint.h"
 #include "common/model/transformer.h"
@@ -34,6 +35,22 @@ std::shared_ptr<CausalLMImpl> MakeTinyModel(const ModelConfig& config, uint64_t 
     torch::NoGradGuard no_grad;
     for (auto& p : model->named_parameters()) p.value().mul_(weight_scale);
   }
+  return model;
+}
+
+std::shared_ptr<CausalLMImpl> MakeVariedTinyModel(const ModelConfig& config, uint64_t seed) {
+  auto model = MakeTinyModel(config, seed, /*weight_scale=*/10.0);
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(seed + 1000);
+  for (auto& p : model->named_parameters()) {
+    const std::string& name = p.key();
+    if (name.find("norm") != std::string::npos) {
+      p.value().uniform_(0.5, 1.5);
+    } else if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
+      p.value().normal_(0.0, 0.5);
+    }
+  }
+  model->eval();
   return model;
 }
 

@@ -22,6 +22,10 @@ ModelConfig TinyModelConfig();
 std::shared_ptr<CausalLMImpl> MakeTinyModel(const ModelConfig& config, uint64_t seed,
                                             double weight_scale = 1.0);
 
+// MakeTinyModel at weight_scale 10, then random biases (normal 0.5) and norm scales (uniform
+// 0.5-1.5), in eval mode: every parameter and every attention edge visibly changes the logits.
+std::shared_ptr<CausalLMImpl> MakeVariedTinyModel(const ModelConfig& config, uint64_t seed);
+
 // SaveModelDir (writing a tiny model as an HF directory) lives in common/model/model_runner.h.
 
 }  // namespace specula
