@@ -20,7 +20,7 @@ bool KernelWeight(const torch::Tensor& t) { return CpuKernelsApply(t) && t.is_co
 
 const float* OrNull(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
-DecoderLayerImpl& Layer(CausalLMImpl& module, int64_t i) {
+DecoderLayerImpl& LayerOf(CausalLMImpl& module, int64_t i) {
   return *module.model->layers[i]->as<DecoderLayer>();
 }
 
@@ -35,6 +35,23 @@ float* CpuForward::Scratch::Get(int64_t floats) {
 
 CpuForward::CpuForward(const ModelConfig& config) : config_(config) {}
 
+bool CpuForward::LayerApplies(DecoderLayerImpl& layer) const {
+  const SelfAttentionImpl& attn = *layer.self_attn;
+  const MlpImpl& mlp = *layer.mlp;
+  if (!attn.fused() || !mlp.fused() || !KernelWeight(attn.qkv_weight()) ||
+      (attn.qkv_bias().defined() && !KernelWeight(attn.qkv_bias())) ||
+      !KernelWeight(attn.o_proj->weight) ||
+      (attn.o_proj->bias.defined() && !KernelWeight(attn.o_proj->bias)) ||
+      !KernelWeight(mlp.gate_up_weight()) || !KernelWeight(mlp.down_proj->weight) ||
+      (mlp.down_proj->bias.defined() && !KernelWeight(mlp.down_proj->bias)) ||
+      !KernelWeight(layer.input_layernorm->weight) ||
+      !KernelWeight(layer.post_attention_layernorm->weight)) {
+    return false;
+  }
+  return !config_.qk_norm ||
+         (attn.q_norm && KernelWeight(attn.q_norm->weight) && KernelWeight(attn.k_norm->weight));
+}
+
 bool CpuForward::Applies(CausalLMImpl& module, int64_t rows) const {
   if (rows < 1 || rows > kSmallMatmulMaxRows) return false;
   const int64_t d = config_.hidden_size, nq = config_.num_attention_heads * config_.head_dim;
@@ -45,25 +62,108 @@ bool CpuForward::Applies(CausalLMImpl& module, int64_t rows) const {
     return false;
   }
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
-    DecoderLayerImpl& layer = Layer(module, i);
-    const SelfAttentionImpl& attn = *layer.self_attn;
-    const MlpImpl& mlp = *layer.mlp;
-    if (!attn.fused() || !mlp.fused() || !KernelWeight(attn.qkv_weight()) ||
-        (attn.qkv_bias().defined() && !KernelWeight(attn.qkv_bias())) ||
-        !KernelWeight(attn.o_proj->weight) ||
-        (attn.o_proj->bias.defined() && !KernelWeight(attn.o_proj->bias)) ||
-        !KernelWeight(mlp.gate_up_weight()) || !KernelWeight(mlp.down_proj->weight) ||
-        (mlp.down_proj->bias.defined() && !KernelWeight(mlp.down_proj->bias)) ||
-        !KernelWeight(layer.input_layernorm->weight) ||
-        !KernelWeight(layer.post_attention_layernorm->weight)) {
-      return false;
-    }
-    if (config_.qk_norm && (!attn.q_norm || !KernelWeight(attn.q_norm->weight) ||
-                            !KernelWeight(attn.k_norm->weight))) {
-      return false;
-    }
+    if (!LayerApplies(LayerOf(module, i))) return false;
   }
   return true;
+}
+
+void CpuForward::Layer(DecoderLayerImpl& layer, float* x, int64_t N,
+                       const PagedAttentionLayout& layout, const float* rope_cos,
+                       const float* rope_sin, LayerKvCache& kv) {
+  const int64_t d = config_.hidden_size, nh = config_.num_attention_heads;
+  const int64_t nkv = config_.num_key_value_heads, hd = config_.head_dim;
+  const int64_t nq = nh * hd, nk = nkv * hd, f = config_.intermediate_size;
+  const int64_t qkv_width = nq + 2 * nk;
+  const double eps = config_.rms_norm_eps;
+  TORCH_CHECK(N >= 1 && N <= kSmallMatmulMaxRows && N == layout.num_rows(), "CpuForward: ", N,
+              " rows for ", layout.num_rows(), " layout rows");
+  float* h = h_.Get(N * d);  // after attention
+  float* normed = normed_.Get(N * d);
+  float* qkv = qkv_.Get(N * qkv_width);
+  float* q_normed = config_.qk_norm ? q_normed_.Get(N * nq) : nullptr;
+  float* k_normed = config_.qk_norm ? k_normed_.Get(N * nk) : nullptr;
+  float* q_rot = q_rot_.Get(N * nq);
+  float* attn_out = attn_.Get(N * nq);
+  float* gate_up = gate_up_.Get(N * 2 * f);
+  float* act = act_.Get(N * f);
+  const std::vector<int64_t>& positions = layout.positions();
+  SelfAttentionImpl& attn = *layer.self_attn;
+  MlpImpl& mlp = *layer.mlp;
+  // Attention: x -> h = x + o(attention(rope(q), rope(k), v)) with q, k, v of norm(x).
+  RmsNormRaw(x, layer.input_layernorm->weight.data_ptr<float>(), normed, N, d, eps);
+  SmallMatmulRaw(normed, N, d, attn.qkv_weight().data_ptr<float>(), qkv_width,
+                 OrNull(attn.qkv_bias()), nullptr, qkv);
+  RopeRows rows{.q = qkv,
+                .k = qkv + nq,
+                .v = qkv + nq + nk,
+                .q_stride = qkv_width,
+                .k_stride = qkv_width,
+                .v_stride = qkv_width,
+                .q_head_stride = hd,
+                .k_head_stride = hd,
+                .v_head_stride = hd,
+                .rows = N,
+                .num_heads = nh,
+                .num_kv_heads = nkv,
+                .head_dim = hd,
+                .cos = rope_cos,
+                .sin = rope_sin,
+                .cos_row = positions.data(),
+                .write_slots = layout.write_slots().data()};
+  if (config_.qk_norm) {  // Qwen3: RMSNorm over each head of q and k (contiguous copies)
+    for (int64_t i = 0; i < N; ++i) {
+      std::memcpy(q_normed + i * nq, qkv + i * qkv_width, nq * sizeof(float));
+      std::memcpy(k_normed + i * nk, qkv + i * qkv_width + nq, nk * sizeof(float));
+    }
+    RmsNormRaw(q_normed, attn.q_norm->weight.data_ptr<float>(), q_normed, N * nh, hd, eps);
+    RmsNormRaw(k_normed, attn.k_norm->weight.data_ptr<float>(), k_normed, N * nkv, hd, eps);
+    rows.q = q_normed;
+    rows.k = k_normed;
+    rows.q_stride = nq;
+    rows.k_stride = nk;
+  }
+  at::Tensor& key_cache = kv.keys;
+  at::Tensor& value_cache = kv.values;
+  TORCH_CHECK(KernelWeight(key_cache) && KernelWeight(value_cache),
+              "CpuForward: caches must be contiguous float32");
+  RopeAndCacheRaw(rows, key_cache.size(0), key_cache.data_ptr<float>(),
+                  value_cache.data_ptr<float>(), q_rot);
+  PagedAttentionRaw(q_rot, N, nh, hd, nkv, key_cache.data_ptr<float>(),
+                    value_cache.data_ptr<float>(), layout, attn_out);
+  SmallMatmulRaw(attn_out, N, nq, attn.o_proj->weight.data_ptr<float>(), d,
+                 OrNull(attn.o_proj->bias), /*residual=*/x, h);
+  // MLP: h -> x = h + down(silu(gate(norm(h))) * up(norm(h))).
+  RmsNormRaw(h, layer.post_attention_layernorm->weight.data_ptr<float>(), normed, N, d, eps);
+  SmallMatmulRaw(normed, N, d, mlp.gate_up_weight().data_ptr<float>(), 2 * f, nullptr, nullptr,
+                 gate_up);
+  SiluMulRaw(gate_up, act, N, f);
+  SmallMatmulRaw(act, N, f, mlp.down_proj->weight.data_ptr<float>(), d, OrNull(mlp.down_proj->bias),
+                 /*residual=*/h, x);
+}
+
+void CpuForward::Head(const DraftHead& head, const torch::Tensor& full_weight, const float* rows,
+                      int64_t R, float* logits) {
+  if (R <= 0) return;
+  const int64_t d = config_.hidden_size, V = config_.vocab_size;
+  if (!head.restricted()) {
+    TORCH_CHECK(KernelWeight(full_weight) && full_weight.size(0) == V && full_weight.size(1) == d,
+                "CpuForward: the head must be float32 [vocab, d]");
+    SmallMatmulRaw(rows, R, d, full_weight.data_ptr<float>(), V, nullptr, nullptr, logits);
+    return;
+  }
+  const at::Tensor& part = head.restricted_rows();
+  const at::Tensor& ids = head.restricted_ids();
+  TORCH_CHECK(KernelWeight(part) && ids.is_contiguous() && ids.device().is_cpu() &&
+                  ids.scalar_type() == at::kLong,
+              "CpuForward: a restricted head must be float32 CPU rows with int64 ids");
+  const int64_t Nv = part.size(0);
+  float* scores = head_out_.Get(R * Nv);
+  SmallMatmulRaw(rows, R, d, part.data_ptr<float>(), Nv, nullptr, nullptr, scores);
+  std::fill(logits, logits + R * V, -std::numeric_limits<float>::infinity());
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t j = 0; j < Nv; ++j) logits[r * V + id[j]] = scores[r * Nv + j];
+  }
 }
 
 CpuForward::Result CpuForward::Run(CausalLMImpl& module, const std::vector<int64_t>& tokens,
@@ -73,9 +173,7 @@ CpuForward::Result CpuForward::Run(CausalLMImpl& module, const std::vector<int64
                                    const std::vector<int64_t>& hidden_layers) {
   const int64_t N = static_cast<int64_t>(tokens.size());
   const int64_t L = config_.num_hidden_layers, d = config_.hidden_size;
-  const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
-  const int64_t hd = config_.head_dim, nq = nh * hd, nk = nkv * hd;
-  const int64_t f = config_.intermediate_size, V = config_.vocab_size;
+  const int64_t hd = config_.head_dim, V = config_.vocab_size;
   const double eps = config_.rms_norm_eps;
   TORCH_CHECK(N >= 1 && N <= kSmallMatmulMaxRows && N == layout.num_rows(), "CpuForward: ", N,
               " tokens for ", layout.num_rows(), " layout rows");
@@ -99,17 +197,7 @@ CpuForward::Result CpuForward::Run(CausalLMImpl& module, const std::vector<int64
     std::memcpy(captured[index].data_ptr<float>(), rows, N * d * sizeof(float));
   };
 
-  const int64_t qkv_width = nq + 2 * nk;
   float* x = x_.Get(N * d);  // the residual stream (each layer's input and output)
-  float* h = h_.Get(N * d);  // after attention
-  float* normed = normed_.Get(N * d);
-  float* qkv = qkv_.Get(N * qkv_width);
-  float* q_normed = config_.qk_norm ? q_normed_.Get(N * nq) : nullptr;
-  float* k_normed = config_.qk_norm ? k_normed_.Get(N * nk) : nullptr;
-  float* q_rot = q_rot_.Get(N * nq);
-  float* attn_out = attn_.Get(N * nq);
-  float* gate_up = gate_up_.Get(N * 2 * f);
-  float* act = act_.Get(N * f);
   const at::Tensor& embed = module.model->embed_tokens->weight;
   const float* embed_rows = embed.data_ptr<float>();
   for (int64_t i = 0; i < N; ++i) {
@@ -119,60 +207,8 @@ CpuForward::Result CpuForward::Run(CausalLMImpl& module, const std::vector<int64
   capture(0, x);
 
   for (int64_t l = 0; l < L; ++l) {
-    DecoderLayerImpl& layer = Layer(module, l);
-    SelfAttentionImpl& attn = *layer.self_attn;
-    MlpImpl& mlp = *layer.mlp;
-    // Attention: x -> h = x + o(attention(rope(q), rope(k), v)) with q, k, v of norm(x).
-    RmsNormRaw(x, layer.input_layernorm->weight.data_ptr<float>(), normed, N, d, eps);
-    SmallMatmulRaw(normed, N, d, attn.qkv_weight().data_ptr<float>(), qkv_width,
-                   OrNull(attn.qkv_bias()), nullptr, qkv);
-    RopeRows rows{.q = qkv,
-                  .k = qkv + nq,
-                  .v = qkv + nq + nk,
-                  .q_stride = qkv_width,
-                  .k_stride = qkv_width,
-                  .v_stride = qkv_width,
-                  .q_head_stride = hd,
-                  .k_head_stride = hd,
-                  .v_head_stride = hd,
-                  .rows = N,
-                  .num_heads = nh,
-                  .num_kv_heads = nkv,
-                  .head_dim = hd,
-                  .cos = rope_cos.data_ptr<float>(),
-                  .sin = rope_sin.data_ptr<float>(),
-                  .cos_row = positions.data(),
-                  .write_slots = layout.write_slots().data()};
-    if (config_.qk_norm) {  // Qwen3: RMSNorm over each head of q and k (contiguous copies)
-      for (int64_t i = 0; i < N; ++i) {
-        std::memcpy(q_normed + i * nq, qkv + i * qkv_width, nq * sizeof(float));
-        std::memcpy(k_normed + i * nk, qkv + i * qkv_width + nq, nk * sizeof(float));
-      }
-      RmsNormRaw(q_normed, attn.q_norm->weight.data_ptr<float>(), q_normed, N * nh, hd, eps);
-      RmsNormRaw(k_normed, attn.k_norm->weight.data_ptr<float>(), k_normed, N * nkv, hd, eps);
-      rows.q = q_normed;
-      rows.k = k_normed;
-      rows.q_stride = nq;
-      rows.k_stride = nk;
-    }
-    at::Tensor& key_cache = kv[l].keys;
-    at::Tensor& value_cache = kv[l].values;
-    TORCH_CHECK(CpuKernelsApply(key_cache) && key_cache.is_contiguous() &&
-                    CpuKernelsApply(value_cache) && value_cache.is_contiguous(),
-                "CpuForward: caches must be contiguous float32");
-    RopeAndCacheRaw(rows, key_cache.size(0), key_cache.data_ptr<float>(),
-                    value_cache.data_ptr<float>(), q_rot);
-    PagedAttentionRaw(q_rot, N, nh, hd, nkv, key_cache.data_ptr<float>(),
-                      value_cache.data_ptr<float>(), layout, attn_out);
-    SmallMatmulRaw(attn_out, N, nq, attn.o_proj->weight.data_ptr<float>(), d,
-                   OrNull(attn.o_proj->bias), /*residual=*/x, h);
-    // MLP: h -> x = h + down(silu(gate(norm(h))) * up(norm(h))).
-    RmsNormRaw(h, layer.post_attention_layernorm->weight.data_ptr<float>(), normed, N, d, eps);
-    SmallMatmulRaw(normed, N, d, mlp.gate_up_weight().data_ptr<float>(), 2 * f, nullptr, nullptr,
-                   gate_up);
-    SiluMulRaw(gate_up, act, N, f);
-    SmallMatmulRaw(act, N, f, mlp.down_proj->weight.data_ptr<float>(), d,
-                   OrNull(mlp.down_proj->bias), /*residual=*/h, x);
+    Layer(LayerOf(module, l), x, N, layout, rope_cos.data_ptr<float>(), rope_sin.data_ptr<float>(),
+          kv[l]);
     if (l + 1 < L) capture(l + 1, x);
   }
 
@@ -182,6 +218,7 @@ CpuForward::Result CpuForward::Run(CausalLMImpl& module, const std::vector<int64
   const int64_t R = static_cast<int64_t>(logit_rows.size());
   float* rows_out = head_rows_.Get(std::max<int64_t>(R, 1) * d);
   if (want(L)) {
+    float* normed = normed_.Get(N * d);
     RmsNormRaw(x, final_weight, normed, N, d, eps);
     capture(L, normed);
     for (int64_t r = 0; r < R; ++r) {
@@ -194,27 +231,7 @@ CpuForward::Result CpuForward::Run(CausalLMImpl& module, const std::vector<int64
     }
   }
   result.logits = at::empty({R, V}, at::kFloat);
-  if (R > 0) {
-    float* logits = result.logits.data_ptr<float>();
-    if (head.restricted()) {
-      const at::Tensor& part_weight = head.restricted_rows();
-      const at::Tensor& ids = head.restricted_ids();
-      TORCH_CHECK(KernelWeight(part_weight) && ids.is_contiguous() && ids.device().is_cpu() &&
-                      ids.scalar_type() == at::kLong,
-                  "CpuForward: a restricted head must be float32 CPU rows with int64 ids");
-      const int64_t Nv = part_weight.size(0);
-      float* scores = head_out_.Get(R * Nv);
-      SmallMatmulRaw(rows_out, R, d, part_weight.data_ptr<float>(), Nv, nullptr, nullptr, scores);
-      std::fill(logits, logits + R * V, -std::numeric_limits<float>::infinity());
-      const int64_t* id = ids.data_ptr<int64_t>();
-      for (int64_t r = 0; r < R; ++r) {
-        for (int64_t j = 0; j < Nv; ++j) logits[r * V + id[j]] = scores[r * Nv + j];
-      }
-    } else {
-      SmallMatmulRaw(rows_out, R, d, module.lm_head_weight().data_ptr<float>(), V, nullptr, nullptr,
-                     logits);
-    }
-  }
+  Head(head, module.lm_head_weight(), rows_out, R, result.logits.data_ptr<float>());
   for (int64_t index : hidden_layers) result.hidden.push_back(captured[index]);
   return result;
 }

@@ -23,6 +23,7 @@
 namespace specula {
 
 class CausalLMImpl;
+class DecoderLayerImpl;
 class DraftHead;
 class PagedAttentionLayout;
 
@@ -33,6 +34,8 @@ class CpuForward {
   // Whether Run can take a forward of `rows` rows of `module` now: float32 CPU weights, fused
   // projections, at most kSmallMatmulMaxRows rows (above it the module's matmuls run on BLAS).
   bool Applies(CausalLMImpl& module, int64_t rows) const;
+  // The same for one decoder layer (a drafter's; its geometry the constructor's config).
+  bool LayerApplies(DecoderLayerImpl& layer) const;
 
   struct Result {
     at::Tensor logits;               // [logit rows, vocab] float32
@@ -47,6 +50,15 @@ class CpuForward {
              const at::Tensor& rope_sin, std::vector<LayerKvCache>& kv,
              const std::vector<int64_t>& logit_rows, const DraftHead& head,
              const std::vector<int64_t>& hidden_layers);
+
+  // The pieces of Run, for drafters built of them (ParallelSpec's one decoder layer and head):
+  // x [rows, d] through `layer` in place (DecoderLayerImpl::forward), its rows laid out by
+  // `layout` over `kv` with RoPE rows of the [positions, head_dim] tables rope_cos/rope_sin;
+  // and logits [rows, vocab] of normed rows through `head` when restricted, else full_weight.
+  void Layer(DecoderLayerImpl& layer, float* x, int64_t rows, const PagedAttentionLayout& layout,
+             const float* rope_cos, const float* rope_sin, LayerKvCache& kv);
+  void Head(const DraftHead& head, const at::Tensor& full_weight, const float* rows, int64_t R,
+            float* logits);
 
  private:
   ModelConfig config_;

@@ -11,6 +11,7 @@
 
 #include <random>
 
+#include "common/drafters/draft_vocab.h"
 #include "common/drafters/parallelspec/parallelspec_model.h"
 #include "common/engine/plain_decoder.h"
 #include "common/model/rope.h"
@@ -387,6 +388,68 @@ TEST(ParallelSpecDrafterTest, OptionsTargetsAndCacheSize) {
   auto other_target = Runner(MakeTinyModel(other, 1));
   auto wrong = ParallelSpecDrafter::Create(PsModule(true), *other_target);
   EXPECT_THAT(wrong.status().message(), HasSubstr("vocab_size"));
+}
+
+// On a float32 CPU target a forward of up to 32 rows runs CpuForward's layer and head: the real
+// rows' cache, the last row and the depth logits must be bitwise the module's, with and without
+// target features and a draft vocabulary, through a catch-up over 32 rows (the module's path),
+// batched and single steady observations.
+TEST(ParallelSpecDrafterTest, TheCpuForwardMatchesTheModuleBitwise) {
+  auto target = Runner(TargetModule());
+  auto vocab = std::make_shared<DraftVocab>();
+  vocab->vocab_size = kVocab;
+  for (int32_t t = 0; t < kVocab; t += 3) vocab->tokens.push_back(t);
+  const int64_t d = TinyModelConfig().hidden_size;
+  for (bool features : {false, true}) {
+    for (bool restricted : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "features " << features << " restricted " << restricted);
+      std::unique_ptr<ParallelSpecDrafter> drafters[2];
+      for (int i = 0; i < 2; ++i) {
+        auto module = PsModule(features);
+        if (features) {  // a non-zero fusion bias (the init's is 0), the same in both
+          torch::NoGradGuard no_grad;
+          torch::manual_seed(21);
+          module->fusion->bias.normal_(0.0, 0.5);
+        }
+        auto created = ParallelSpecDrafter::Create(module, *target,
+                                                   {.kv = {.block_size = 4, .num_blocks = 256},
+                                                    .draft_vocab = restricted ? vocab : nullptr,
+                                                    .cpu_forward = i == 0});
+        ASSERT_TRUE(created.ok()) << created.status();
+        drafters[i] = std::move(*created);
+        ASSERT_TRUE(drafters[i]->AddSequence(1, {}).ok());
+        ASSERT_TRUE(drafters[i]->AddSequence(2, {}).ok());
+      }
+      torch::manual_seed(11);
+      auto observation = [&](SeqId seq, int64_t tokens, int64_t rows) {
+        DrafterObservation o{.seq = seq, .tokens = RandomTokens(tokens, seq * 100 + tokens)};
+        if (features) o.hidden.push_back(torch::randn({rows, d}));
+        return o;
+      };
+      const std::vector<std::vector<DrafterObservation>> rounds = {
+          {observation(1, 12, 11), observation(2, 40, 39)},
+          {observation(1, 3, 3), observation(2, 2, 2)},
+          {observation(2, 4, 4), observation(1, 1, 1)}};
+      for (size_t r = 0; r < rounds.size(); ++r) {
+        for (auto& drafter : drafters) ASSERT_TRUE(drafter->Observe(rounds[r]).ok());
+        for (SeqId seq : {1, 2}) {
+          auto fast = drafters[0]->DepthLogitsOf(seq);
+          auto reference = drafters[1]->DepthLogitsOf(seq);
+          ASSERT_TRUE(fast.ok() && reference.ok());
+          EXPECT_TRUE(torch::equal(*fast, *reference)) << "round " << r << " sequence " << seq;
+          auto fast_last = drafters[0]->LastRow(seq);
+          auto reference_last = drafters[1]->LastRow(seq);
+          ASSERT_TRUE(fast_last.ok() && reference_last.ok());
+          EXPECT_TRUE(torch::equal(*fast_last, *reference_last)) << r;
+          auto fast_cache = drafters[0]->RealCache(seq);
+          auto reference_cache = drafters[1]->RealCache(seq);
+          ASSERT_TRUE(fast_cache.ok() && reference_cache.ok());
+          EXPECT_TRUE(torch::equal(fast_cache->first, reference_cache->first)) << r;
+          EXPECT_TRUE(torch::equal(fast_cache->second, reference_cache->second)) << r;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -3,11 +3,14 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstring>
 #include <span>
 
 #include "common/drafters/draft_sampling.h"
 #include "common/drafters/drafter_cache_size.h"
 #include "common/drafters/parallelspec/parallelspec_model.h"
+#include "common/model/cpu_forward.h"
+#include "common/model/cpu_kernels.h"
 #include "common/model/paged_attention.h"
 #include "common/model/transformer.h"
 
@@ -115,10 +118,25 @@ StatusOr<std::unique_ptr<ParallelSpecDrafter>> ParallelSpecDrafter::Create(
     return InternalError(StrCat("cannot place ParallelSpec on ", head.device().str(), ": ",
                                 e.what_without_backtrace()));
   }
+  std::unique_ptr<CpuForward> cpu_forward;
+  torch::Tensor rope_cos, rope_sin;
+  if (options.cpu_forward && head.device().is_cpu() && head.scalar_type() == torch::kFloat) {
+    try {
+      c10::InferenceMode inference;
+      cpu_forward = std::make_unique<CpuForward>(module->layer_config());
+      std::tie(rope_cos, rope_sin) = module->RopeFor(
+          torch::arange(module->layer_config().max_position_embeddings, torch::kLong));
+    } catch (const c10::Error& e) {
+      return InternalError(StrCat("ParallelSpec RoPE tables: ", e.what_without_backtrace()));
+    }
+  }
   auto drafter = std::unique_ptr<ParallelSpecDrafter>(
       new ParallelSpecDrafter(std::move(module), std::move(kv), std::move(options)));
   drafter->target_module_ = std::move(target_module);
   drafter->mask_inputs_ = std::move(mask_inputs);
+  drafter->cpu_forward_ = std::move(cpu_forward);
+  drafter->rope_cos_ = rope_cos.contiguous();
+  drafter->rope_sin_ = rope_sin.contiguous();
   return drafter;
 }
 
@@ -131,6 +149,28 @@ ParallelSpecDrafter::ParallelSpecDrafter(std::shared_ptr<ParallelSpecImpl> modul
       states_(&kv_->allocator()) {}
 
 ParallelSpecDrafter::~ParallelSpecDrafter() = default;
+
+namespace {
+
+bool KernelRows(const torch::Tensor& t) { return CpuKernelsApply(t) && t.is_contiguous(); }
+
+}  // namespace
+
+bool ParallelSpecDrafter::CpuForwardApplies(int64_t rows) const {
+  if (!cpu_forward_ || rows < 1 || rows > kSmallMatmulMaxRows) return false;
+  ParallelSpecImpl& m = *module_;
+  const DraftHead& head = m.head();
+  const bool fusion_ok = !m.fusion || (KernelRows(m.fusion->weight) && KernelRows(m.fusion->bias) &&
+                                       m.fusion->weight.size(1) % 16 == 0);
+  return fusion_ok && KernelRows(m.target_embedding()) && KernelRows(mask_inputs_) &&
+         KernelRows(head.restricted() ? head.restricted_rows() : head.full_weight()) &&
+         KernelRows(rope_cos_) && cpu_forward_->LayerApplies(*m.layer);
+}
+
+float* ParallelSpecDrafter::Rows(int64_t floats) {
+  if (!rows_.defined() || rows_.numel() < floats) rows_ = at::empty({floats}, at::kFloat);
+  return rows_.data_ptr<float>();
+}
 
 const ParallelSpecConfig& ParallelSpecDrafter::config() const { return module_->config(); }
 
@@ -181,6 +221,42 @@ Status ParallelSpecDrafter::Observe(const std::vector<DrafterObservation>& obser
     }
     try {
       c10::InferenceMode inference;
+      const int64_t N = layout.num_rows();
+      bool raw = CpuForwardApplies(N);
+      for (const torch::Tensor& h : hidden) raw = raw && KernelRows(h);
+      if (raw) {
+        // The module's RealInputs and Layer on raw rows (CpuForward): x = fusion([f ; e]) or e.
+        ParallelSpecImpl& m = *module_;
+        const int64_t d = m.layer_config().hidden_size;
+        const float* embedding = m.target_embedding().data_ptr<float>();
+        float* x = Rows(N * d * (features ? 3 : 1));
+        float* in = x + N * d;  // [N, 2d] with features
+        int64_t row = 0;
+        for (const torch::Tensor& h : hidden) {
+          for (int64_t r = 0; r < h.size(0); ++r) {
+            std::memcpy(in + (row + r) * 2 * d, h.data_ptr<float>() + r * d, d * sizeof(float));
+          }
+          row += h.size(0);
+        }
+        for (int64_t r = 0; r < N; ++r) {
+          float* e = features ? in + r * 2 * d + d : x + r * d;
+          std::memcpy(e, embedding + next_tokens[r] * d, d * sizeof(float));
+        }
+        if (features) {
+          SmallMatmulRaw(in, N, 2 * d, m.fusion->weight.data_ptr<float>(), d,
+                         m.fusion->bias.data_ptr<float>(), nullptr, x);
+        }
+        LayerKvCache layer{kv_->keys(0), kv_->values(0)};
+        cpu_forward_->Layer(*m.layer, x, N, layout, rope_cos_.data_ptr<float>(),
+                            rope_sin_.data_ptr<float>(), layer);
+        for (int64_t b = 0; b < B; ++b) {
+          torch::Tensor last = torch::empty({d}, torch::kFloat);
+          std::memcpy(last.data_ptr<float>(), x + last_row[b] * d, d * sizeof(float));
+          states_.find(observations[reserved.observations[b]].seq)->last = std::move(last);
+        }
+        states_.AppendTokens(observations);
+        return OkStatus();
+      }
       const torch::Tensor& w = mask_inputs_;
       torch::Tensor f;
       if (features) f = torch::cat(hidden, 0).to(w.device(), w.scalar_type());
@@ -214,6 +290,42 @@ StatusOr<std::vector<at::Tensor>> ParallelSpecDrafter::RowLogits(
   const bool any_masks = std::any_of(masks.begin(), masks.end(), [](int64_t m) { return m > 0; });
   try {
     c10::InferenceMode inference;
+    int64_t total = S;
+    for (int64_t m : masks) total += m;
+    bool raw = CpuForwardApplies(total);
+    for (State* st : states) raw = raw && KernelRows(st->last);
+    if (raw) {
+      // The same rows through CpuForward's layer and head: the states, then the mask rows.
+      ParallelSpecImpl& m = *module_;
+      const int64_t d = m.layer_config().hidden_size, V = m.layer_config().vocab_size;
+      float* x = Rows(total * d);
+      for (int64_t s = 0; s < S; ++s) {
+        std::memcpy(x + s * d, states[s]->last.data_ptr<float>(), d * sizeof(float));
+      }
+      if (total > S) {
+        PagedAttentionLayout layout(alloc.block_size(), /*sliding_window=*/0);
+        int64_t row = S;
+        for (int64_t s = 0; s < S; ++s) {
+          if (masks[s] == 0) continue;
+          layout.AddSequence(alloc.BlockTable(states[s]->kv_seq), scratch.length(s), masks[s]);
+          for (int64_t i = 0; i < masks[s]; ++i, ++row) {
+            std::memcpy(x + row * d, mask_inputs_.data_ptr<float>() + i * d, d * sizeof(float));
+          }
+        }
+        LayerKvCache layer{kv_->keys(0), kv_->values(0)};
+        cpu_forward_->Layer(*m.layer, x + S * d, total - S, layout, rope_cos_.data_ptr<float>(),
+                            rope_sin_.data_ptr<float>(), layer);
+      }
+      torch::Tensor logits = torch::empty({total, V}, torch::kFloat);
+      cpu_forward_->Head(m.head(), m.head().full_weight(), x, total, logits.data_ptr<float>());
+      std::vector<at::Tensor> out(S);
+      int64_t next_mask = S;
+      for (int64_t s = 0; s < S; ++s) {
+        out[s] = torch::cat({logits.narrow(0, s, 1), logits.narrow(0, next_mask, masks[s])}, 0);
+        next_mask += masks[s];
+      }
+      return out;
+    }
     const torch::Device device = mask_inputs_.device();
     // Rows: every sequence's depth-1 state, then every mask row.
     std::vector<torch::Tensor> rows;

@@ -39,6 +39,7 @@
 
 namespace specula {
 
+class CpuForward;
 class ParallelSpecImpl;
 
 // How the drafts are laid out. kAutoregressive is the paper's baseline on the same network, for
@@ -59,6 +60,9 @@ struct ParallelSpecDrafterOptions {
   std::string name = "parallelspec";  // the engine's drafter name
   // The head's tokens (common/drafters/draft_vocab.h); nullptr = the whole vocabulary.
   std::shared_ptr<const DraftVocab> draft_vocab;
+  // float32 on the CPU: forwards of up to 32 rows run CpuForward's layer and head (the module's
+  // kernels without LibTorch ops; the same results). false: always the module (A/B checks).
+  bool cpu_forward = true;
 
   // INVALID_ARGUMENT naming the option: a reserved name, a static shape without a tree.
   Status Validate() const;
@@ -118,6 +122,10 @@ class ParallelSpecDrafter : public Drafter {
   ParallelSpecShape ShapeFor(const State& st) const;
   ParallelSpecDrafter(std::shared_ptr<ParallelSpecImpl> module, std::unique_ptr<PagedKvCache> kv,
                       ParallelSpecDrafterOptions options);
+  // Whether a forward of `rows` rows runs CpuForward's layer and head (float32 CPU weights,
+  // at most kSmallMatmulMaxRows rows); Rows: at least `floats` of 64-byte-aligned scratch.
+  bool CpuForwardApplies(int64_t rows) const;
+  float* Rows(int64_t floats);
   // Logits [1 + masks[s], V] (float32, CPU) per state: its depth-1 row and `masks[s]` mask rows in
   // one batched forward.
   StatusOr<std::vector<at::Tensor>> RowLogits(const std::vector<State*>& states,
@@ -133,6 +141,10 @@ class ParallelSpecDrafter : public Drafter {
   std::shared_ptr<CausalLMImpl> target_module_;  // keeps the shared weights alive
   at::Tensor mask_inputs_;                       // [k, d] the mask rows' inputs
   std::unique_ptr<PagedKvCache> kv_;
+  // float32 CPU only: the layer and head without LibTorch ops, RoPE rows for every position (as
+  // RopeFor computes them) and the rows' inputs.
+  std::unique_ptr<CpuForward> cpu_forward_;
+  at::Tensor rope_cos_, rope_sin_, rows_;
   ParallelSpecDrafterOptions options_;
   CachedSequences<State> states_;
 };

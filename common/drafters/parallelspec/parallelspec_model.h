@@ -20,8 +20,8 @@
 
 #include <utility>
 
-#include "common/model/draft_head.h"
 #include "common/drafters/parallelspec/parallelspec_config.h"
+#include "common/model/draft_head.h"
 #include "common/model/transformer.h"
 
 namespace specula {
@@ -69,6 +69,11 @@ class ParallelSpecImpl : public torch::nn::Module {
   void InitWeights(uint64_t seed);
 
   const ParallelSpecConfig& config() const { return config_; }
+  // The decoder layer's geometry (the target's RoPE, eps and context), the shared embedding and
+  // the head (CpuForward reads them).
+  const ModelConfig& layer_config() const { return layer_config_; }
+  const torch::Tensor& target_embedding() const { return embedding_; }
+  const DraftHead& head() const { return head_; }
 
   torch::nn::Linear fusion{nullptr};  // null without use_target_features
   torch::Tensor mask_embeddings;      // [k, d]
