@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 
 #include "common/drafters/specformer/specformer_model.h"
 #include "common/model/cpu_kernels.h"
+#include "common/model/draft_head.h"
 #include "common/model/paged_attention_layout.h"
 
 namespace specula {
@@ -69,7 +69,7 @@ float* SpecFormerCpuForward::Scratch::Get(int64_t floats) {
   return storage.data_ptr<float>();
 }
 
-SpecFormerCpuForward::SpecFormerCpuForward(SpecFormerImpl& module) {
+SpecFormerCpuForward::SpecFormerCpuForward(SpecFormerImpl& module) : head_(module.layer_config()) {
   c10::InferenceMode inference;
   const int64_t positions = module.layer_config().max_position_embeddings;
   auto [cos, sin] = module.RopeFor(torch::arange(positions, torch::kLong));
@@ -233,24 +233,8 @@ at::Tensor SpecFormerCpuForward::DraftLogits(SpecFormerImpl& module,
                wanted, d, module.head_norm_eps());
   }
   at::Tensor logits = at::empty({M, wanted, V}, at::kFloat);
-  float* out = logits.data_ptr<float>();
   const DraftHead& head = module.head();
-  if (head.restricted()) {
-    const at::Tensor& part = head.restricted_rows();
-    const int64_t Nv = part.size(0);
-    float* scores = scores_.Get(R * Nv);
-    SmallMatmulRaw(states, R, d, part.data_ptr<float>(), Nv, nullptr, nullptr, scores);
-    std::fill(out, out + R * V, -std::numeric_limits<float>::infinity());
-    const at::Tensor& ids = head.restricted_ids();
-    TORCH_CHECK(ids.scalar_type() == at::kLong && ids.is_contiguous() && ids.device().is_cpu(),
-                "SpecFormerCpuForward: draft vocabulary ids must be int64 on the CPU");
-    const int64_t* id = ids.data_ptr<int64_t>();
-    for (int64_t r = 0; r < R; ++r) {
-      for (int64_t j = 0; j < Nv; ++j) out[r * V + id[j]] = scores[r * Nv + j];
-    }
-  } else {
-    SmallMatmulRaw(states, R, d, head.full_weight().data_ptr<float>(), V, nullptr, nullptr, out);
-  }
+  head_.Head(head, head.full_weight(), states, R, logits.data_ptr<float>());
   return logits;
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/model/attention_inputs.h"
+#include "common/model/cpu_forward.h"
 
 namespace specula {
 
@@ -48,7 +49,8 @@ class SpecFormerCpuForward {
                   const PagedAttentionLayout& layout);
 
   at::Tensor cos_, sin_;  // RoPE rows for every position, as RopeFor computes them
-  Scratch hooked_, x_, normed_, qkv_, q_rot_, attn_, gate_up_, act_, keys_, values_, scores_;
+  Scratch hooked_, x_, normed_, qkv_, q_rot_, attn_, gate_up_, act_, keys_, values_;
+  CpuForward head_;  // the target's head (CpuForward::Head), of the layers' geometry
 };
 
 }  // namespace specula
