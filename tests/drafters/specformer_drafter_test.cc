@@ -18,6 +18,7 @@
 #include "common/model/rope.h"
 #include "common/model/transformer.h"
 #include "common/spec/spec_engine.h"
+#include "tests/drafters/cpu_forward_rounds.h"
 #include "tests/testing/tiny_model.h"
 
 namespace specula {
@@ -361,19 +362,7 @@ TEST(SpecFormerDrafterTest, TheCpuForwardMatchesTheModuleBitwise) {
           ASSERT_TRUE(drafters[i]->AddSequence(1, {}).ok());
           ASSERT_TRUE(drafters[i]->AddSequence(2, {}).ok());
         }
-        const size_t K = drafters[0]->hidden_layers().size();
-        torch::manual_seed(11);
-        auto observation = [&](SeqId seq, int64_t tokens, int64_t rows) {
-          DrafterObservation o{.seq = seq, .tokens = RandomTokens(tokens, seq * 100 + tokens)};
-          for (size_t k = 0; k < K; ++k) o.hidden.push_back(torch::randn({rows, d}));
-          return o;
-        };
-        // A catch-up of 50 rows (the module's path), two steady rounds, one single row.
-        const std::vector<std::vector<DrafterObservation>> rounds = {
-            {observation(1, 12, 11), observation(2, 40, 39)},
-            {observation(1, 3, 3), observation(2, 2, 2)},
-            {observation(2, 4, 4), observation(1, 1, 1)},
-            {observation(1, 1, 1)}};
+        const auto rounds = CpuForwardRounds(drafters[0]->hidden_layers().size(), d, kVocab);
         for (size_t r = 0; r < rounds.size(); ++r) {
           for (auto& drafter : drafters) ASSERT_TRUE(drafter->Observe(rounds[r]).ok());
           for (SeqId seq : {1, 2}) {

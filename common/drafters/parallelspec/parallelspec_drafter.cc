@@ -290,64 +290,51 @@ StatusOr<std::vector<at::Tensor>> ParallelSpecDrafter::RowLogits(
   const bool any_masks = std::any_of(masks.begin(), masks.end(), [](int64_t m) { return m > 0; });
   try {
     c10::InferenceMode inference;
-    int64_t total = S;
-    for (int64_t m : masks) total += m;
+    // The mask rows: a causal chain after each sequence's real rows (mask i sees real rows
+    // 0..P-1 and masks 1..i), mask_index[j] the mask input of the j-th.
+    PagedAttentionLayout layout(alloc.block_size(), /*sliding_window=*/0);
+    std::vector<int64_t> mask_index;
+    for (int64_t s = 0; s < S; ++s) {
+      if (masks[s] == 0) continue;
+      layout.AddSequence(alloc.BlockTable(states[s]->kv_seq), scratch.length(s), masks[s]);
+      for (int64_t i = 0; i < masks[s]; ++i) mask_index.push_back(i);
+    }
+    const int64_t total = S + static_cast<int64_t>(mask_index.size());
+    LayerKvCache layer{kv_->keys(0), kv_->values(0)};
+    torch::Tensor logits;  // [total, V]: every sequence's depth-1 state, then every mask row
     bool raw = CpuForwardApplies(total);
     for (State* st : states) raw = raw && KernelRows(st->last);
     if (raw) {
-      // The same rows through CpuForward's layer and head: the states, then the mask rows.
+      // The same rows through CpuForward's layer and head.
       ParallelSpecImpl& m = *module_;
       const int64_t d = m.layer_config().hidden_size, V = m.layer_config().vocab_size;
       float* x = Rows(total * d);
       for (int64_t s = 0; s < S; ++s) {
         std::memcpy(x + s * d, states[s]->last.data_ptr<float>(), d * sizeof(float));
       }
-      if (total > S) {
-        PagedAttentionLayout layout(alloc.block_size(), /*sliding_window=*/0);
-        int64_t row = S;
-        for (int64_t s = 0; s < S; ++s) {
-          if (masks[s] == 0) continue;
-          layout.AddSequence(alloc.BlockTable(states[s]->kv_seq), scratch.length(s), masks[s]);
-          for (int64_t i = 0; i < masks[s]; ++i, ++row) {
-            std::memcpy(x + row * d, mask_inputs_.data_ptr<float>() + i * d, d * sizeof(float));
-          }
-        }
-        LayerKvCache layer{kv_->keys(0), kv_->values(0)};
+      for (size_t j = 0; j < mask_index.size(); ++j) {
+        std::memcpy(x + (S + static_cast<int64_t>(j)) * d,
+                    mask_inputs_.data_ptr<float>() + mask_index[j] * d, d * sizeof(float));
+      }
+      if (any_masks) {
         cpu_forward_->Layer(*m.layer, x + S * d, total - S, layout, rope_cos_.data_ptr<float>(),
                             rope_sin_.data_ptr<float>(), layer);
       }
-      torch::Tensor logits = torch::empty({total, V}, torch::kFloat);
+      logits = torch::empty({total, V}, torch::kFloat);
       cpu_forward_->Head(m.head(), m.head().full_weight(), x, total, logits.data_ptr<float>());
-      std::vector<at::Tensor> out(S);
-      int64_t next_mask = S;
-      for (int64_t s = 0; s < S; ++s) {
-        out[s] = torch::cat({logits.narrow(0, s, 1), logits.narrow(0, next_mask, masks[s])}, 0);
-        next_mask += masks[s];
+    } else {
+      const torch::Device device = mask_inputs_.device();
+      std::vector<torch::Tensor> rows;
+      for (State* st : states) rows.push_back(st->last.view({1, -1}));
+      if (any_masks) {
+        torch::Tensor x = mask_inputs_.index_select(0, LongTensor(mask_index, device));
+        std::vector<int64_t> positions = layout.positions();
+        auto cs = module_->RopeFor(LongTensor(positions, device));
+        AttentionInputs in = MakePagedInputs(layout, cs.first, cs.second);
+        rows.push_back(module_->Layer(x, in, &layer));  // [sum masks, d]
       }
-      return out;
+      logits = module_->Logits(torch::cat(rows, 0)).to(torch::kFloat).to(torch::kCPU).contiguous();
     }
-    const torch::Device device = mask_inputs_.device();
-    // Rows: every sequence's depth-1 state, then every mask row.
-    std::vector<torch::Tensor> rows;
-    for (State* st : states) rows.push_back(st->last.view({1, -1}));
-    if (any_masks) {
-      PagedAttentionLayout layout(alloc.block_size(), /*sliding_window=*/0);
-      std::vector<int64_t> mask_index;
-      for (int64_t s = 0; s < S; ++s) {
-        if (masks[s] == 0) continue;
-        // A causal chain after the real rows: mask i sees real rows 0..P-1 and masks 1..i.
-        layout.AddSequence(alloc.BlockTable(states[s]->kv_seq), scratch.length(s), masks[s]);
-        for (int64_t i = 0; i < masks[s]; ++i) mask_index.push_back(i);
-      }
-      torch::Tensor x = mask_inputs_.index_select(0, LongTensor(mask_index, device));
-      std::vector<int64_t> positions = layout.positions();
-      auto cs = module_->RopeFor(LongTensor(positions, device));
-      AttentionInputs in = MakePagedInputs(layout, cs.first, cs.second);
-      LayerKvCache layer{kv_->keys(0), kv_->values(0)};
-      rows.push_back(module_->Layer(x, in, &layer));  // [sum masks, d]
-    }
-    torch::Tensor logits =
-        module_->Logits(torch::cat(rows, 0)).to(torch::kFloat).to(torch::kCPU).contiguous();
     std::vector<at::Tensor> out(S);
     int64_t next_mask = S;
     for (int64_t s = 0; s < S; ++s) {
