@@ -2,7 +2,7 @@
 // float32 Llama-family model on the CPU, without LibTorch ops. For such rows the module's forward
 // (transformer.cc) already runs the hand-written kernels of cpu_kernels.h, but through ~70 (the
 // bundled 2-layer draft LM) to ~160 (the 6-layer target) LibTorch calls per forward, each a
-// dispatch and most a new tensor: at batch 1 on two cores about half of a draft LM forward's
+// dispatch and most a new tensor: at batch 1 on two cores a quarter of a draft LM forward's
 // time and a tenth of the target's (docs/BENCHMARKS.md). CpuForward calls the same kernels in the
 // same order on raw pointers into the module's weights and into scratch it keeps between
 // forwards, so its results are bitwise the module's (tests/model/cpu_forward_test.cc).

@@ -2,9 +2,10 @@
 // common/model/cpu_forward.h does for the target: the context layer over a step's observed rows
 // (Hook + Context) and the draft block over its slots with the head (Slots + Logits), each the
 // module's kernels in the module's order on raw pointers into its current weights and scratch
-// kept between calls, so results are bitwise the module's (tests/drafters/specformer_test.cc).
-// The module's ~25 (context) and ~50 (draft) LibTorch calls per step were about half of
-// SpecFormer's drafting time at batch 1 (docs/BENCHMARKS.md). Include only from .cc files.
+// kept between calls, so results are bitwise the module's (tests/drafters/
+// specformer_drafter_test.cc). The module's ~25 (context) and ~50 (draft) LibTorch calls per step
+// were a quarter of SpecFormer's drafting time at batch 1 (docs/BENCHMARKS.md). Include only
+// from .cc files.
 #pragma once
 
 #include <ATen/core/Tensor.h>
