@@ -35,21 +35,26 @@ float* CpuForward::Scratch::Get(int64_t floats) {
 
 CpuForward::CpuForward(const ModelConfig& config) : config_(config) {}
 
-bool CpuForward::LayerApplies(DecoderLayerImpl& layer) const {
-  const SelfAttentionImpl& attn = *layer.self_attn;
-  const MlpImpl& mlp = *layer.mlp;
-  if (!attn.fused() || !mlp.fused() || !KernelWeight(attn.qkv_weight()) ||
+bool CpuForward::AttentionApplies(SelfAttentionImpl& attn) const {
+  if (!attn.fused() || !KernelWeight(attn.qkv_weight()) ||
       (attn.qkv_bias().defined() && !KernelWeight(attn.qkv_bias())) ||
       !KernelWeight(attn.o_proj->weight) ||
-      (attn.o_proj->bias.defined() && !KernelWeight(attn.o_proj->bias)) ||
-      !KernelWeight(mlp.gate_up_weight()) || !KernelWeight(mlp.down_proj->weight) ||
-      (mlp.down_proj->bias.defined() && !KernelWeight(mlp.down_proj->bias)) ||
-      !KernelWeight(layer.input_layernorm->weight) ||
-      !KernelWeight(layer.post_attention_layernorm->weight)) {
+      (attn.o_proj->bias.defined() && !KernelWeight(attn.o_proj->bias))) {
     return false;
   }
   return !config_.qk_norm ||
          (attn.q_norm && KernelWeight(attn.q_norm->weight) && KernelWeight(attn.k_norm->weight));
+}
+
+bool CpuForward::MlpApplies(MlpImpl& mlp) const {
+  return mlp.fused() && KernelWeight(mlp.gate_up_weight()) && KernelWeight(mlp.down_proj->weight) &&
+         (!mlp.down_proj->bias.defined() || KernelWeight(mlp.down_proj->bias));
+}
+
+bool CpuForward::LayerApplies(DecoderLayerImpl& layer) const {
+  return AttentionApplies(*layer.self_attn) && MlpApplies(*layer.mlp) &&
+         KernelWeight(layer.input_layernorm->weight) &&
+         KernelWeight(layer.post_attention_layernorm->weight);
 }
 
 bool CpuForward::Applies(CausalLMImpl& module, int64_t rows) const {
@@ -67,30 +72,22 @@ bool CpuForward::Applies(CausalLMImpl& module, int64_t rows) const {
   return true;
 }
 
-void CpuForward::Layer(DecoderLayerImpl& layer, float* x, int64_t N,
-                       const PagedAttentionLayout& layout, const float* rope_cos,
-                       const float* rope_sin, LayerKvCache& kv) {
+void CpuForward::AttentionBlock(SelfAttentionImpl& attn, const float* norm_weight, const float* x,
+                                int64_t N, const PagedAttentionLayout& layout,
+                                const float* rope_cos, const float* rope_sin, float* keys,
+                                float* values, int64_t num_slots, float* out) {
   const int64_t d = config_.hidden_size, nh = config_.num_attention_heads;
   const int64_t nkv = config_.num_key_value_heads, hd = config_.head_dim;
-  const int64_t nq = nh * hd, nk = nkv * hd, f = config_.intermediate_size;
+  const int64_t nq = nh * hd, nk = nkv * hd;
   const int64_t qkv_width = nq + 2 * nk;
   const double eps = config_.rms_norm_eps;
   TORCH_CHECK(N >= 1 && N <= kSmallMatmulMaxRows && N == layout.num_rows(), "CpuForward: ", N,
               " rows for ", layout.num_rows(), " layout rows");
-  float* h = h_.Get(N * d);  // after attention
   float* normed = normed_.Get(N * d);
   float* qkv = qkv_.Get(N * qkv_width);
-  float* q_normed = config_.qk_norm ? q_normed_.Get(N * nq) : nullptr;
-  float* k_normed = config_.qk_norm ? k_normed_.Get(N * nk) : nullptr;
   float* q_rot = q_rot_.Get(N * nq);
   float* attn_out = attn_.Get(N * nq);
-  float* gate_up = gate_up_.Get(N * 2 * f);
-  float* act = act_.Get(N * f);
-  const std::vector<int64_t>& positions = layout.positions();
-  SelfAttentionImpl& attn = *layer.self_attn;
-  MlpImpl& mlp = *layer.mlp;
-  // Attention: x -> h = x + o(attention(rope(q), rope(k), v)) with q, k, v of norm(x).
-  RmsNormRaw(x, layer.input_layernorm->weight.data_ptr<float>(), normed, N, d, eps);
+  RmsNormRaw(x, norm_weight, normed, N, d, eps);
   SmallMatmulRaw(normed, N, d, attn.qkv_weight().data_ptr<float>(), qkv_width,
                  OrNull(attn.qkv_bias()), nullptr, qkv);
   RopeRows rows{.q = qkv,
@@ -108,9 +105,11 @@ void CpuForward::Layer(DecoderLayerImpl& layer, float* x, int64_t N,
                 .head_dim = hd,
                 .cos = rope_cos,
                 .sin = rope_sin,
-                .cos_row = positions.data(),
+                .cos_row = layout.positions().data(),
                 .write_slots = layout.write_slots().data()};
   if (config_.qk_norm) {  // Qwen3: RMSNorm over each head of q and k (contiguous copies)
+    float* q_normed = q_normed_.Get(N * nq);
+    float* k_normed = k_normed_.Get(N * nk);
     for (int64_t i = 0; i < N; ++i) {
       std::memcpy(q_normed + i * nq, qkv + i * qkv_width, nq * sizeof(float));
       std::memcpy(k_normed + i * nk, qkv + i * qkv_width + nq, nk * sizeof(float));
@@ -122,23 +121,37 @@ void CpuForward::Layer(DecoderLayerImpl& layer, float* x, int64_t N,
     rows.q_stride = nq;
     rows.k_stride = nk;
   }
-  at::Tensor& key_cache = kv.keys;
-  at::Tensor& value_cache = kv.values;
-  TORCH_CHECK(KernelWeight(key_cache) && KernelWeight(value_cache),
-              "CpuForward: caches must be contiguous float32");
-  RopeAndCacheRaw(rows, key_cache.size(0), key_cache.data_ptr<float>(),
-                  value_cache.data_ptr<float>(), q_rot);
-  PagedAttentionRaw(q_rot, N, nh, hd, nkv, key_cache.data_ptr<float>(),
-                    value_cache.data_ptr<float>(), layout, attn_out);
+  RopeAndCacheRaw(rows, num_slots, keys, values, q_rot);
+  PagedAttentionRaw(q_rot, N, nh, hd, nkv, keys, values, layout, attn_out);
   SmallMatmulRaw(attn_out, N, nq, attn.o_proj->weight.data_ptr<float>(), d,
-                 OrNull(attn.o_proj->bias), /*residual=*/x, h);
-  // MLP: h -> x = h + down(silu(gate(norm(h))) * up(norm(h))).
-  RmsNormRaw(h, layer.post_attention_layernorm->weight.data_ptr<float>(), normed, N, d, eps);
+                 OrNull(attn.o_proj->bias), /*residual=*/x, out);
+}
+
+void CpuForward::MlpBlock(MlpImpl& mlp, const float* norm_weight, const float* h, int64_t N,
+                          float* out) {
+  const int64_t d = config_.hidden_size, f = config_.intermediate_size;
+  TORCH_CHECK(N >= 1 && N <= kSmallMatmulMaxRows, "CpuForward: ", N, " rows");
+  float* normed = normed_.Get(N * d);
+  float* gate_up = gate_up_.Get(N * 2 * f);
+  float* act = act_.Get(N * f);
+  RmsNormRaw(h, norm_weight, normed, N, d, config_.rms_norm_eps);
   SmallMatmulRaw(normed, N, d, mlp.gate_up_weight().data_ptr<float>(), 2 * f, nullptr, nullptr,
                  gate_up);
   SiluMulRaw(gate_up, act, N, f);
   SmallMatmulRaw(act, N, f, mlp.down_proj->weight.data_ptr<float>(), d, OrNull(mlp.down_proj->bias),
-                 /*residual=*/h, x);
+                 /*residual=*/h, out);
+}
+
+void CpuForward::Layer(DecoderLayerImpl& layer, float* x, int64_t N,
+                       const PagedAttentionLayout& layout, const float* rope_cos,
+                       const float* rope_sin, LayerKvCache& kv) {
+  TORCH_CHECK(KernelWeight(kv.keys) && KernelWeight(kv.values),
+              "CpuForward: caches must be contiguous float32");
+  float* h = h_.Get(N * config_.hidden_size);  // after attention
+  AttentionBlock(*layer.self_attn, layer.input_layernorm->weight.data_ptr<float>(), x, N, layout,
+                 rope_cos, rope_sin, kv.keys.data_ptr<float>(), kv.values.data_ptr<float>(),
+                 kv.keys.size(0), h);
+  MlpBlock(*layer.mlp, layer.post_attention_layernorm->weight.data_ptr<float>(), h, N, x);
 }
 
 void CpuForward::Head(const DraftHead& head, const torch::Tensor& full_weight, const float* rows,

@@ -25,7 +25,9 @@ namespace specula {
 class CausalLMImpl;
 class DecoderLayerImpl;
 class DraftHead;
+class MlpImpl;
 class PagedAttentionLayout;
+class SelfAttentionImpl;
 
 class CpuForward {
  public:
@@ -34,8 +36,11 @@ class CpuForward {
   // Whether Run can take a forward of `rows` rows of `module` now: float32 CPU weights, fused
   // projections, at most kSmallMatmulMaxRows rows (above it the module's matmuls run on BLAS).
   bool Applies(CausalLMImpl& module, int64_t rows) const;
-  // The same for one decoder layer (a drafter's; its geometry the constructor's config).
+  // The same for one decoder layer, or its attention or MLP (a drafter's; its geometry the
+  // constructor's config).
   bool LayerApplies(DecoderLayerImpl& layer) const;
+  bool AttentionApplies(SelfAttentionImpl& attn) const;
+  bool MlpApplies(MlpImpl& mlp) const;
 
   struct Result {
     at::Tensor logits;               // [logit rows, vocab] float32
@@ -51,12 +56,21 @@ class CpuForward {
              const std::vector<int64_t>& logit_rows, const DraftHead& head,
              const std::vector<int64_t>& hidden_layers);
 
-  // The pieces of Run, for drafters built of them (ParallelSpec's one decoder layer and head):
-  // x [rows, d] through `layer` in place (DecoderLayerImpl::forward), its rows laid out by
-  // `layout` over `kv` with RoPE rows of the [positions, head_dim] tables rope_cos/rope_sin;
-  // and logits [rows, vocab] of normed rows through `head` when restricted, else full_weight.
+  // The pieces of Run, for drafters built of them (ParallelSpec's decoder layer and head,
+  // SpecFormer's context attention, draft block and head). Rows are [rows, d]; `layout` places
+  // them, RoPE rows come from the [positions, head_dim] tables rope_cos/rope_sin.
+  // x through `layer` in place (DecoderLayerImpl::forward), keys and values written to `kv`:
   void Layer(DecoderLayerImpl& layer, float* x, int64_t rows, const PagedAttentionLayout& layout,
              const float* rope_cos, const float* rope_sin, LayerKvCache& kv);
+  // Its first half: out = x + o(attention(q, k, v of norm(x))), keys and values written to the
+  // [num_slots, kv heads, head_dim] caches at the layout's write slots; out must not alias x.
+  void AttentionBlock(SelfAttentionImpl& attn, const float* norm_weight, const float* x,
+                      int64_t rows, const PagedAttentionLayout& layout, const float* rope_cos,
+                      const float* rope_sin, float* keys, float* values, int64_t num_slots,
+                      float* out);
+  // Its second half: out = h + down(silu(gate(norm(h))) * up(norm(h))).
+  void MlpBlock(MlpImpl& mlp, const float* norm_weight, const float* h, int64_t rows, float* out);
+  // Logits [rows, vocab] of normed rows through `head` when restricted, else full_weight.
   void Head(const DraftHead& head, const at::Tensor& full_weight, const float* rows, int64_t R,
             float* logits);
 

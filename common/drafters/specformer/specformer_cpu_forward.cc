@@ -16,50 +16,6 @@ namespace {
 
 bool KernelWeight(const torch::Tensor& t) { return CpuKernelsApply(t) && t.is_contiguous(); }
 
-bool AttentionApplies(const SelfAttentionImpl& attn) {
-  return attn.fused() && KernelWeight(attn.qkv_weight()) && !attn.qkv_bias().defined() &&
-         KernelWeight(attn.o_proj->weight) && !attn.o_proj->bias.defined() && !attn.q_norm;
-}
-
-// One attention layer of the drafter (no biases, no q/k norm: SpecFormerConfig::LayerConfig):
-// out = residual + o(attention(rope(q), rope(k), v)) with q, k, v of `normed`, the rows' keys and
-// values written to `keys`/`values` at the layout's write slots.
-struct AttentionBuffers {
-  float* qkv;
-  float* q_rot;
-  float* attn;
-};
-void Attention(const SelfAttentionImpl& attn, const ModelConfig& c, const float* normed,
-               int64_t rows, const PagedAttentionLayout& layout, const float* cos, const float* sin,
-               float* keys, float* values, int64_t num_slots, const AttentionBuffers& buf,
-               const float* residual, float* out) {
-  const int64_t d = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
-  const int64_t hd = c.head_dim, nq = nh * hd, nk = nkv * hd, width = nq + 2 * nk;
-  SmallMatmulRaw(normed, rows, d, attn.qkv_weight().data_ptr<float>(), width, nullptr, nullptr,
-                 buf.qkv);
-  RopeAndCacheRaw({.q = buf.qkv,
-                   .k = buf.qkv + nq,
-                   .v = buf.qkv + nq + nk,
-                   .q_stride = width,
-                   .k_stride = width,
-                   .v_stride = width,
-                   .q_head_stride = hd,
-                   .k_head_stride = hd,
-                   .v_head_stride = hd,
-                   .rows = rows,
-                   .num_heads = nh,
-                   .num_kv_heads = nkv,
-                   .head_dim = hd,
-                   .cos = cos,
-                   .sin = sin,
-                   .cos_row = layout.positions().data(),
-                   .write_slots = layout.write_slots().data()},
-                  num_slots, keys, values, buf.q_rot);
-  PagedAttentionRaw(buf.q_rot, rows, nh, hd, nkv, keys, values, layout, buf.attn);
-  SmallMatmulRaw(buf.attn, rows, nq, attn.o_proj->weight.data_ptr<float>(), d, nullptr, residual,
-                 out);
-}
-
 }  // namespace
 
 float* SpecFormerCpuForward::Scratch::Get(int64_t floats) {
@@ -69,7 +25,8 @@ float* SpecFormerCpuForward::Scratch::Get(int64_t floats) {
   return storage.data_ptr<float>();
 }
 
-SpecFormerCpuForward::SpecFormerCpuForward(SpecFormerImpl& module) : head_(module.layer_config()) {
+SpecFormerCpuForward::SpecFormerCpuForward(SpecFormerImpl& module)
+    : layers_(module.layer_config()) {
   c10::InferenceMode inference;
   const int64_t positions = module.layer_config().max_position_embeddings;
   auto [cos, sin] = module.RopeFor(torch::arange(positions, torch::kLong));
@@ -92,12 +49,10 @@ bool SpecFormerCpuForward::Applies(SpecFormerImpl& module, int64_t rows) const {
   for (const auto& norm : *module.hook_norms) {
     if (!KernelWeight(norm->as<RMSNorm>()->weight)) return false;
   }
-  return AttentionApplies(*module.context_attn) && AttentionApplies(*module.draft_attn) &&
-         module.draft_mlp->fused() && KernelWeight(module.draft_mlp->gate_up_weight()) &&
-         KernelWeight(module.draft_mlp->down_proj->weight) &&
-         !module.draft_mlp->down_proj->bias.defined() && KernelWeight(module.downsampler->weight) &&
-         KernelWeight(module.positional_ffn->weight) && KernelWeight(module.positional_ffn->bias) &&
-         KernelWeight(module.context_norm->weight) &&
+  return layers_.AttentionApplies(*module.context_attn) &&
+         layers_.AttentionApplies(*module.draft_attn) && layers_.MlpApplies(*module.draft_mlp) &&
+         KernelWeight(module.downsampler->weight) && KernelWeight(module.positional_ffn->weight) &&
+         KernelWeight(module.positional_ffn->bias) && KernelWeight(module.context_norm->weight) &&
          KernelWeight(module.positional_norm->weight) &&
          KernelWeight(module.draft_attn_norm->weight) &&
          KernelWeight(module.draft_mlp_norm->weight) && KernelWeight(module.head_norm_weight());
@@ -150,48 +105,30 @@ at::Tensor SpecFormerCpuForward::Context(SpecFormerImpl& module,
   SmallMatmulRaw(hooked, N, K * d, module.downsampler->weight.data_ptr<float>(), d, nullptr,
                  nullptr, x);
   // Context: c = x + attention(norm(x)) over the sequence's cache.
-  float* normed = normed_.Get(N * d);
-  RmsNormRaw(x, module.context_norm->weight.data_ptr<float>(), normed, N, d, eps);
   TORCH_CHECK(KernelWeight(kv.keys) && KernelWeight(kv.values),
               "SpecFormerCpuForward: the context cache must be contiguous float32");
   for (int64_t p : layout.positions()) {
     TORCH_CHECK(p >= 0 && p < cos_.size(0), "SpecFormerCpuForward: position ", p);
   }
-  const int64_t nq = c.num_attention_heads * c.head_dim, nk = c.num_key_value_heads * c.head_dim;
   at::Tensor out = at::empty({N, d}, at::kFloat);
-  Attention(
-      *module.context_attn, c, normed, N, layout, cos_.data_ptr<float>(), sin_.data_ptr<float>(),
-      kv.keys.data_ptr<float>(), kv.values.data_ptr<float>(), kv.keys.size(0),
-      {.qkv = qkv_.Get(N * (nq + 2 * nk)), .q_rot = q_rot_.Get(N * nq), .attn = attn_.Get(N * nq)},
-      /*residual=*/x, out.data_ptr<float>());
+  layers_.AttentionBlock(*module.context_attn, module.context_norm->weight.data_ptr<float>(), x, N,
+                         layout, cos_.data_ptr<float>(), sin_.data_ptr<float>(),
+                         kv.keys.data_ptr<float>(), kv.values.data_ptr<float>(), kv.keys.size(0),
+                         out.data_ptr<float>());
   return out;
 }
 
 void SpecFormerCpuForward::DraftBlock(SpecFormerImpl& module, float* x, int64_t rows,
                                       const PagedAttentionLayout& layout) {
   const ModelConfig& c = module.layer_config();
-  const int64_t d = c.hidden_size, nkv = c.num_key_value_heads, hd = c.head_dim;
-  const int64_t nq = c.num_attention_heads * hd, nk = nkv * hd, f = c.intermediate_size;
-  const double eps = module.config().rms_norm_eps;
+  const int64_t nk = c.num_key_value_heads * c.head_dim;
   // x += attention(norm(x)) among the slots (keys in a scratch cache, one block per sequence),
   // then x += mlp(norm(x)).
-  float* normed = normed_.Get(rows * d);
-  float* h = hooked_.Get(rows * d);
-  RmsNormRaw(x, module.draft_attn_norm->weight.data_ptr<float>(), normed, rows, d, eps);
-  Attention(*module.draft_attn, c, normed, rows, layout, cos_.data_ptr<float>(),
-            sin_.data_ptr<float>(), keys_.Get(rows * nk), values_.Get(rows * nk), rows,
-            {.qkv = qkv_.Get(rows * (nq + 2 * nk)),
-             .q_rot = q_rot_.Get(rows * nq),
-             .attn = attn_.Get(rows * nq)},
-            /*residual=*/x, h);
-  RmsNormRaw(h, module.draft_mlp_norm->weight.data_ptr<float>(), normed, rows, d, eps);
-  float* gate_up = gate_up_.Get(rows * 2 * f);
-  float* act = act_.Get(rows * f);
-  SmallMatmulRaw(normed, rows, d, module.draft_mlp->gate_up_weight().data_ptr<float>(), 2 * f,
-                 nullptr, nullptr, gate_up);
-  SiluMulRaw(gate_up, act, rows, f);
-  SmallMatmulRaw(act, rows, f, module.draft_mlp->down_proj->weight.data_ptr<float>(), d, nullptr,
-                 /*residual=*/h, x);
+  float* h = hooked_.Get(rows * c.hidden_size);
+  layers_.AttentionBlock(*module.draft_attn, module.draft_attn_norm->weight.data_ptr<float>(), x,
+                         rows, layout, cos_.data_ptr<float>(), sin_.data_ptr<float>(),
+                         keys_.Get(rows * nk), values_.Get(rows * nk), rows, h);
+  layers_.MlpBlock(*module.draft_mlp, module.draft_mlp_norm->weight.data_ptr<float>(), h, rows, x);
 }
 
 at::Tensor SpecFormerCpuForward::DraftLogits(SpecFormerImpl& module,
@@ -234,7 +171,7 @@ at::Tensor SpecFormerCpuForward::DraftLogits(SpecFormerImpl& module,
   }
   at::Tensor logits = at::empty({M, wanted, V}, at::kFloat);
   const DraftHead& head = module.head();
-  head_.Head(head, head.full_weight(), states, R, logits.data_ptr<float>());
+  layers_.Head(head, head.full_weight(), states, R, logits.data_ptr<float>());
   return logits;
 }
 

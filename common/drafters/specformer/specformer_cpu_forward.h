@@ -50,8 +50,9 @@ class SpecFormerCpuForward {
                   const PagedAttentionLayout& layout);
 
   at::Tensor cos_, sin_;  // RoPE rows for every position, as RopeFor computes them
-  Scratch hooked_, x_, normed_, qkv_, q_rot_, attn_, gate_up_, act_, keys_, values_;
-  CpuForward head_;  // the target's head (CpuForward::Head), of the layers' geometry
+  Scratch hooked_, x_, normed_, keys_, values_;
+  // The layers' attention and MLP blocks and the target's head (of the layers' geometry).
+  CpuForward layers_;
 };
 
 }  // namespace specula
