@@ -149,18 +149,9 @@ at::Tensor SpecFormerCpuForward::DraftLogits(SpecFormerImpl& module,
   float* x = x_.Get(rows * d);  // [M, l * d] = [M * l, d]
   SmallMatmulRaw(normed, M, d, module.positional_ffn->weight.data_ptr<float>(), l * d,
                  module.positional_ffn->bias.data_ptr<float>(), nullptr, x);
-  // Each sequence's slots as one block of the scratch cache, attending causally (a chain over an
-  // empty prefix) or to each other, as Slots lays them out.
-  PagedAttentionLayout layout(l, /*sliding_window=*/0);
-  std::vector<std::vector<int32_t>> tables(M);
-  for (int64_t m = 0; m < M; ++m) {
-    tables[m] = {static_cast<int32_t>(m)};
-    if (config.causal_draft) {
-      layout.AddSequence(tables[m], /*cached=*/0, l);
-    } else {
-      layout.AddBidirectionalBlock(tables[m], /*cached=*/0, l);
-    }
-  }
+  // Each sequence's slots as one block of the scratch cache, as Slots lays them out.
+  std::vector<std::vector<int32_t>> tables;
+  const PagedAttentionLayout layout = SlotLayout(M, l, config.causal_draft, tables);
   DraftBlock(module, x, rows, layout);
   // Logits of the first `wanted` slots of each sequence: the target's final norm, then the head.
   const int64_t R = M * wanted, V = config.target_vocab_size;

@@ -96,16 +96,8 @@ torch::Tensor SpecFormerImpl::Slots(const torch::Tensor& c, int64_t slots) {
     // empty prefix. MaskedAttention's batched matmul would dispatch ~10 LibTorch ops per
     // (sequence, head) matrix.
     const int64_t nkv = layer_config_.num_key_value_heads, hd = layer_config_.head_dim;
-    std::vector<std::vector<int32_t>> tables(M);
-    PagedAttentionLayout layout(l, /*sliding_window=*/0);
-    for (int64_t m = 0; m < M; ++m) {
-      tables[m] = {static_cast<int32_t>(m)};
-      if (config_.causal_draft) {
-        layout.AddSequence(tables[m], /*cached=*/0, l);
-      } else {
-        layout.AddBidirectionalBlock(tables[m], /*cached=*/0, l);
-      }
-    }
+    std::vector<std::vector<int32_t>> tables;
+    const PagedAttentionLayout layout = SlotLayout(M, l, config_.causal_draft, tables);
     std::vector<int64_t> positions = layout.positions();
     auto cs = RopeFor(torch::tensor(positions, torch::kLong));
     AttentionInputs in = MakePagedInputs(layout, cs.first, cs.second);
@@ -179,6 +171,21 @@ void SpecFormerImpl::InitWeights(uint64_t seed) {
       t.normal_(0.0, 0.02);
     }
   }
+}
+
+PagedAttentionLayout SlotLayout(int64_t sequences, int64_t slots, bool causal,
+                                std::vector<std::vector<int32_t>>& tables) {
+  tables.assign(sequences, {});
+  PagedAttentionLayout layout(slots, /*sliding_window=*/0);
+  for (int64_t m = 0; m < sequences; ++m) {
+    tables[m] = {static_cast<int32_t>(m)};
+    if (causal) {
+      layout.AddSequence(tables[m], /*cached=*/0, slots);
+    } else {
+      layout.AddBidirectionalBlock(tables[m], /*cached=*/0, slots);
+    }
+  }
+  return layout;
 }
 
 Status SaveSpecFormerDir(SpecFormerImpl& model, const std::string& dir) {

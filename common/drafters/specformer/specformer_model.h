@@ -25,6 +25,7 @@
 
 #include "common/drafters/specformer/specformer_config.h"
 #include "common/model/draft_head.h"
+#include "common/model/paged_attention_layout.h"
 #include "common/model/transformer.h"
 
 namespace specula {
@@ -102,6 +103,13 @@ TORCH_MODULE(SpecFormer);
 
 // Writes a drafter checkpoint: dir/config.json (the SpecFormerConfig, kind "specformer") and
 // dir/model.safetensors (this module's parameters; the target's head is not included).
+// Serving's layout of the draft block: each of `sequences` sequences' `slots` slots as one block
+// (block m of a scratch cache holds sequence m's), a causal chain over an empty prefix or one
+// bidirectional block. The layout points into `tables` (one block table per sequence), which must
+// outlive it.
+PagedAttentionLayout SlotLayout(int64_t sequences, int64_t slots, bool causal,
+                                std::vector<std::vector<int32_t>>& tables);
+
 Status SaveSpecFormerDir(SpecFormerImpl& model, const std::string& dir);
 
 // Reads a checkpoint written by SaveSpecFormerDir for `target`. NOT_FOUND without config.json or
