@@ -11,13 +11,12 @@
 
 #include <random>
 
-#include "common/drafters/draft_vocab.h"
 #include "common/drafters/parallelspec/parallelspec_model.h"
 #include "common/engine/plain_decoder.h"
 #include "common/model/rope.h"
 #include "common/model/transformer.h"
 #include "common/spec/spec_engine.h"
-#include "tests/drafters/cpu_forward_rounds.h"
+#include "tests/drafters/cpu_forward_checks.h"
 #include "tests/testing/tiny_model.h"
 
 namespace specula {
@@ -397,9 +396,7 @@ TEST(ParallelSpecDrafterTest, OptionsTargetsAndCacheSize) {
 // batched and single steady observations.
 TEST(ParallelSpecDrafterTest, TheCpuForwardMatchesTheModuleBitwise) {
   auto target = Runner(TargetModule());
-  auto vocab = std::make_shared<DraftVocab>();
-  vocab->vocab_size = kVocab;
-  for (int32_t t = 0; t < kVocab; t += 3) vocab->tokens.push_back(t);
+  const auto vocab = EveryNthToken(kVocab, 3, 0);
   const int64_t d = TinyModelConfig().hidden_size;
   for (bool features : {false, true}) {
     for (bool restricted : {false, true}) {
@@ -407,19 +404,14 @@ TEST(ParallelSpecDrafterTest, TheCpuForwardMatchesTheModuleBitwise) {
       std::unique_ptr<ParallelSpecDrafter> drafters[2];
       for (int i = 0; i < 2; ++i) {
         auto module = PsModule(features);
-        if (features) {  // a non-zero fusion bias (the init's is 0), the same in both
-          torch::NoGradGuard no_grad;
-          torch::manual_seed(21);
-          module->fusion->bias.normal_(0.0, 0.5);
-        }
+        if (features) RandomBias(module->fusion->bias);
         auto created = ParallelSpecDrafter::Create(module, *target,
                                                    {.kv = {.block_size = 4, .num_blocks = 256},
                                                     .draft_vocab = restricted ? vocab : nullptr,
                                                     .cpu_forward = i == 0});
         ASSERT_TRUE(created.ok()) << created.status();
         drafters[i] = std::move(*created);
-        ASSERT_TRUE(drafters[i]->AddSequence(1, {}).ok());
-        ASSERT_TRUE(drafters[i]->AddSequence(2, {}).ok());
+        ASSERT_TRUE(AddRoundSequences(*drafters[i]));
       }
       const auto rounds = CpuForwardRounds(features ? 1 : 0, d, kVocab);
       for (size_t r = 0; r < rounds.size(); ++r) {

@@ -12,13 +12,12 @@
 #include <functional>
 #include <random>
 
-#include "common/drafters/draft_vocab.h"
 #include "common/drafters/specformer/specformer_model.h"
 #include "common/engine/plain_decoder.h"
 #include "common/model/rope.h"
 #include "common/model/transformer.h"
 #include "common/spec/spec_engine.h"
-#include "tests/drafters/cpu_forward_rounds.h"
+#include "tests/drafters/cpu_forward_checks.h"
 #include "tests/testing/tiny_model.h"
 
 namespace specula {
@@ -336,9 +335,7 @@ TEST(SpecFormerDrafterTest, SampledChainsCarryTheShapedSlotDistribution) {
 // observations and single ones.
 TEST(SpecFormerDrafterTest, TheCpuForwardMatchesTheModuleBitwise) {
   auto target = Runner(TargetModule());
-  auto vocab = std::make_shared<DraftVocab>();
-  vocab->vocab_size = kVocab;
-  for (int32_t t = 1; t < kVocab; t += 2) vocab->tokens.push_back(t);
+  const auto vocab = EveryNthToken(kVocab, 2, 1);
   const int64_t d = TinyModelConfig().hidden_size;
   for (bool causal : {false, true}) {
     for (bool pending : {false, true}) {
@@ -348,19 +345,14 @@ TEST(SpecFormerDrafterTest, TheCpuForwardMatchesTheModuleBitwise) {
         std::unique_ptr<SpecFormerDrafter> drafters[2];
         for (int i = 0; i < 2; ++i) {
           auto module = SpecModule(5, causal, pending);
-          {  // a non-zero positional bias (the init's is 0), the same in both
-            torch::NoGradGuard no_grad;
-            torch::manual_seed(21);
-            module->positional_ffn->bias.normal_(0.0, 0.5);
-          }
+          RandomBias(module->positional_ffn->bias);
           auto created = SpecFormerDrafter::Create(module, *target,
                                                    {.kv = {.block_size = 4, .num_blocks = 256},
                                                     .draft_vocab = restricted ? vocab : nullptr,
                                                     .cpu_forward = i == 0});
           ASSERT_TRUE(created.ok()) << created.status();
           drafters[i] = std::move(*created);
-          ASSERT_TRUE(drafters[i]->AddSequence(1, {}).ok());
-          ASSERT_TRUE(drafters[i]->AddSequence(2, {}).ok());
+          ASSERT_TRUE(AddRoundSequences(*drafters[i]));
         }
         const auto rounds = CpuForwardRounds(drafters[0]->hidden_layers().size(), d, kVocab);
         for (size_t r = 0; r < rounds.size(); ++r) {
