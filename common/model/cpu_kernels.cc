@@ -353,6 +353,8 @@ void AttendRows(const AttendArgs& a, const PagedAttentionLayout& layout, int64_t
   }
 }
 
+constexpr int64_t kWeightPrefetchFloats = 1024;
+
 // y[m][n] = bias[n] + residual[m][n] + sum_k x[m][k] w[n][k] for a few rows m: each weight row is
 // read once for all of them (the product is bound by reading the weights).
 template <int M>
@@ -364,6 +366,10 @@ __attribute__((always_inline)) inline void SmallMatmulT(const float* x, const fl
     const float* wr = w + n * k;
     Vec16 acc[M] = {};
     for (int64_t i = 0; i < k; i += 16) {
+      // The weights stream from memory once per forward; fetching 4 KB ahead (the hardware
+      // prefetcher alone did not keep up) made the bundled target's forward 6% faster at one
+      // row and 12-16% at 3-24 rows. Reads past the matrix's end are prefetches only.
+      __builtin_prefetch(wr + i + kWeightPrefetchFloats);
       const Vec16 wv = Load16(wr + i);
       for (int m = 0; m < M; ++m) acc[m] += Load16(x + m * k + i) * wv;
     }
