@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <span>
 
+#include "common/drafters/draft_outcomes.h"
 #include "common/drafters/draft_sampling.h"
 #include "common/spec/proposal.h"
 
@@ -24,6 +25,7 @@ struct SeqState {
   // prefix of the history followed by drafted chain tokens; its size equals the runner's sequence
   // length outside Propose.
   std::vector<int32_t> cached;
+  DraftOutcomes outcomes;  // its chains, compared with the tokens committed after them
 };
 
 // One sequence being drafted in a Propose call.
@@ -37,6 +39,15 @@ struct Work {
   CandidateTree tree;
   std::vector<double> path_prob;  // per node: product of draft probabilities from the root
   std::vector<int32_t> frontier;  // tree mode: nodes whose children the next forward computes
+  // Chains: the calibration its nodes are judged by, the prices a node and a depth must pay
+  // (DraftRequest::min_reach, depth_reach), each node's confidence bin, and the estimated reach
+  // of the last node. `kept`: nodes returned (the chain was cut below min_reach; -1 = all).
+  const ConfidenceCalibration* calibration = nullptr;
+  double min_reach = 0;
+  double depth_reach = 0;
+  std::vector<int32_t> bins;
+  double reach = 1;
+  int32_t kept = -1;
 };
 
 // Host copy of the logits; row r of sequence b is at offsets[b] + r.
@@ -84,15 +95,23 @@ StatusOr<HostLogits> CatchUp(ModelRunner& model, const std::vector<Work*>& works
   return out;
 }
 
-// Adds the chain's next node from the logits after its current end.
+// Adds the chain's next node from the logits after its current end, and judges it: the chain's
+// estimated reach times the node's calibrated acceptance; below min_reach the chain ends before it
+// (the node is still measured: its token is known).
 void ExtendChain(Work& w, std::span<const float> row) {
   const int32_t parent = w.tree.size() - 1;
+  int32_t node = 0;
   if (w.st->sampling.greedy()) {
     const TopToken top = ArgmaxWithProbability(row);
-    w.tree.AddNode(parent, top.token, top.prob);
+    node = w.tree.AddNode(parent, top.token, top.prob);
   } else {
-    AddSampledNode(w.tree, parent, Probabilities(row, w.st->sampling), w.proposal_top_k, w.st->rng);
+    node = AddSampledNode(w.tree, parent, Probabilities(row, w.st->sampling), w.proposal_top_k,
+                          w.st->rng);
   }
+  const int32_t bin = ConfidenceCalibration::BinOf(w.tree.draft_prob(node));
+  w.bins.push_back(bin);
+  w.reach *= w.calibration->Conditional(bin);
+  if (w.kept < 0 && w.min_reach > 0 && w.reach < w.min_reach) w.kept = node;
 }
 
 Status DraftChains(ModelRunner& model, std::vector<Work>& works) {
@@ -105,16 +124,24 @@ Status DraftChains(ModelRunner& model, std::vector<Work>& works) {
   while (true) {
     ForwardBatch batch;
     members.clear();
+    // A depth runs if the nodes it would add are expected to reach far enough, in all, to pay
+    // for the forward (the chains' reach so far times an average node's acceptance).
+    double expected_reach = 0, depth_price = 0;
     for (Work& w : works) {
       const int32_t limit = std::min(w.max_nodes, w.max_depth);
       // One more token must fit in the draft model's context.
-      if (w.tree.size() >= limit || static_cast<int64_t>(w.st->cached.size()) + 1 > context) {
+      if (w.kept >= 0 || w.tree.size() >= limit ||
+          static_cast<int64_t>(w.st->cached.size()) + 1 > context) {
         continue;
       }
+      const double next_reach = w.reach * w.calibration->Average();
+      if (w.min_reach > 0 && next_reach < w.min_reach) continue;  // it would be cut anyway
+      expected_reach += next_reach;
+      depth_price = std::max(depth_price, w.depth_reach);
       batch.seqs.push_back({.seq = w.st->draft_seq, .tokens = {w.tree.tokens().back()}});
       members.push_back(&w);
     }
-    if (members.empty()) return OkStatus();
+    if (members.empty() || expected_reach < depth_price) return OkStatus();
     ASSIGN_OR_RETURN(HostLogits out, RunForward(model, batch));
     for (size_t b = 0; b < members.size(); ++b) {
       Work& w = *members[b];
@@ -268,8 +295,15 @@ Status DraftModelDrafter::Observe(const std::vector<DrafterObservation>& observa
   RETURN_IF_ERROR(CheckTokenObservations(observations, model_->config().vocab_size,
                                          [&](SeqId seq) { return states_.count(seq) > 0; }));
   for (const auto& o : observations) {
-    auto& history = states_.at(o.seq)->history;
-    history.insert(history.end(), o.tokens.begin(), o.tokens.end());
+    State& st = *states_.at(o.seq);
+    ConfidenceCalibration& calibration = calibration_[!st.sampling.greedy()];
+    const DraftOutcomes::Record record = [&](int32_t bin, int32_t, bool accepted) {
+      calibration.Record(bin, accepted);
+    };
+    for (int32_t t : o.tokens) {
+      st.outcomes.Committed(static_cast<int64_t>(st.history.size()), t, record);
+      st.history.push_back(t);
+    }
   }
   return OkStatus();
 }
@@ -293,6 +327,9 @@ StatusOr<std::vector<CandidateTree>> DraftModelDrafter::Propose(
     w.max_nodes = r.max_nodes;
     w.max_depth = r.max_depth;
     w.proposal_top_k = r.proposal_top_k;
+    w.calibration = &calibration_[!st.sampling.greedy()];
+    w.min_reach = r.min_reach;
+    w.depth_reach = r.depth_reach;
     works.push_back(std::move(w));
   }
   if (works.empty()) return trees;
@@ -317,7 +354,13 @@ StatusOr<std::vector<CandidateTree>> DraftModelDrafter::Propose(
     }
   }
   RETURN_IF_ERROR(status);
-  for (Work& w : works) trees[w.request] = std::move(w.tree);
+  for (Work& w : works) {
+    if (!w.bins.empty()) {  // a chain: every drafted node is measured, the cut ones too
+      w.st->outcomes.Proposed(w.H, w.tree.tokens(), std::move(w.bins));
+      if (w.kept >= 0) w.tree.Truncate(w.kept);
+    }
+    trees[w.request] = std::move(w.tree);
+  }
   return trees;
 }
 

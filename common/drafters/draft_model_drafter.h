@@ -7,12 +7,14 @@
 // attached for the lossless rejection verifier (chains), or deterministic top-k children (trees).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/drafters/confidence_calibration.h"
 #include "common/drafters/draft_vocab.h"
 #include "common/model/model_runner.h"
 #include "common/spec/drafter.h"
@@ -53,6 +55,9 @@ class DraftModelDrafter : public Drafter {
   std::unique_ptr<ModelRunner> model_;
   DraftModelDrafterOptions options_;
   std::unordered_map<SeqId, std::unique_ptr<State>> states_;
+  // How often its chain nodes are accepted by the probability it gave them: greedy requests', then
+  // sampled ones' (accepted with probability min(1, p/q)).
+  std::array<ConfidenceCalibration, 2> calibration_;
 };
 
 }  // namespace specula

@@ -1,7 +1,6 @@
 #include "common/drafters/ngram_calibration.h"
 
 #include <algorithm>
-#include <utility>
 
 namespace specula {
 
@@ -46,27 +45,6 @@ int32_t NgramCalibration::Keep(int32_t cls, int32_t len, double min_reach) const
     if (reach < min_reach) return j - 1;
   }
   return std::max(len, 0);
-}
-
-void NgramDraftOutcomes::Proposed(int64_t at, std::vector<int32_t> chain, int32_t cls) {
-  if (chain.empty()) return;
-  if (chain.size() > static_cast<size_t>(NgramCalibration::kDepth)) {
-    chain.resize(NgramCalibration::kDepth);
-  }
-  // A second proposal at the same length (a retried step) replaces the first.
-  std::erase_if(pending_, [&](const Pending& p) { return p.at == at; });
-  if (pending_.size() >= kMaxPending) pending_.erase(pending_.begin());
-  pending_.push_back({.at = at, .chain = std::move(chain), .cls = cls});
-}
-
-void NgramDraftOutcomes::Committed(int64_t position, int32_t token, NgramCalibration& calibration) {
-  std::erase_if(pending_, [&](Pending& p) {
-    if (position != p.at + p.matched) return position > p.at + p.matched;  // stale: drop it
-    const bool accepted = p.chain[p.matched] == token;
-    calibration.Record(p.cls, p.matched + 1, accepted);
-    if (!accepted) return true;
-    return ++p.matched == static_cast<int32_t>(p.chain.size());
-  });
 }
 
 }  // namespace specula

@@ -3,19 +3,15 @@
 //
 // Measured without bias from what the target went on to generate: every proposal's continuation
 // (up to kDepth tokens, whatever was proposed of it) is compared with the tokens committed after
-// it; the j-th token is a trial of P(token j accepted | 1..j-1 were) once 1..j-1 matched. For a
-// deterministic draft that is exactly its acceptance, greedy or sampled (rejection sampling keeps
-// a draft token iff the target's token equals it). Trimming a proposal does not change what is
-// measured, so the table needs no exploration.
+// it (DraftOutcomes). Trimming a proposal does not change what is measured, so the table needs no
+// exploration.
 //
 // On the bundled model at batch 1 (fixed k = 8): a 1-token match's first token is accepted 37% of
 // the time and its fourth is reached 10%; a match of 8+ tokens reaches its fourth 94%.
 #pragma once
 
 #include <array>
-#include <cstddef>
 #include <cstdint>
-#include <vector>
 
 namespace specula {
 
@@ -43,26 +39,6 @@ class NgramCalibration {
   static constexpr double kWindow = 1024;
   static constexpr double kPriorWeight = 4;
   std::array<std::array<double, kDepth + 1>, kClasses> trials_{}, hits_{};
-};
-
-// One sequence's proposals still being compared with the tokens that follow them.
-class NgramDraftOutcomes {
- public:
-  // A proposal made when the context was `at` tokens long: `chain` is its continuation (up to
-  // NgramCalibration::kDepth tokens), `cls` its match class.
-  void Proposed(int64_t at, std::vector<int32_t> chain, int32_t cls);
-  // The token at `position` was committed: every proposal it continues gets a trial.
-  void Committed(int64_t position, int32_t token, NgramCalibration& calibration);
-
- private:
-  struct Pending {
-    int64_t at = 0;
-    std::vector<int32_t> chain;
-    int32_t cls = 0;
-    int32_t matched = 0;  // leading tokens of chain committed so far
-  };
-  static constexpr size_t kMaxPending = 8;  // a run of proposals that all keep matching
-  std::vector<Pending> pending_;
 };
 
 }  // namespace specula

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <span>
 
+#include "common/drafters/draft_outcomes.h"
+
 namespace specula {
 namespace {
 
@@ -115,8 +117,8 @@ struct NgramDrafter::State {
   }
 
   const int32_t min_ngram, max_ngram;
-  bool sampled = false;         // which calibration its drafts count in
-  NgramDraftOutcomes outcomes;  // its proposals, compared with what followed them
+  bool sampled = false;    // which calibration its drafts count in
+  DraftOutcomes outcomes;  // its proposals, compared with what followed them
   std::vector<int32_t> tokens;
   std::vector<uint64_t> prefix;  // [H + 1]
   std::vector<uint64_t> power;   // kBase^n for n in [0, max_ngram]
@@ -163,8 +165,11 @@ Status NgramDrafter::Observe(const std::vector<DrafterObservation>& observations
   for (const auto& o : observations) {
     State& st = *states_.at(o.seq);
     NgramCalibration& calibration = calibration_[st.sampled];
+    const DraftOutcomes::Record record = [&](int32_t cls, int32_t j, bool accepted) {
+      calibration.Record(cls, j, accepted);
+    };
     for (int32_t t : o.tokens) {
-      st.outcomes.Committed(static_cast<int64_t>(st.tokens.size()), t, calibration);
+      st.outcomes.Committed(static_cast<int64_t>(st.tokens.size()), t, record);
       st.Append(t);
     }
   }
@@ -194,7 +199,7 @@ StatusOr<std::vector<CandidateTree>> NgramDrafter::Propose(
     int32_t keep = std::min(len, static_cast<int32_t>(draft.chain.size()));
     keep = calibration_[st.sampled].Keep(cls, keep, r.min_reach);
     trees.push_back(CandidateTree::Chain(std::span<const int32_t>(draft.chain).first(keep)));
-    st.outcomes.Proposed(static_cast<int64_t>(st.tokens.size()), std::move(draft.chain), cls);
+    st.outcomes.Proposed(static_cast<int64_t>(st.tokens.size()), std::move(draft.chain), {cls});
   }
   return trees;
 }

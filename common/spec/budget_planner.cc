@@ -111,7 +111,8 @@ std::vector<StepPlan::DraftBudget> BudgetPlanner::Plan() {
   for (size_t i = 0; i < candidates.size(); ++i) {
     budgets.push_back({.id = candidates[i].id,
                        .max_draft_tokens = last_.budgets[i],
-                       .min_reach = last_.min_reach});
+                       .min_reach = last_.min_reach,
+                       .depth_reach = last_.depth_reach[i]});
     tracked_[candidates[i].id].asked = last_.budgets[i];
   }
   // Admitted requests that cannot draft this step (prefilling, no room) get 0 explicitly.

@@ -44,6 +44,21 @@ int32_t CandidateTree::AddSparseDistribution(std::vector<int32_t> ids, std::vect
   return num_distributions() - 1;
 }
 
+void CandidateTree::Truncate(int32_t n) {
+  if (n < 0 || n >= size()) return;
+  tokens_.resize(n);
+  parents_.resize(n);
+  depths_.resize(n);
+  draft_probs_.resize(n);
+  proposals_.resize(n);
+  int32_t used = 0;
+  for (int32_t j : proposals_) used = std::max(used, j + 1);
+  if (used < num_distributions()) {
+    distributions_.resize(used);
+    distribution_ids_.resize(used);
+  }
+}
+
 float CandidateTree::ProposalProbability(int32_t j, int32_t token) const {
   const std::vector<float>& values = distributions_[j];
   const std::vector<int32_t>& ids = distribution_ids_[j];

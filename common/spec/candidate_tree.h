@@ -45,6 +45,9 @@ class CandidateTree {
   // Adds a sparse proposal distribution: probs[k] for token ids[k] (ids strictly increasing),
   // probability 0 for every other token. Returns its index for AddNode.
   int32_t AddSparseDistribution(std::vector<int32_t> ids, std::vector<float> probs);
+  // Keeps the first n nodes (still a tree: parents come before their children) and the
+  // distributions up to the last one they use.
+  void Truncate(int32_t n);
 
   int32_t size() const { return static_cast<int32_t>(tokens_.size()); }
   bool empty() const { return tokens_.empty(); }

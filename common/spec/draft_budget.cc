@@ -692,6 +692,19 @@ double DraftBudgetPolicy::MinReach(const StepBase& base, const StepShape& shape,
   return std::isfinite(price) ? std::clamp(price, 0.0, 1.0) : 0.0;
 }
 
+double DraftBudgetPolicy::DepthReach(const StepBase& base, const std::string& drafter,
+                                     double seconds, double tokens) const {
+  const DrafterCostModel* cost = drafter_cost(drafter);
+  if (!options_.prune_by_reach || !target_cost_.ready() || !cost || !cost->ready()) return 0;
+  // At batch 1 a chain's nodes and depths move together, so the fit's split between the two is
+  // arbitrary: a depth is priced as both.
+  const DrafterCostModel::Parts parts = cost->parts();
+  const double depth_seconds = std::max(parts.per_depth, 0.0) + std::max(parts.per_node, 0.0);
+  const double rate = tokens / std::max(seconds - ChunkSeconds(base), 1e-12);
+  const double price = depth_seconds * rate * (1 + Margin(base));
+  return std::isfinite(price) ? std::max(price, 0.0) : 0.0;
+}
+
 std::vector<int32_t> DraftBudgetPolicy::Allocate(
     const StepBase& base, const std::vector<BudgetCandidate>& candidates,
     const std::vector<AcceptanceModel::Tables>& expected, double step_limit) const {
@@ -998,6 +1011,12 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
                decision.budgets, &shape, &rows);
   decision.min_reach =
       MinReach(base, shape, rows, decision.predicted_seconds, decision.predicted_tokens);
+  decision.depth_reach.assign(n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    if (decision.budgets[i] <= 0) continue;
+    decision.depth_reach[i] = DepthReach(base, candidates[i].drafter, decision.predicted_seconds,
+                                         decision.predicted_tokens);
+  }
   return decision;
 }
 

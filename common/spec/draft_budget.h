@@ -406,6 +406,12 @@ struct BudgetDecision {
   // worth its row iff Y / S <= (Y + p) / (S + dS), i.e. p >= dS * Y / S). 0 when the models are
   // not ready or DraftBudgetOptions::prune_by_reach is off.
   double min_reach = 0;
+  // Per candidate, the same price for a drafter that runs one forward per depth (the draft LM):
+  // the expected reach its next depth must add, summed over the call's sequences, to be worth
+  // running (DraftRequest::depth_reach). One more depth and one more node of the drafter's cost
+  // fit, times the step's tokens per second. 0 when the models are not ready, the candidate does
+  // not draft, or DraftBudgetOptions::prune_by_reach is off.
+  std::vector<double> depth_reach;
   // Tokens per second at the budgets over tokens per second without drafts (>= 1 unless the
   // models are not ready or exploration costs).
   double predicted_speedup() const;
@@ -479,6 +485,9 @@ class DraftBudgetPolicy {
   // `rows` draft rows.
   double MinReach(const StepBase& base, const StepShape& shape, double rows, double seconds,
                   double tokens) const;
+  // BudgetDecision::depth_reach of `drafter` in such a step.
+  double DepthReach(const StepBase& base, const std::string& drafter, double seconds,
+                    double tokens) const;
   // The target's seconds for `shape` plus `rows` more (expected, so fractional) rows.
   double TargetSeconds(StepShape shape, double rows) const;
   // The margin a node must clear this step: DraftBudgetOptions::node_margin from

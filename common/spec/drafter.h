@@ -51,6 +51,11 @@ struct DraftRequest {
   // budget policy's price of a forward row in tokens: DraftBudgetPolicy, BudgetDecision). A
   // drafter that can estimate reach may leave out the nodes below it; 0 = keep every node.
   double min_reach = 0;
+  // The same for a drafter that runs one forward per depth (the draft LM): it runs the next
+  // depth only if the expected reach of the nodes that depth adds, summed over the call's
+  // requests, is at least this (the budget policy's price of the drafter's depth in tokens;
+  // requests of one call share it). 0 = every depth within the budget.
+  double depth_reach = 0;
 };
 
 // The checks every Propose starts with: each request names a sequence the drafter holds

@@ -127,10 +127,11 @@ struct SpecEngine::Sequence {
   HiddenBacklog unobserved_hidden;
   int64_t unobserved_generated = 0;  // of unobserved_tokens, those after the prompt
   std::vector<int32_t> generated;
-  Drafter* drafter = nullptr;  // null: no speculation (off, or the drafter failed)
-  int64_t drafter_blocks = 0;  // reserved in the drafter's cache (Drafter::capacity)
-  int32_t draft_budget = 0;    // tree nodes per step (the step plan's budget)
-  double draft_min_reach = 0;  // and the reach a node needs (DraftRequest::min_reach)
+  Drafter* drafter = nullptr;    // null: no speculation (off, or the drafter failed)
+  int64_t drafter_blocks = 0;    // reserved in the drafter's cache (Drafter::capacity)
+  int32_t draft_budget = 0;      // tree nodes per step (the step plan's budget)
+  double draft_min_reach = 0;    // and the reach a node needs (DraftRequest::min_reach)
+  double draft_depth_reach = 0;  // and a depth (DraftRequest::depth_reach)
   SpecRequestStats stats;
   // This step's draft, and what verification kept of it.
   CandidateTree tree;
@@ -246,7 +247,8 @@ Status SpecEngine::Cancel(RequestId id) {
   return OkStatus();
 }
 
-Status SpecEngine::SetDraftBudget(RequestId id, int32_t max_draft_tokens, double min_reach) {
+Status SpecEngine::SetDraftBudget(RequestId id, int32_t max_draft_tokens, double min_reach,
+                                  double depth_reach) {
   auto it = sequences_.find(id);
   if (it == sequences_.end())
     return NotFoundError(StrCat("request ", id, " is not running or waiting"));
@@ -254,6 +256,7 @@ Status SpecEngine::SetDraftBudget(RequestId id, int32_t max_draft_tokens, double
   const int32_t cap = s.request.speculation.enabled() ? s.request.speculation.max_draft_tokens : 0;
   s.draft_budget = std::clamp(max_draft_tokens, 0, cap);
   s.draft_min_reach = std::isfinite(min_reach) ? std::clamp(min_reach, 0.0, 1.0) : 0.0;
+  s.draft_depth_reach = std::isfinite(depth_reach) ? std::max(depth_reach, 0.0) : 0.0;
   return OkStatus();
 }
 
@@ -559,7 +562,8 @@ void SpecEngine::DraftWith(Drafter* drafter, const std::vector<Sequence*>& membe
       requests.push_back({.seq = s->seq,
                           .max_nodes = max_nodes,
                           .max_depth = max_depth,
-                          .min_reach = s->draft_min_reach});
+                          .min_reach = s->draft_min_reach,
+                          .depth_reach = s->draft_depth_reach});
       asked.push_back(s);
     }
   };
@@ -1033,7 +1037,7 @@ StatusOr<std::vector<SpecGenerationResult>> GenerateAll(SpecEngine& engine,
     const auto t_step = Clock::now();
     if (planner) {
       for (const StepPlan::DraftBudget& b : planner->Plan()) {
-        (void)engine.SetDraftBudget(b.id, b.max_draft_tokens, b.min_reach);
+        (void)engine.SetDraftBudget(b.id, b.max_draft_tokens, b.min_reach, b.depth_reach);
         st.budget_nodes += b.max_draft_tokens;
         ++st.budgeted_sequence_steps;
       }

@@ -86,8 +86,10 @@ class SpecEngine {
   // The step plan's per-sequence draft budget: tree nodes for the request's next steps, clamped to
   // [0, the request's max_draft_tokens] (the KV reservation is sized for that). 0 = no draft.
   // NOT_FOUND if unknown or finished. min_reach: DraftRequest::min_reach for its drafts (clamped
-  // to [0, 1]; 0 = every node the drafter proposes).
-  Status SetDraftBudget(RequestId id, int32_t max_draft_tokens, double min_reach = 0);
+  // to [0, 1]; 0 = every node the drafter proposes); depth_reach: DraftRequest::depth_reach (at
+  // least 0; 0 = every depth within the budget).
+  Status SetDraftBudget(RequestId id, int32_t max_draft_tokens, double min_reach = 0,
+                        double depth_reach = 0);
 
   // Runs one step. Per-request failures (a drafter error, an invalid tree) degrade that request to
   // no speculation for the step and are counted in its stats; a drafter call that fails for a

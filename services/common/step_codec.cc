@@ -1,5 +1,6 @@
 #include "services/common/step_codec.h"
 
+#include <cmath>
 #include <utility>
 
 #include "services/common/grpc_status.h"
@@ -96,6 +97,7 @@ void ToProto(const StepPlan& plan, v1::StepPlan* out) {
     m->set_request_id(b.id);
     m->set_max_draft_tokens(b.max_draft_tokens);
     m->set_min_reach(b.min_reach);
+    m->set_depth_reach(b.depth_reach);
   }
 }
 
@@ -113,9 +115,14 @@ StatusOr<StepPlan> FromProto(const v1::StepPlan& plan) {
       return InvalidArgumentError(
           StrCat("budgets[", i, "].min_reach must be in [0, 1], got ", b.min_reach()));
     }
+    if (!(b.depth_reach() >= 0 && std::isfinite(b.depth_reach()))) {
+      return InvalidArgumentError(StrCat(
+          "budgets[", i, "].depth_reach must be finite and at least 0, got ", b.depth_reach()));
+    }
     out.budgets.push_back({.id = b.request_id(),
                            .max_draft_tokens = b.max_draft_tokens(),
-                           .min_reach = b.min_reach()});
+                           .min_reach = b.min_reach(),
+                           .depth_reach = b.depth_reach()});
   }
   return out;
 }

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cmath>
 #include <utility>
 
 #include "common/spec/spec_engine.h"
@@ -225,11 +226,16 @@ Status DrafterService::Handle(SessionState& session, const v1::DrafterCall& call
           return InvalidArgumentError(
               StrCat(field, ".min_reach must be in [0, 1], got ", r.min_reach()));
         }
+        if (!(r.depth_reach() >= 0 && std::isfinite(r.depth_reach()))) {
+          return InvalidArgumentError(
+              StrCat(field, ".depth_reach must be finite and at least 0, got ", r.depth_reach()));
+        }
         requests.push_back({.seq = seq->second.id,
                             .max_nodes = r.max_nodes(),
                             .max_depth = r.max_depth(),
                             .proposal_top_k = options_.proposal_top_k,
-                            .min_reach = r.min_reach()});
+                            .min_reach = r.min_reach(),
+                            .depth_reach = r.depth_reach()});
       }
       ASSIGN_OR_RETURN(std::vector<CandidateTree> trees, drafter.Propose(requests));
       for (const CandidateTree& tree : trees) {

@@ -392,6 +392,7 @@ Status RemoteDrafter::ProposeCall(const std::vector<DraftRequest>& requests,
     m->set_max_nodes(requests[i].max_nodes);
     m->set_max_depth(requests[i].max_depth);
     m->set_min_reach(requests[i].min_reach);
+    m->set_depth_reach(requests[i].depth_reach);
     asked->push_back(i);
   }
   return OkStatus();

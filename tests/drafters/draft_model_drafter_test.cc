@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "common/drafters/confidence_calibration.h"
 #include "common/engine/plain_decoder.h"
 #include "common/model/transformer.h"
 #include "tests/testing/tiny_model.h"
@@ -413,6 +414,92 @@ TEST(DraftModelDrafterTest, StaysWithinTheDraftModelsContext) {
       EXPECT_EQ(t.size(), 6);
       EXPECT_EQ(t.max_depth(), 2);
       CheckTree(module, near_end, t, width, {});
+    }
+  }
+}
+
+// A chain's reach is the product of its nodes' calibrated acceptance (at first, the middle of
+// each node's confidence bin): it ends before the first node below min_reach, and no forward runs
+// for a depth whose expected reach is below depth_reach.
+TEST(DraftModelDrafterTest, ChainsStopWhereTheirReachNoLongerPays) {
+  auto module = Model();
+  const std::vector<int32_t> history = RandomTokens(12, 70);
+  for (const SamplingParams& sampling :
+       {SamplingParams{}, SamplingParams{.temperature = 1.0f, .seed = 4}}) {
+    auto propose = [&](double min_reach, double depth_reach) {
+      auto d = Drafter(module);
+      EXPECT_TRUE(d->AddSequence(1, sampling).ok());
+      EXPECT_TRUE(d->Observe({{.seq = 1, .tokens = history}}).ok());
+      auto trees = d->Propose({{.seq = 1,
+                                .max_nodes = 6,
+                                .max_depth = 6,
+                                .min_reach = min_reach,
+                                .depth_reach = depth_reach}});
+      EXPECT_TRUE(trees.ok()) << trees.status();
+      if (!trees.ok()) return std::make_pair(CandidateTree(), int64_t{0});
+      Status valid = trees->front().Validate(kVocab, 6, 6);
+      EXPECT_TRUE(valid.ok()) << valid;
+      return std::make_pair(std::move(trees->front()), CachedPositions(*d));
+    };
+    const auto [full, full_cached] = propose(0, 0);
+    ASSERT_EQ(full.size(), 6);
+    std::vector<double> reach;
+    double r = 1;
+    const ConfidenceCalibration fresh;
+    for (int32_t i = 0; i < full.size(); ++i) {
+      reach.push_back(r *= fresh.Conditional(ConfidenceCalibration::BinOf(full.draft_prob(i))));
+    }
+    ASSERT_GT(reach[2], reach[3]);
+    // Cut after three nodes: the rest of the chain (and its distributions) left out.
+    const auto [cut, cut_cached] = propose((reach[2] + reach[3]) / 2, 0);
+    ASSERT_EQ(cut.size(), 3);
+    for (int32_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(cut.token(i), full.token(i)) << i;
+      EXPECT_EQ(cut.draft_prob(i), full.draft_prob(i)) << i;
+    }
+    EXPECT_EQ(cut.num_distributions(), sampling.greedy() ? 0 : 3);
+    // The fourth depth was not expected to reach far enough (the third node's reach times an
+    // average node's, 1/2 before anything is measured): its forward did not run.
+    EXPECT_EQ(cut_cached, static_cast<int64_t>(history.size()) + 2);
+    // A depth that cannot pay for its forward: only the catch-up's node, no drafting forward.
+    const auto [shallow, shallow_cached] = propose(0, 1e9);
+    ASSERT_EQ(shallow.size(), 1);
+    EXPECT_EQ(shallow.token(0), full.token(0));
+    EXPECT_EQ(shallow_cached, static_cast<int64_t>(history.size()));
+    EXPECT_EQ(full_cached, static_cast<int64_t>(history.size()) + 5);
+  }
+}
+
+// The calibration follows what the target kept: drafts that are always rejected stop being
+// proposed under a row price, drafts that are always accepted keep being proposed.
+TEST(DraftModelDrafterTest, TheCalibrationLearnsFromTheCommittedTokens) {
+  auto module = Model();
+  for (bool accept : {false, true}) {
+    auto d = Drafter(module);
+    std::vector<int32_t> history = RandomTokens(10, 71);
+    ASSERT_TRUE(d->AddSequence(1, {}).ok());
+    ASSERT_TRUE(d->Observe({{.seq = 1, .tokens = history}}).ok());
+    constexpr int kSteps = 90, kWindow = 20;
+    int32_t early = 0, late = 0;  // nodes proposed in the first and the last kWindow steps
+    for (int step = 0; step < kSteps; ++step) {
+      auto trees = d->Propose({{.seq = 1, .max_nodes = 3, .max_depth = 3, .min_reach = 0.05}});
+      ASSERT_TRUE(trees.ok()) << trees.status();
+      const CandidateTree& t = trees->front();
+      if (step < kWindow) early += t.size();
+      if (step >= kSteps - kWindow) late += t.size();
+      // The next token: the first draft when accepting, anything else when rejecting (the first
+      // node is drafted even when the chain is cut before it, so the rejection is measured).
+      const int32_t drafted = t.empty() ? GreedyReference(module, history, 1)[0] : t.token(0);
+      const int32_t token = accept ? drafted : (drafted + 1) % kVocab;
+      ASSERT_TRUE(d->Observe({{.seq = 1, .tokens = {token}}}).ok());
+      history.push_back(token);
+    }
+    if (accept) {
+      EXPECT_EQ(late, 3 * kWindow);
+      EXPECT_GT(late, early);
+    } else {
+      EXPECT_GT(early, kWindow);
+      EXPECT_LT(late, early / 3) << "rejected drafts are still proposed";
     }
   }
 }

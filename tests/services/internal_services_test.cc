@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -35,7 +36,8 @@ class RecordingDrafter : public Drafter {
   struct Log {
     std::vector<std::vector<int32_t>> tokens;
     std::vector<std::vector<at::Tensor>> hidden;
-    std::vector<double> min_reach;  // of every draft request, in order
+    std::vector<double> min_reach;    // of every draft request, in order
+    std::vector<double> depth_reach;  // the same
   };
   explicit RecordingDrafter(std::shared_ptr<Log> log) : log_(std::move(log)) {}
   std::string name() const override { return "recording"; }
@@ -61,6 +63,7 @@ class RecordingDrafter : public Drafter {
     std::vector<CandidateTree> trees;
     for (const DraftRequest& r : requests) {
       log_->min_reach.push_back(r.min_reach);
+      log_->depth_reach.push_back(r.depth_reach);
       const int32_t t = last_.at(r.seq);
       std::vector<int32_t> chain(std::min(2, r.max_depth), t);
       trees.push_back(CandidateTree::Chain(chain));
@@ -190,8 +193,8 @@ TEST_F(InternalServicesTest, HiddenStatesReachARemoteDrafterExactlyAsInProcess) 
   EXPECT_EQ(service_->num_sequences(), 0) << "finished sequences were not released";
 }
 
-// The plan's price of a row (StepPlan::DraftBudget::min_reach) crosses the router -> target wire
-// and reaches a remote drafter's requests (DraftRequest::min_reach).
+// The plan's prices of a row and a depth (StepPlan::DraftBudget::min_reach, depth_reach) cross the
+// router -> target wire and reach a remote drafter's requests (DraftRequest's).
 TEST_F(InternalServicesTest, TheRowPriceReachesARemoteDrafter) {
   auto remote = Target();
   auto connection = target::DrafterConnection::Connect(
@@ -212,10 +215,12 @@ TEST_F(InternalServicesTest, TheRowPriceReachesARemoteDrafter) {
   ASSERT_TRUE(remote->Step(over_the_wire(Admit(1, {5, 9, 13}, 8))).ok());  // prefill
   for (double price : {0.37, 0.0, 0.81}) {
     StepPlan plan;
-    plan.budgets.push_back({.id = 1, .max_draft_tokens = 2, .min_reach = price});
+    plan.budgets.push_back(
+        {.id = 1, .max_draft_tokens = 2, .min_reach = price, .depth_reach = 3 * price});
     ASSERT_TRUE(remote->Step(over_the_wire(plan)).ok());
     ASSERT_FALSE(remote_log_->min_reach.empty()) << "no draft was asked for";
     EXPECT_DOUBLE_EQ(remote_log_->min_reach.back(), price);
+    EXPECT_DOUBLE_EQ(remote_log_->depth_reach.back(), 3 * price);
   }
 }
 
@@ -486,6 +491,23 @@ TEST_F(InternalServicesTest, TargetRejectsABrokenPlanNamingTheFieldAndFreesTheSe
               std::string::npos)
         << status.error_message();
   }
+  for (double bad : {-1.0, std::numeric_limits<double>::infinity()}) {  // a depth's price
+    grpc::ClientContext context;
+    auto stream = stub->Run(&context);
+    v1::StepPlan plan;
+    v1::DraftBudget* b = plan.add_budgets();
+    b->set_request_id(1);
+    b->set_max_draft_tokens(2);
+    b->set_depth_reach(bad);
+    ASSERT_TRUE(stream->Write(plan));
+    v1::StepResult result;
+    EXPECT_FALSE(stream->Read(&result));
+    grpc::Status status = stream->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(status.error_message().find("budgets[0].depth_reach must be finite and at least 0"),
+              std::string::npos)
+        << status.error_message();
+  }
   // A new session works.
   grpc::ClientContext context;
   auto stream = stub->Run(&context);
@@ -512,7 +534,7 @@ TEST_F(InternalServicesTest, DrafterServiceRefusesBudgetsOverTheCapAndObservatio
   add.set_drafter("recording");
   add.mutable_add()->set_seq(7);
   ASSERT_EQ(session.Call(add).code(), 0);
-  auto propose = [](int32_t nodes, int32_t depth, double min_reach = 0) {
+  auto propose = [](int32_t nodes, int32_t depth, double min_reach = 0, double depth_reach = 0) {
     v1::DrafterCall call;
     call.set_drafter("recording");
     v1::DraftRequest* r = call.mutable_propose()->add_requests();
@@ -520,6 +542,7 @@ TEST_F(InternalServicesTest, DrafterServiceRefusesBudgetsOverTheCapAndObservatio
     r->set_max_nodes(nodes);
     r->set_max_depth(depth);
     r->set_min_reach(min_reach);
+    r->set_depth_reach(depth_reach);
     return call;
   };
   v1::DrafterReply reply = session.Call(propose(2000000, 4));
@@ -536,6 +559,13 @@ TEST_F(InternalServicesTest, DrafterServiceRefusesBudgetsOverTheCapAndObservatio
     reply = session.Call(propose(4, 4, bad));
     EXPECT_EQ(reply.code(), 3) << reply.message();
     EXPECT_NE(reply.message().find("propose.requests[0].min_reach must be in [0, 1]"),
+              std::string::npos)
+        << reply.message();
+  }
+  for (double bad : {-0.5, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    reply = session.Call(propose(4, 4, 0, bad));
+    EXPECT_EQ(reply.code(), 3) << reply.message();
+    EXPECT_NE(reply.message().find("propose.requests[0].depth_reach must be finite and at least 0"),
               std::string::npos)
         << reply.message();
   }

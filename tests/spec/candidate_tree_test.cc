@@ -100,6 +100,28 @@ TEST(CandidateTreeTest, DistributionsAreIndexedInOrder) {
   EXPECT_TRUE(tree.Validate(3, 3, 2).ok());
 }
 
+TEST(CandidateTreeTest, TruncateKeepsAPrefixAndTheDistributionsItUses) {
+  CandidateTree tree;
+  tree.AddNode(-1, 1, 0.5f, tree.AddDistribution({0.5f, 0.5f, 0.0f}));
+  tree.AddNode(0, 2, 0.7f, tree.AddSparseDistribution({0, 2}, {0.3f, 0.7f}));
+  tree.AddNode(1, 0, 0.9f, tree.AddDistribution({0.9f, 0.1f, 0.0f}));
+  tree.Truncate(5);  // longer than the tree: unchanged
+  EXPECT_EQ(tree.size(), 3);
+  tree.Truncate(2);
+  EXPECT_THAT(tree.tokens(), ElementsAre(1, 2));
+  EXPECT_EQ(tree.num_distributions(), 2);
+  EXPECT_FALSE(tree.distribution_is_dense(1));
+  EXPECT_FLOAT_EQ(tree.draft_prob(1), 0.7f);
+  EXPECT_TRUE(tree.Validate(3, 2, 2).ok());
+  tree.Truncate(0);
+  EXPECT_TRUE(tree.empty());
+  EXPECT_EQ(tree.num_distributions(), 0);
+  CandidateTree chain = CandidateTree::Chain(std::vector<int32_t>{4, 5, 6});
+  chain.Truncate(1);
+  EXPECT_THAT(chain.tokens(), ElementsAre(4));
+  EXPECT_EQ(chain.max_depth(), 1);
+}
+
 TEST(CandidateTreeTest, BadParentNeverCrashesAndValidateRejectsIt) {
   CandidateTree tree;
   tree.AddNode(-1, 1);

@@ -51,16 +51,17 @@ void TrainAcceptance(DraftBudgetPolicy& policy, const std::string& drafter, int6
 }
 
 void TrainDrafter(DraftBudgetPolicy& policy, const std::string& drafter, double per_call,
-                  double per_node) {
+                  double per_node, double per_depth = 0) {
   for (int i = 1; i <= 40; ++i) {
     const int32_t seqs = 1 + i % 8;
     const int64_t nodes = seqs * (1 + i % 5);
-    policy.Observe(
-        {.drafter_calls = {{.drafter = drafter,
-                            .sequences = seqs,
-                            .nodes = nodes,
-                            .max_depth = 1 + i % 5,
-                            .seconds = per_call + per_node * static_cast<double>(nodes)}}});
+    const int32_t depth = 1 + i % 5;
+    policy.Observe({.drafter_calls = {{.drafter = drafter,
+                                       .sequences = seqs,
+                                       .nodes = nodes,
+                                       .max_depth = depth,
+                                       .seconds = per_call + per_node * static_cast<double>(nodes) +
+                                                  per_depth * depth}}});
   }
 }
 
@@ -967,6 +968,43 @@ TEST(DraftBudgetPolicyTest, ARowIsPricedAtItsSecondsTimesTheStepsRate) {
       plan({.probe_after = 0, .explore_every = 0, .prune_by_reach = false}, linear);
   EXPECT_EQ(off.min_reach, 0);
   EXPECT_EQ(off.budgets, d.budgets);
+}
+
+// BudgetDecision::depth_reach: a drafter's depth (its forward, for an autoregressive one) is
+// priced like a row, at its seconds (one more depth and node of its cost fit) times the step's
+// tokens per second; only for the candidates that draft.
+TEST(DraftBudgetPolicyTest, ADepthIsPricedAtTheDraftersSecondsTimesTheStepsRate) {
+  struct Planned {
+    BudgetDecision decision;
+    double depth_seconds = 0;  // the cost fit's one more depth and node
+  };
+  auto plan = [](DraftBudgetOptions options, double per_depth) {
+    std::mt19937 rng(9);
+    DraftBudgetPolicy policy(options);
+    Train(policy, {.base = 2e-3, .knee = 0, .per_token = 1e-4}, 400, rng, 0.01);
+    for (int64_t id = 1; id <= 4; ++id) TrainAcceptance(policy, "draft-model", id, 0.8, 60, rng);
+    TrainAcceptance(policy, "draft-model", 5, 0.02, 60, rng);  // never pays
+    TrainDrafter(policy, "draft-model", 5e-5, 1e-6, per_depth);
+    const DrafterCostModel::Parts parts = policy.drafter_cost("draft-model")->parts();
+    return Planned{.decision = policy.Plan(Decoding(5, 50), Candidates(5, "draft-model", 8, 50)),
+                   .depth_seconds = parts.per_depth + parts.per_node};
+  };
+  const Planned p = plan(NoExploration(), 1e-4);
+  const BudgetDecision& d = p.decision;
+  EXPECT_NEAR(p.depth_seconds, 1e-4, 0.5e-4) << "the cost fit sees the depths";
+  ASSERT_EQ(d.depth_reach.size(), 5u);
+  ASSERT_GT(d.budgets[0], 0);
+  ASSERT_EQ(d.budgets[4], 0);
+  // The node margin, scaled to 5 decoding sequences.
+  const double margin = 1 + DraftBudgetOptions{}.node_margin * 4 / 15;
+  const double price = margin * p.depth_seconds * d.predicted_tokens / d.predicted_seconds;
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(d.depth_reach[i], price, 1e-9) << i;
+  EXPECT_EQ(d.depth_reach[4], 0) << "a sequence that does not draft";
+  // A cheaper depth is priced lower; off, every depth within the budget runs.
+  const Planned cheap = plan(NoExploration(), 1e-5);
+  EXPECT_LT(cheap.decision.depth_reach[0], price / 3);
+  const Planned off = plan({.probe_after = 0, .explore_every = 0, .prune_by_reach = false}, 1e-4);
+  for (double price_off : off.decision.depth_reach) EXPECT_EQ(price_off, 0);
 }
 
 TEST(BudgetPlannerTest, LearnsWhatItsBudgetsBroughtBack) {
