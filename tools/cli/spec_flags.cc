@@ -49,8 +49,9 @@ void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
                   "fraction slower by drafts, or as slow as its decodes alone with their drafts "
                   "(negative = no bound)");
   flags.AddBool("prune-drafts", &prune_drafts,
-                "adaptive: drafters that estimate how likely each node is to be accepted (ngram, "
-                "by its match length) leave out the nodes not worth verifying at the step's "
+                "adaptive: drafters that estimate how likely each node is to be accepted (ngram "
+                "by its match length, draft-model by its probability) leave out the nodes not "
+                "worth verifying, and draft-model the depths not worth drafting, at the step's "
                 "measured costs (--prune-drafts=false: every node within the budget)");
   flags.AddDouble("draft-margin", &draft_margin,
                   "adaptive: a draft node is added only if its expected tokens per second beat "
