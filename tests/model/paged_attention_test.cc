@@ -192,6 +192,15 @@ TEST_F(PagedAttentionTest, DecodeRowsOverRaggedContexts) {
   EXPECT_LT(MaxError(c, true, 1), kTolerance);
 }
 
+// A layer's cache read of 4 MB or more reads its keys and values ahead (kKvPrefetchBytes): 24
+// sequences x ~400 positions x 1 KB of keys and values each. The results are the same.
+TEST_F(PagedAttentionTest, LargeCacheReadsMatchTheReference) {
+  Case c;
+  for (int64_t b = 0; b < 24; ++b) c.seqs.push_back({.cached = 380 + 5 * b, .num_new = 1 + b % 3});
+  EXPECT_LT(MaxError(c, false, 1), kTolerance);
+  EXPECT_LT(MaxError(c, false, 2), kTolerance);
+}
+
 TEST_F(PagedAttentionTest, OneRowForward) {
   // Batch 1, one new token (a plain decode step): one-row views report any stride for their size-1
   // dimension, which must not stop the padded path from rotating q and k together (odd seed).
