@@ -680,29 +680,31 @@ double DraftBudgetPolicy::ChunkSeconds(const StepBase& base) const {
   return target_cost_.Predict(base.shape) - target_cost_.Predict(WithoutChunks(base).shape);
 }
 
-double DraftBudgetPolicy::MinReach(const StepBase& base, const StepShape& shape, double rows,
-                                   double seconds, double tokens) const {
+double DraftBudgetPolicy::TokensPerSecondPrice(const StepBase& base, double seconds,
+                                               double tokens) const {
   if (!options_.prune_by_reach || !target_cost_.ready()) return 0;
-  // The rate a node must not lower is Allocate's: the step's tokens over its seconds without
-  // its prompt chunks. The row's own attention is left out (a row of context c adds ~c of the
-  // shape's attention, small next to the row's weights at the contexts served).
   const double rate = tokens / std::max(seconds - ChunkSeconds(base), 1e-12);
-  const double row = TargetSeconds(shape, rows + 1) - TargetSeconds(shape, rows);
-  const double price = row * rate * (1 + Margin(base));
-  return std::isfinite(price) ? std::clamp(price, 0.0, 1.0) : 0.0;
+  const double price = rate * (1 + Margin(base));
+  return std::isfinite(price) ? std::max(price, 0.0) : 0.0;
 }
 
-double DraftBudgetPolicy::DepthReach(const StepBase& base, const std::string& drafter,
-                                     double seconds, double tokens) const {
+double DraftBudgetPolicy::MinReach(const StepShape& shape, double rows, double price) const {
+  if (price <= 0) return 0;
+  // The row's own attention is left out (a row of context c adds ~c of the shape's attention,
+  // small next to the row's weights at the contexts served).
+  const double row = TargetSeconds(shape, rows + 1) - TargetSeconds(shape, rows);
+  const double reach = row * price;
+  return std::isfinite(reach) ? std::clamp(reach, 0.0, 1.0) : 0.0;
+}
+
+double DraftBudgetPolicy::DepthReach(const std::string& drafter, double price) const {
   const DrafterCostModel* cost = drafter_cost(drafter);
-  if (!options_.prune_by_reach || !target_cost_.ready() || !cost || !cost->ready()) return 0;
+  if (price <= 0 || !cost || !cost->ready()) return 0;
   // At batch 1 a chain's nodes and depths move together, so the fit's split between the two is
   // arbitrary: a depth is priced as both.
   const DrafterCostModel::Parts parts = cost->parts();
-  const double depth_seconds = std::max(parts.per_depth, 0.0) + std::max(parts.per_node, 0.0);
-  const double rate = tokens / std::max(seconds - ChunkSeconds(base), 1e-12);
-  const double price = depth_seconds * rate * (1 + Margin(base));
-  return std::isfinite(price) ? std::max(price, 0.0) : 0.0;
+  const double reach = (std::max(parts.per_depth, 0.0) + std::max(parts.per_node, 0.0)) * price;
+  return std::isfinite(reach) ? std::max(reach, 0.0) : 0.0;
 }
 
 std::vector<int32_t> DraftBudgetPolicy::Allocate(
@@ -1009,13 +1011,12 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   std::tie(decision.predicted_seconds, decision.predicted_tokens) =
       Evaluate(base, candidates, options_.acceptance_confidence > 0 ? estimate : expected,
                decision.budgets, &shape, &rows);
-  decision.min_reach =
-      MinReach(base, shape, rows, decision.predicted_seconds, decision.predicted_tokens);
+  const double price =
+      TokensPerSecondPrice(base, decision.predicted_seconds, decision.predicted_tokens);
+  decision.min_reach = MinReach(shape, rows, price);
   decision.depth_reach.assign(n, 0.0);
   for (size_t i = 0; i < n; ++i) {
-    if (decision.budgets[i] <= 0) continue;
-    decision.depth_reach[i] = DepthReach(base, candidates[i].drafter, decision.predicted_seconds,
-                                         decision.predicted_tokens);
+    if (decision.budgets[i] > 0) decision.depth_reach[i] = DepthReach(candidates[i].drafter, price);
   }
   return decision;
 }

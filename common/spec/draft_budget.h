@@ -481,13 +481,15 @@ class DraftBudgetPolicy {
   // out of the decoding rate a draft node must beat (counting it would make any draft look cheap
   // next to a long chunk).
   double ChunkSeconds(const StepBase& base) const;
-  // BudgetDecision::min_reach of a step of `seconds` and `tokens` whose forward has `shape` and
-  // `rows` draft rows.
-  double MinReach(const StepBase& base, const StepShape& shape, double rows, double seconds,
-                  double tokens) const;
-  // BudgetDecision::depth_reach of `drafter` in such a step.
-  double DepthReach(const StepBase& base, const std::string& drafter, double seconds,
-                    double tokens) const;
+  // What a second of drafting work is worth in tokens in a step of `seconds` and `tokens`: the
+  // rate a node must not lower (Allocate's: the step's tokens over its seconds without its prompt
+  // chunks) raised by the margin. 0 when the models are not ready or prune_by_reach is off (no
+  // prices).
+  double TokensPerSecondPrice(const StepBase& base, double seconds, double tokens) const;
+  // BudgetDecision::min_reach: one more row of a forward of `shape` and `rows` draft rows, priced.
+  double MinReach(const StepShape& shape, double rows, double price) const;
+  // BudgetDecision::depth_reach of `drafter`: one more depth and node of its cost fit, priced.
+  double DepthReach(const std::string& drafter, double price) const;
   // The target's seconds for `shape` plus `rows` more (expected, so fractional) rows.
   double TargetSeconds(StepShape shape, double rows) const;
   // The margin a node must clear this step: DraftBudgetOptions::node_margin from
