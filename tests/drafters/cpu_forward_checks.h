@@ -2,14 +2,17 @@
 // CpuForward's layer and head) against their modules share: a draft vocabulary, a non-zero bias,
 // the two sequences, and observation rounds that take the forward through each of its paths (a
 // catch-up of 50 rows over two sequences, more than kSmallMatmulMaxRows: the module's path; two
-// batched steady rounds; a single row).
+// batched steady rounds; a single row), and the comparison of an output of the two.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "common/drafters/draft_vocab.h"
@@ -53,6 +56,23 @@ inline std::vector<std::vector<DrafterObservation>> CpuForwardRounds(size_t hidd
           {observation(1, 3, 3), observation(2, 2, 2)},
           {observation(2, 4, 4), observation(1, 1, 1)},
           {observation(1, 1, 1)}};
+}
+
+// Bitwise equality of a tensor, or of a cache's keys and values.
+inline bool BitwiseEqual(const at::Tensor& a, const at::Tensor& b) { return torch::equal(a, b); }
+inline bool BitwiseEqual(const std::pair<at::Tensor, at::Tensor>& a,
+                         const std::pair<at::Tensor, at::Tensor>& b) {
+  return torch::equal(a.first, b.first) && torch::equal(a.second, b.second);
+}
+
+// `of(drafter)` (a StatusOr of either) for the drafter on its CPU forward and the one on its
+// module: both OK and bitwise the same.
+template <typename D, typename Of>
+void ExpectBitwiseSame(D& fast, D& reference, const Of& of, const std::string& what) {
+  auto a = of(fast);
+  auto b = of(reference);
+  ASSERT_TRUE(a.ok() && b.ok()) << what;
+  EXPECT_TRUE(BitwiseEqual(*a, *b)) << what;
 }
 
 }  // namespace specula

@@ -417,19 +417,17 @@ TEST(ParallelSpecDrafterTest, TheCpuForwardMatchesTheModuleBitwise) {
       for (size_t r = 0; r < rounds.size(); ++r) {
         for (auto& drafter : drafters) ASSERT_TRUE(drafter->Observe(rounds[r]).ok());
         for (SeqId seq : {1, 2}) {
-          auto fast = drafters[0]->DepthLogitsOf(seq);
-          auto reference = drafters[1]->DepthLogitsOf(seq);
-          ASSERT_TRUE(fast.ok() && reference.ok());
-          EXPECT_TRUE(torch::equal(*fast, *reference)) << "round " << r << " sequence " << seq;
-          auto fast_last = drafters[0]->LastRow(seq);
-          auto reference_last = drafters[1]->LastRow(seq);
-          ASSERT_TRUE(fast_last.ok() && reference_last.ok());
-          EXPECT_TRUE(torch::equal(*fast_last, *reference_last)) << r;
-          auto fast_cache = drafters[0]->RealCache(seq);
-          auto reference_cache = drafters[1]->RealCache(seq);
-          ASSERT_TRUE(fast_cache.ok() && reference_cache.ok());
-          EXPECT_TRUE(torch::equal(fast_cache->first, reference_cache->first)) << r;
-          EXPECT_TRUE(torch::equal(fast_cache->second, reference_cache->second)) << r;
+          const std::string where =
+              "round " + std::to_string(r) + " sequence " + std::to_string(seq);
+          ExpectBitwiseSame(
+              *drafters[0], *drafters[1], [&](auto& d) { return d.DepthLogitsOf(seq); },
+              "depth logits, " + where);
+          ExpectBitwiseSame(
+              *drafters[0], *drafters[1], [&](auto& d) { return d.LastRow(seq); },
+              "last row, " + where);
+          ExpectBitwiseSame(
+              *drafters[0], *drafters[1], [&](auto& d) { return d.RealCache(seq); },
+              "real-row cache, " + where);
         }
       }
     }

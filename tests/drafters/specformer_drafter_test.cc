@@ -358,15 +358,14 @@ TEST(SpecFormerDrafterTest, TheCpuForwardMatchesTheModuleBitwise) {
         for (size_t r = 0; r < rounds.size(); ++r) {
           for (auto& drafter : drafters) ASSERT_TRUE(drafter->Observe(rounds[r]).ok());
           for (SeqId seq : {1, 2}) {
-            auto fast = drafters[0]->SlotLogits(seq);
-            auto reference = drafters[1]->SlotLogits(seq);
-            ASSERT_TRUE(fast.ok() && reference.ok());
-            EXPECT_TRUE(torch::equal(*fast, *reference)) << "round " << r << " sequence " << seq;
-            auto fast_cache = drafters[0]->ContextCache(seq);
-            auto reference_cache = drafters[1]->ContextCache(seq);
-            ASSERT_TRUE(fast_cache.ok() && reference_cache.ok());
-            EXPECT_TRUE(torch::equal(fast_cache->first, reference_cache->first)) << r;
-            EXPECT_TRUE(torch::equal(fast_cache->second, reference_cache->second)) << r;
+            const std::string where =
+                "round " + std::to_string(r) + " sequence " + std::to_string(seq);
+            ExpectBitwiseSame(
+                *drafters[0], *drafters[1], [&](auto& d) { return d.SlotLogits(seq); },
+                "slot logits, " + where);
+            ExpectBitwiseSame(
+                *drafters[0], *drafters[1], [&](auto& d) { return d.ContextCache(seq); },
+                "context cache, " + where);
           }
         }
         // Batched proposals (two sequences' slots in one draft block) agree too.
