@@ -75,4 +75,17 @@ void ExpectBitwiseSame(D& fast, D& reference, const Of& of, const std::string& w
   EXPECT_TRUE(BitwiseEqual(*a, *b)) << what;
 }
 
+// Both drafters observe each round; after each, check(seq, where) for sequences 1 and 2.
+template <typename D, typename Check>
+void ObserveRoundsAndCheck(D& fast, D& reference,
+                           const std::vector<std::vector<DrafterObservation>>& rounds,
+                           const Check& check) {
+  for (size_t r = 0; r < rounds.size(); ++r) {
+    ASSERT_TRUE(fast.Observe(rounds[r]).ok()) << "round " << r;
+    ASSERT_TRUE(reference.Observe(rounds[r]).ok()) << "round " << r;
+    for (SeqId seq : {1, 2})
+      check(seq, "round " + std::to_string(r) + " sequence " + std::to_string(seq));
+  }
+}
+
 }  // namespace specula

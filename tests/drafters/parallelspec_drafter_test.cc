@@ -414,22 +414,18 @@ TEST(ParallelSpecDrafterTest, TheCpuForwardMatchesTheModuleBitwise) {
         ASSERT_TRUE(AddRoundSequences(*drafters[i]));
       }
       const auto rounds = CpuForwardRounds(features ? 1 : 0, d, kVocab);
-      for (size_t r = 0; r < rounds.size(); ++r) {
-        for (auto& drafter : drafters) ASSERT_TRUE(drafter->Observe(rounds[r]).ok());
-        for (SeqId seq : {1, 2}) {
-          const std::string where =
-              "round " + std::to_string(r) + " sequence " + std::to_string(seq);
-          ExpectBitwiseSame(
-              *drafters[0], *drafters[1], [&](auto& d) { return d.DepthLogitsOf(seq); },
-              "depth logits, " + where);
-          ExpectBitwiseSame(
-              *drafters[0], *drafters[1], [&](auto& d) { return d.LastRow(seq); },
-              "last row, " + where);
-          ExpectBitwiseSame(
-              *drafters[0], *drafters[1], [&](auto& d) { return d.RealCache(seq); },
-              "real-row cache, " + where);
-        }
-      }
+      ObserveRoundsAndCheck(
+          *drafters[0], *drafters[1], rounds, [&](SeqId seq, const std::string& where) {
+            ExpectBitwiseSame(
+                *drafters[0], *drafters[1], [&](auto& d) { return d.DepthLogitsOf(seq); },
+                "depth logits, " + where);
+            ExpectBitwiseSame(
+                *drafters[0], *drafters[1], [&](auto& d) { return d.LastRow(seq); },
+                "last row, " + where);
+            ExpectBitwiseSame(
+                *drafters[0], *drafters[1], [&](auto& d) { return d.RealCache(seq); },
+                "real-row cache, " + where);
+          });
     }
   }
 }

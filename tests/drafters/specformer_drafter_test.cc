@@ -355,19 +355,15 @@ TEST(SpecFormerDrafterTest, TheCpuForwardMatchesTheModuleBitwise) {
           ASSERT_TRUE(AddRoundSequences(*drafters[i]));
         }
         const auto rounds = CpuForwardRounds(drafters[0]->hidden_layers().size(), d, kVocab);
-        for (size_t r = 0; r < rounds.size(); ++r) {
-          for (auto& drafter : drafters) ASSERT_TRUE(drafter->Observe(rounds[r]).ok());
-          for (SeqId seq : {1, 2}) {
-            const std::string where =
-                "round " + std::to_string(r) + " sequence " + std::to_string(seq);
-            ExpectBitwiseSame(
-                *drafters[0], *drafters[1], [&](auto& d) { return d.SlotLogits(seq); },
-                "slot logits, " + where);
-            ExpectBitwiseSame(
-                *drafters[0], *drafters[1], [&](auto& d) { return d.ContextCache(seq); },
-                "context cache, " + where);
-          }
-        }
+        ObserveRoundsAndCheck(
+            *drafters[0], *drafters[1], rounds, [&](SeqId seq, const std::string& where) {
+              ExpectBitwiseSame(
+                  *drafters[0], *drafters[1], [&](auto& d) { return d.SlotLogits(seq); },
+                  "slot logits, " + where);
+              ExpectBitwiseSame(
+                  *drafters[0], *drafters[1], [&](auto& d) { return d.ContextCache(seq); },
+                  "context cache, " + where);
+            });
         // Batched proposals (two sequences' slots in one draft block) agree too.
         auto fast = drafters[0]->Propose({{.seq = 1, .max_nodes = 4, .max_depth = 4},
                                           {.seq = 2, .max_nodes = 3, .max_depth = 3}});
