@@ -10,6 +10,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -65,6 +67,7 @@ class ScriptedDrafter : public Drafter {
   StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& requests) override {
     if (fail_propose) return InternalError("scripted propose failure");
     if (throw_propose) (void)at::zeros({2}).view({3});  // throws c10::Error
+    last_requests = requests;
     for (const auto& r : requests) {
       if (Nth(r.seq, refuse_propose_nth)) return InternalError("scripted propose refusal");
     }
@@ -134,6 +137,7 @@ class ScriptedDrafter : public Drafter {
   std::set<size_t> refuse_propose_nth;
   DrafterCapacity cap;
   int released = 0;
+  std::vector<DraftRequest> last_requests;  // of the last Propose
 
  private:
   bool Nth(SeqId seq, const std::set<size_t>& which) const {
@@ -341,6 +345,35 @@ TEST_F(SpecEngineTest, OracleDraftsAreAllAcceptedAndOutputIsUnchanged) {
       }
     }
     EXPECT_EQ(target_->kv_stats().free_blocks, target_->kv_stats().num_blocks);
+  }
+}
+
+// SetDraftBudget's prices reach the drafter's requests; a price out of range is clamped
+// (min_reach to [0, 1], depth_reach to at least 0) and a non-finite one read as no price.
+TEST_F(SpecEngineTest, DraftPricesReachTheDrafterWithinTheirRanges) {
+  const auto requests = Prompts(1, 20);
+  const auto plain = Plain(requests);
+  SpecEngine engine(target_.get());
+  auto drafter = std::make_unique<ScriptedDrafter>("oracle", ScriptedDrafter::Kind::kOracle,
+                                                   References(requests, plain), 64);
+  ScriptedDrafter* raw = drafter.get();
+  ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+  auto id = engine.Submit(WithDrafter(requests, "oracle", 4)[0]);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(engine.Step().ok());  // prefill
+  const double nan = std::nan("");
+  const double inf = std::numeric_limits<double>::infinity();
+  struct Want {
+    double min_reach, depth_reach, seen_min, seen_depth;
+  };
+  for (const Want& w : {Want{0.3, 2.5, 0.3, 2.5}, Want{1.7, -1, 1, 0}, Want{nan, inf, 0, 0},
+                        Want{-0.2, nan, 0, 0}}) {
+    ASSERT_TRUE(engine.SetDraftBudget(*id, 2, w.min_reach, w.depth_reach).ok());
+    raw->last_requests.clear();
+    ASSERT_TRUE(engine.Step().ok());
+    ASSERT_EQ(raw->last_requests.size(), 1u) << "no draft was asked for";
+    EXPECT_EQ(raw->last_requests[0].min_reach, w.seen_min) << w.min_reach;
+    EXPECT_EQ(raw->last_requests[0].depth_reach, w.seen_depth) << w.depth_reach;
   }
 }
 
