@@ -218,7 +218,8 @@ def main():
             load(client, stubs, servers[-1].address)
             drafter = Server(binary, ["--role", "drafter", "--model", model, "--drafter", "ngram"])
             servers.append(drafter)
-            target = Server(binary, ["--role", "target", "--model", model,
+            # --drafter none: n-gram at the drafter service, so its call series exist
+            target = Server(binary, ["--role", "target", "--model", model, "--drafter", "none",
                                      "--drafter-address", drafter.address])
             servers.append(target)
             servers.append(Server(binary, ["--role", "router", "--model", model,

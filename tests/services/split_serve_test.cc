@@ -47,14 +47,16 @@ class Deployment {
                           "--draft-budget", "fixed"});
   }
   // The drafter deadline is generous by default: these tests assert draft_errors == 0 on machines
-  // that may be loaded (or pause a process for a moment).
+  // that may be loaded (or pause a process for a moment). The target runs `target_drafters`
+  // itself; by default none, so that every drafter, n-gram too, goes through the drafter service.
   bool StartSplit(const TestModelDirs& dirs, const std::string& drafter_deadline_ms = "20000",
-                  const std::string& target_step_deadline_s = "60") {
+                  const std::string& target_step_deadline_s = "60",
+                  const std::string& target_drafters = "none") {
     dirs_ = dirs;
     if (!StartDrafter("0")) return false;
     if (!target_.Start({"--role", "target", "--model", dirs.target, "--drafter-address",
-                        Address(drafter_), "--port", "0", "--metrics-port", "-1",
-                        "--drafter-deadline-ms", drafter_deadline_ms})) {
+                        Address(drafter_), "--drafter", target_drafters, "--port", "0",
+                        "--metrics-port", "-1", "--drafter-deadline-ms", drafter_deadline_ms})) {
       error_ = target_.error();
       return false;
     }
@@ -374,6 +376,34 @@ TEST_F(SplitFailureTest, FrozenDrafterCostsOnlySpeculation) {
     EXPECT_EQ(got[i].ids, reference_->Greedy(prompts[i], 12)) << "client " << i;
     EXPECT_GT(got[i].finished.spec().draft_errors(), 0) << "client " << i;
   }
+}
+
+// n-gram lookup runs in the target process (serve's default --drafter) even with a drafter
+// service: its drafts never wait for the service, so a frozen service costs the requests that use
+// it their speculation and n-gram's nothing.
+TEST_F(SplitFailureTest, NgramRunsInTheTargetAndNeverWaitsForTheDrafterService) {
+  Deployment d;
+  ASSERT_TRUE(d.StartSplit(TinyServedModelDirs(), /*drafter_deadline_ms=*/"300",
+                           /*target_step_deadline_s=*/"60", /*target_drafters=*/"ngram"))
+      << d.error();
+  EXPECT_NE(d.target().line().find("drafters ngram (local), draft-model at "), std::string::npos)
+      << d.target().line();
+  auto stub = v1::Generation::NewStub(Channel(d.router().port()));
+  ASSERT_TRUE(d.drafter().Freeze()) << "the drafter did not stop";
+  const std::vector<int32_t> prompt = Prompt(reference_->tokenizer(), 3);
+  // A repetitive prompt, so that the lookup finds matches and drafts.
+  std::vector<int32_t> repeated;
+  for (int i = 0; i < 4; ++i) repeated.insert(repeated.end(), prompt.begin(), prompt.end());
+  Streamed ngram = Stream(*stub, GreedyRequest(repeated, 24, "ngram"), 90s);
+  Streamed learned = Stream(*stub, GreedyRequest(prompt, 6, "draft-model"), 90s);
+  d.drafter().Signal(SIGCONT);
+  ASSERT_TRUE(ngram.status.ok()) << ngram.status.error_message();
+  EXPECT_EQ(ngram.ids, reference_->Greedy(repeated, 24));
+  EXPECT_GT(ngram.finished.spec().draft_steps(), 0) << "n-gram did not draft";
+  EXPECT_EQ(ngram.finished.spec().draft_errors(), 0) << "n-gram waited for the drafter service";
+  ASSERT_TRUE(learned.status.ok()) << learned.status.error_message();
+  EXPECT_EQ(learned.ids, reference_->Greedy(prompt, 6));
+  EXPECT_GT(learned.finished.spec().draft_errors(), 0) << "the service's drafter was not remote";
 }
 
 // Issue 19.3: a hung target froze the router's loop, and with it every client's cancellation. With

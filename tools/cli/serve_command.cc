@@ -193,15 +193,17 @@ std::string ModelName(const std::string& dir) {
   return std::filesystem::path(name).filename().string();
 }
 
-// The target model with its drafters: local ones from --drafter, or the drafter service's.
+// The target model with its drafters: --drafter's in this process and, with --drafter-address,
+// every other one the drafter service offers. n-gram lookup (serve's default --drafter) stays
+// here: it reads only the sequence's own tokens, and a round trip to the service (0.2-0.5 ms per
+// drafted step at concurrency 4 on a 2-core CPU, against 0.7 ms for the step) costs more than the
+// lookup; `--drafter none` sends every drafter to the service.
 StatusOr<std::unique_ptr<LocalTargetBackend>> LoadTarget(const ServeFlags& f) {
   ASSIGN_OR_RETURN(SpecEngineOptions engine_options, f.spec.EngineOptions(f.max_batch_size));
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> target, f.model.Load());
   auto backend = std::make_unique<LocalTargetBackend>(std::move(target), engine_options);
-  if (f.drafter_address.empty()) {
-    RETURN_IF_ERROR(f.spec.AddDrafters(backend->engine(), f.model));
-    return backend;
-  }
+  RETURN_IF_ERROR(f.spec.AddDrafters(backend->engine(), f.model));
+  if (f.drafter_address.empty()) return backend;
   const ModelConfig& config = backend->target().config();
   ASSIGN_OR_RETURN(
       std::shared_ptr<target::DrafterConnection> connection,
@@ -210,7 +212,13 @@ StatusOr<std::unique_ptr<LocalTargetBackend>> LoadTarget(const ServeFlags& f) {
                                          static_cast<int32_t>(config.hidden_size),
                                          backend->target().dtype_name(), f.security.peer_channel));
   connection->set_call_deadline(std::chrono::milliseconds(f.drafter_deadline_ms));
+  const std::vector<std::string> local = backend->engine().drafter_names();
   for (const v1::DrafterSpec& spec : connection->info().drafters()) {
+    if (std::find(local.begin(), local.end(), spec.name()) != local.end()) {
+      LogInfo(StrCat("specula serve: drafter '", spec.name(), "' runs in the target process; the ",
+                     "drafter service's is not used (--drafter none: all at the service)"));
+      continue;
+    }
     RETURN_IF_ERROR(
         backend->engine().AddDrafter(std::make_unique<target::RemoteDrafter>(connection, spec)));
   }
@@ -239,8 +247,16 @@ Status RunInternalService(ServeFlags& f) {
     registry = &target_metrics->registry();
     service = std::make_unique<target::TargetService>(target.get(), target_metrics.get());
     service_name = v1::Target::service_full_name();
-    what = StrCat("drafters ", Join(target->engine().drafter_names()),
-                  f.drafter_address.empty() ? " (local)" : " at " + f.drafter_address);
+    ASSIGN_OR_RETURN(std::vector<std::string> listed, f.spec.DrafterNames());
+    std::vector<std::string> local, remote;
+    for (const std::string& name : target->engine().drafter_names()) {
+      const bool here = std::find(listed.begin(), listed.end(), name) != listed.end();
+      (here ? local : remote).push_back(name);
+    }
+    what = StrCat("drafters ", local.empty() ? "none" : Join(local), " (local)");
+    if (!f.drafter_address.empty()) {
+      what += StrCat(", ", remote.empty() ? "none" : Join(remote), " at ", f.drafter_address);
+    }
   } else {
     ASSIGN_OR_RETURN(
         ModelConfig config,
@@ -422,7 +438,9 @@ int RunServe(const std::vector<std::string>& args) {
                   "--drafter-address (or local); drafter = the drafter models");
   flags.AddString("target-address", &f.target_address, "router: the target service, HOST:PORT");
   flags.AddString("drafter-address", &f.drafter_address,
-                  "target: the drafter service, HOST:PORT (empty: load --drafter locally)");
+                  "target: the drafter service, HOST:PORT; its drafters are added to --drafter's, "
+                  "which run in the target process (default ngram: a lookup costs less than the "
+                  "round trip; none = every drafter at the service)");
   flags.AddDouble("connect-timeout-s", &f.connect_timeout_s,
                   "router/target: how long to wait at startup for the target/drafter service");
   flags.AddInt("drafter-deadline-ms", &f.drafter_deadline_ms,
