@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "common/util/work_sharing_pool.h"
@@ -26,7 +27,33 @@ std::string Lowercase(std::string s) {
 }
 std::mutex g_pool_mutex;
 std::shared_ptr<WorkSharingPool> g_pool;  // null: the caller alone
+
+// OPENBLAS_THREAD_TIMEOUT as OpenBLAS reads it (openblas_read_env), or 0 when the BLAS is not
+// OpenBLAS.
+int LoadedBlasThreadTimeout() {
+  using TimeoutFn = int (*)();
+  auto timeout = reinterpret_cast<TimeoutFn>(dlsym(RTLD_DEFAULT, "openblas_thread_timeout"));
+  return timeout ? timeout() : 0;
+}
 }  // namespace
+
+int BoundBlasThreadSpin() {
+  static const int bound = [] {
+    using VoidFn = void (*)();
+    using IntFn = int (*)();
+    auto read_env = reinterpret_cast<VoidFn>(dlsym(RTLD_DEFAULT, "openblas_read_env"));
+    auto shutdown = reinterpret_cast<IntFn>(dlsym(RTLD_DEFAULT, "blas_thread_shutdown_"));
+    if (read_env == nullptr || shutdown == nullptr) return LoadedBlasThreadTimeout();
+    if (std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr) {  // else the user's choice stands
+      setenv("OPENBLAS_THREAD_TIMEOUT", std::to_string(kBlasThreadTimeoutLog2).c_str(), 1);
+      read_env();
+      // The threads read the bound when they start: the next matmul starts them again.
+      shutdown();
+    }
+    return LoadedBlasThreadTimeout();
+  }();
+  return bound;
+}
 
 std::shared_ptr<WorkSharingPool> KernelPool() {
   std::lock_guard<std::mutex> lock(g_pool_mutex);
@@ -44,6 +71,7 @@ int ConfigureCpuThreads(int64_t threads) {
   // with single-threaded BLAS inside it was 1.5x slower than this. Looked up at run time so that
   // builds against another BLAS (or a CUDA-only LibTorch) need nothing.
   at::set_num_threads(1);
+  BoundBlasThreadSpin();
   using SetThreadsFn = void (*)(int);
   if (auto fn = reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
     fn(n);

@@ -12,7 +12,20 @@ namespace specula {
 class WorkSharingPool;
 
 // BLAS threads; <= 0: one per core (std::thread::hardware_concurrency). Returns the count.
+// Bounds OpenBLAS's spinning first (BoundBlasThreadSpin).
 int ConfigureCpuThreads(int64_t threads);
+
+// OpenBLAS's threads spin on sched_yield for 2^OPENBLAS_THREAD_TIMEOUT cycles after each matmul
+// before they sleep: 2^28 by default, ~0.1 s. Every prompt prefilled through LibTorch's matmul
+// (more than 32 rows) thus left a thread spinning beside the next ~0.1 s of decoding steps, whose
+// kernels run on their own pool: on 2 cores at concurrency 4, a drafter service spent 0.5-0.8 s
+// of CPU per 3.5 s run spinning (its calls took 0.05 s) and the target beside it ran at 0.83-0.87x
+// of no speculation without drafting. Sets the timeout to kBlasThreadTimeoutLog2 (~0.1 ms, the
+// engine pool's own spin: long enough for the gaps between one forward's matmuls) and restarts
+// the threads, unless the user set OPENBLAS_THREAD_TIMEOUT. Once per process, before any matmul
+// runs on another thread. Returns the timeout OpenBLAS now uses (0: not OpenBLAS).
+inline constexpr int kBlasThreadTimeoutLog2 = 18;
+int BoundBlasThreadSpin();
 
 // Threads the engine's own CPU kernels (cpu_kernels) split their work across: the count last
 // given to ConfigureCpuThreads, 1 before.

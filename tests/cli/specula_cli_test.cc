@@ -516,6 +516,23 @@ TEST(BetterBlasCoreTest, AsksForTheBestCoreTheCpuHas) {
   EXPECT_EQ(BetterBlasCore("", avx2), "Haswell");
 }
 
+// OpenBLAS's threads used to spin ~0.1 s after every matmul (a prefill), beside the engine's own
+// kernel pool; ConfigureCpuThreads bounds the spin and restarts the threads, which then compute as
+// before.
+TEST(BoundBlasThreadSpinTest, OpenBlasSpinsAboutATenthOfAMillisecondAndStillComputes) {
+  if (LoadedBlasCore().empty()) GTEST_SKIP() << "the BLAS is not OpenBLAS";
+  if (std::getenv("OPENBLAS_THREAD_TIMEOUT") != nullptr) GTEST_SKIP() << "the user's bound";
+  ConfigureCpuThreads(2);
+  EXPECT_EQ(BoundBlasThreadSpin(), kBlasThreadTimeoutLog2);
+  const std::string env = std::getenv("OPENBLAS_THREAD_TIMEOUT");
+  EXPECT_EQ(env, std::to_string(kBlasThreadTimeoutLog2));
+  // Large enough for OpenBLAS to split it across its (restarted) threads.
+  torch::Tensor a = torch::arange(512 * 384, torch::kFloat).reshape({512, 384}).remainder(7);
+  torch::Tensor b = torch::arange(384 * 256, torch::kFloat).reshape({384, 256}).remainder(5);
+  torch::Tensor expected = (a.to(torch::kDouble).matmul(b.to(torch::kDouble))).to(torch::kFloat);
+  EXPECT_TRUE(torch::equal(a.matmul(b), expected));
+}
+
 // OpenBLAS picks its kernels from the CPU model; on virtual machines that hide it, it falls back to
 // SSE3 "Prescott" kernels (2-3x slower matmuls). `specula` switches to the best core the CPU
 // supports unless OPENBLAS_CORETYPE says otherwise.
