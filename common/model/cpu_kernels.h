@@ -21,9 +21,11 @@ bool CpuKernelsApply(const at::Tensor& t);
 // tiles of weight rows), on every core. BLAS sgemm packs the whole weight matrix per call, which
 // at a few rows costs more than the product, and OpenBLAS's single-threaded path for 9-32 rows
 // was 3x slower than this kernel at 8 (measured: batch 1, 9 rows 3.6 ms vs 1.3 ms, with SSE3
-// kernels). With OpenBLAS's AVX-512 kernels sgemm wins from ~48 rows on (batch 64 x 4 at context
-// 8: 18-25 ms vs 32 ms with this kernel up to 256 rows; docs/BENCHMARKS.md), so the bound is 32.
-inline constexpr int64_t kSmallMatmulMaxRows = 32;
+// kernels). Against OpenBLAS's AVX-512 sgemm, since this kernel prefetches its weights, it wins up
+// to 128 rows and loses from 256 (target forwards, min ms: 33 rows 2.36 vs 3.57, 64 rows 4.57 vs
+// 5.92, 128 rows 9.94 vs 10.39, 256 rows 18.5 vs 16.5; batch 64 decoding at context 128 6.20 vs
+// 8.56; docs/BENCHMARKS.md), so the bound is 128.
+inline constexpr int64_t kSmallMatmulMaxRows = 128;
 bool SmallMatmulApplies(const at::Tensor& x, const at::Tensor& weight);
 at::Tensor SmallMatmulCpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                           const at::Tensor* residual);

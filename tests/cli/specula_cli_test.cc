@@ -283,7 +283,9 @@ TEST_F(SpeculaCliTest, BenchCountsOpsPerEngineStepWhenAsked) {
   ASSERT_EQ(j["results"].size(), 2u);  // none, ngram k=2
   for (const auto& row : j["results"]) {
     const double per_step = row["ops"]["per_engine_step"].get<double>();
-    EXPECT_GT(per_step, 10.0) << row.dump();  // a forward is dozens of ATen calls at least
+    // CpuForward (up to 128 rows: every step here, the prompts' too) dispatches a couple of ATen
+    // calls per forward (the logits' allocation and a copy); the module's path dozens.
+    EXPECT_GE(per_step, 1.0) << row.dump();
     double by_name = 0;
     for (const auto& [name, n] : row["ops"]["by_name_per_engine_step"].items()) {
       EXPECT_EQ(name.rfind("aten::", 0), 0u) << name;
