@@ -26,16 +26,32 @@ std::vector<at::Tensor> HostRows(const std::vector<at::Tensor>& layers) {
 
 void HiddenBacklog::Reserve(const std::vector<at::Tensor>& layers, int64_t rows) {
   if (buffers_.size() != layers.size()) buffers_.assign(layers.size(), at::Tensor());
+  if (taken_) {
+    // Reuse what the drafter let go of (it copied what it observed); a buffer it still views is
+    // left to it.
+    for (size_t k = 0; k < buffers_.size(); ++k) {
+      at::Tensor& buf = buffers_[k];
+      if (buf.defined() && (buf.storage().use_count() != 1 || buf.size(1) != layers[k].size(1) ||
+                            buf.dtype() != layers[k].dtype())) {
+        buf = at::Tensor();
+      }
+    }
+    taken_ = false;
+  }
   for (size_t k = 0; k < layers.size(); ++k) {
     at::Tensor& buf = buffers_[k];
     if (buf.defined() && buf.size(0) >= rows) continue;
-    const int64_t capacity = std::max<int64_t>({rows, 16, buf.defined() ? 2 * buf.size(0) : 0});
+    // ExpectRows sizes the first buffers; later ones (a drafter kept the taken rows) grow as
+    // needed.
+    const int64_t first = allocated_ ? 0 : expected_rows_;
+    const int64_t capacity = std::max<int64_t>({rows, 16, buf.defined() ? 2 * buf.size(0) : first});
     at::Tensor grown = at::empty({capacity, layers[k].size(1)}, layers[k].options());
     if (rows_ > 0) {
       std::memcpy(grown.data_ptr(), buf.data_ptr(), rows_ * buf.size(1) * buf.element_size());
     }
     buf = std::move(grown);
   }
+  allocated_ = true;
 }
 
 void HiddenBacklog::AppendRange(const std::vector<at::Tensor>& step_layers, int64_t row0,
@@ -92,10 +108,14 @@ std::vector<at::Tensor> HiddenBacklog::Take() {
       Clear();  // the rows are lost either way: free their slots
       throw;
     }
-  } else if (rows_ > 0) {
-    for (at::Tensor& buf : buffers_) out.push_back(buf.narrow(0, 0, rows_));
+    Clear();
+  } else {
+    if (rows_ > 0) {
+      for (at::Tensor& buf : buffers_) out.push_back(buf.narrow(0, 0, rows_));
+    }
+    rows_ = 0;
+    taken_ = true;
   }
-  Clear();
   return out;
 }
 
@@ -106,6 +126,8 @@ void HiddenBacklog::Clear() {
   slots_.clear();
   rows_ = 0;
   buffers_.clear();
+  taken_ = false;
+  allocated_ = false;
 }
 
 }  // namespace specula

@@ -6,8 +6,12 @@
 // cost next to nothing. On the CPU, rows are memcpy'd into a per-layer buffer that grows by
 // doubling (a LibTorch op per sequence per step, as before, cost ~90 us per sequence in the
 // decode step of the 6M model at batch 16: dispatch, allocation and thread-pool wake-ups, 44% of
-// the step). On a device the engine stores a whole step's rows in the shared HiddenRowStore at
-// once and the backlog keeps the slot numbers (AppendSlots): no op per sequence until it drafts.
+// the step). The first buffer is sized for ExpectRows, and a buffer the drafter no longer holds
+// after a Take is written again, so a sequence's rows are normally not copied twice: growing
+// (allocation, page faults, a copy of the rows so far) was 8 of the 19 ms a 288-step batch-16
+// run spent appending SpecFormer's four layers. On a device the engine stores a whole step's rows
+// in the shared HiddenRowStore at once and the backlog keeps the slot numbers (AppendSlots): no op
+// per sequence until it drafts.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -36,6 +40,9 @@ class HiddenBacklog {
   // Takes. The backlog frees the slots when it is taken, cleared or destroyed.
   void AppendSlots(HiddenRowStore* store, const std::vector<int64_t>& layer_ids,
                    const std::vector<int64_t>& slots);
+  // The rows the backlog will probably hold at most (the prompt and what may be generated
+  // before the drafter catches up): the first buffers' size (at least the rows appended).
+  void ExpectRows(int64_t rows) { expected_rows_ = rows; }
   // Every row appended since the last Take, one [rows, hidden] tensor per layer (empty if no
   // rows), and a fresh start.
   std::vector<at::Tensor> Take();
@@ -46,9 +53,13 @@ class HiddenBacklog {
   void Reserve(const std::vector<at::Tensor>& layers, int64_t rows);
 
   int64_t rows_ = 0;
-  // CPU: one growing buffer per layer, the first rows_ rows in use. Take hands the buffers over
-  // (the drafter may keep what it observes), so they are never written after a Take.
+  int64_t expected_rows_ = 0;
+  // CPU: one growing buffer per layer, the first rows_ rows in use. Take hands views of the
+  // buffers over (the drafter may keep what it observes), so a buffer is written after a Take
+  // only once no view of it is left (its storage referenced by the buffer alone).
   std::vector<at::Tensor> buffers_;
+  bool taken_ = false;      // buffers_ were handed over by the last Take
+  bool allocated_ = false;  // buffers were allocated since the last Clear (ExpectRows applied)
   // AppendSlots: rows in a shared store.
   HiddenRowStore* store_ = nullptr;
   std::vector<int64_t> store_layers_;

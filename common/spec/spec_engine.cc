@@ -467,6 +467,13 @@ Status SpecEngine::AttachDrafter(Sequence& s, Drafter* d) {
   reserved += need;
   s.drafter = d;
   s.drafter_blocks = need;
+  if (!d->hidden_layers().empty()) {
+    // The prompt's rows and what the sequence may generate before its drafter catches up or is
+    // detached (max_deferred_observation), plus one tree.
+    s.unobserved_hidden.ExpectRows(
+        static_cast<int64_t>(g.prompt.size()) +
+        std::min<int64_t>(g.max_new_tokens, options_.max_deferred_observation) + 1);
+  }
   return OkStatus();
 }
 

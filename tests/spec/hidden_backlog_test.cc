@@ -61,6 +61,32 @@ TEST(HiddenBacklogTest, TakenRowsStayValidAfterNewAppends) {
   EXPECT_EQ(RowIds(backlog.Take())[0], (std::vector<float>{50, 51, 52, 53}));
 }
 
+TEST(HiddenBacklogTest, ExpectRowsSizesTheFirstBuffersAndATakenBufferIsReusedOnceLetGo) {
+  HiddenBacklog backlog;
+  backlog.ExpectRows(64);
+  backlog.AppendRange(StepLayers(40, 8), 0, 40);  // a prompt
+  for (int step = 0; step < 20; ++step) backlog.AppendRows(StepLayers(2, 8, 100 + step), {1});
+  std::vector<at::Tensor> first = backlog.Take();
+  ASSERT_EQ(first.size(), 2u);
+  // One buffer per layer, of the expected rows: nothing grew (a buffer of 40 would have).
+  EXPECT_EQ(first[0].storage().nbytes(), 64u * 8 * sizeof(float));
+  EXPECT_EQ(RowIds(first)[0].back(), 100 + 19 + 1);
+  void* const buffer = first[0].data_ptr();
+  first.clear();  // the drafter copied what it observed
+  backlog.AppendRows(StepLayers(3, 8, 500), {2, 0});
+  std::vector<at::Tensor> second = backlog.Take();
+  EXPECT_EQ(second[0].data_ptr(), buffer) << "a buffer nobody views was not reused";
+  EXPECT_EQ(RowIds(second)[0], (std::vector<float>{502, 500}));
+  EXPECT_EQ(RowIds(second)[1], (std::vector<float>{602, 600}));
+  // Held views are never written: the next rows go to a new buffer, sized as needed.
+  backlog.AppendRows(StepLayers(2, 8, 700), {0});
+  EXPECT_EQ(RowIds(second)[0], (std::vector<float>{502, 500}));
+  std::vector<at::Tensor> third = backlog.Take();
+  EXPECT_NE(third[0].data_ptr(), buffer);
+  EXPECT_EQ(third[0].storage().nbytes(), 16u * 8 * sizeof(float));
+  EXPECT_EQ(RowIds(third)[0], (std::vector<float>{700}));
+}
+
 TEST(HiddenBacklogTest, NonContiguousAndContiguousStepsMix) {
   HiddenBacklog backlog;
   std::vector<at::Tensor> strided;
