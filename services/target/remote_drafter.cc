@@ -106,11 +106,10 @@ void DrafterConnection::ReadReplies(
     if (abandoned_.erase(index) || unawaited_.erase(index)) continue;  // nobody waits for it
     if (posted_.erase(index)) {  // awaited later: only its outcome is kept
       posted_replies_[index] = services::StatusFromCode(reply.code(), reply.message());
-      replied_.notify_all();
-      continue;
+    } else {
+      replies_[index] = std::move(reply);
     }
-    replies_[index] = std::move(reply);
-    replied_.notify_all();
+    if (index >= wake_at_) replied_.notify_all();
   }
   std::lock_guard<std::mutex> lock(mu_);
   broken_ = true;
@@ -174,10 +173,16 @@ std::vector<StatusOr<v1::DrafterReply>> DrafterConnection::CallAll(
   results.reserve(calls.size());
   size_t late = 0;
   bool ended_while_waiting = false;
+  {
+    // The service answers in order: once the last reply is in, so are the others.
+    std::unique_lock<std::mutex> state(mu_);
+    wake_at_ = index.back();
+    replied_.wait_until(state, deadline.back(),
+                        [&] { return replies_.count(index.back()) > 0 || broken_; });
+    wake_at_ = kNoWaiter;
+  }
   for (size_t i = 0; i < calls.size(); ++i) {
     std::unique_lock<std::mutex> state(mu_);
-    replied_.wait_until(state, deadline[i],
-                        [&] { return replies_.count(index[i]) > 0 || broken_; });
     auto it = replies_.find(index[i]);
     if (it != replies_.end()) {
       v1::DrafterReply reply = std::move(it->second);
@@ -247,8 +252,10 @@ StatusOr<uint64_t> DrafterConnection::Post(const v1::DrafterCall& call, uint64_t
 
 Status DrafterConnection::AwaitPosted(uint64_t index) {
   std::unique_lock<std::mutex> state(mu_);
+  wake_at_ = index;
   replied_.wait_for(state, call_deadline_,
                     [&] { return posted_replies_.count(index) > 0 || broken_; });
+  wake_at_ = kNoWaiter;
   auto it = posted_replies_.find(index);
   if (it != posted_replies_.end()) {
     Status status = std::move(it->second);

@@ -131,6 +131,10 @@ class DrafterConnection {
   std::set<uint64_t> posted_;                     // calls made by Post, not answered yet
   std::map<uint64_t, Status> posted_replies_;     // their answers, until awaited or forgotten
   bool broken_ = false;                           // the reader saw the stream end
+  // The reply the engine thread waits for: the reader wakes it for that one (or a later one, or
+  // the stream's end) only, so a step's observe-and-propose pair costs it one wake-up, not two.
+  static constexpr uint64_t kNoWaiter = ~uint64_t{0};
+  uint64_t wake_at_ = kNoWaiter;
 };
 
 class RemoteDrafter : public Drafter {
