@@ -41,10 +41,9 @@ void HiddenBacklog::Reserve(const std::vector<at::Tensor>& layers, int64_t rows)
   for (size_t k = 0; k < layers.size(); ++k) {
     at::Tensor& buf = buffers_[k];
     if (buf.defined() && buf.size(0) >= rows) continue;
-    // ExpectRows sizes the first buffers; later ones (a drafter kept the taken rows) grow as
-    // needed.
-    const int64_t first = allocated_ ? 0 : expected_rows_;
-    const int64_t capacity = std::max<int64_t>({rows, 16, buf.defined() ? 2 * buf.size(0) : first});
+    const int64_t expected = allocated_ ? expected_later_ : expected_first_;
+    const int64_t capacity =
+        std::max<int64_t>({rows, 16, buf.defined() ? 2 * buf.size(0) : expected});
     at::Tensor grown = at::empty({capacity, layers[k].size(1)}, layers[k].options());
     if (rows_ > 0) {
       std::memcpy(grown.data_ptr(), buf.data_ptr(), rows_ * buf.size(1) * buf.element_size());
@@ -112,6 +111,12 @@ std::vector<at::Tensor> HiddenBacklog::Take() {
   } else {
     if (rows_ > 0) {
       for (at::Tensor& buf : buffers_) out.push_back(buf.narrow(0, 0, rows_));
+    }
+    // Kept for the rows to come only if not far larger than they will need (a prompt's).
+    for (at::Tensor& buf : buffers_) {
+      if (buf.defined() && buf.size(0) > 2 * std::max<int64_t>(expected_later_, 16)) {
+        buf = at::Tensor();
+      }
     }
     rows_ = 0;
     taken_ = true;

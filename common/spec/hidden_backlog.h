@@ -40,9 +40,15 @@ class HiddenBacklog {
   // Takes. The backlog frees the slots when it is taken, cleared or destroyed.
   void AppendSlots(HiddenRowStore* store, const std::vector<int64_t>& layer_ids,
                    const std::vector<int64_t>& slots);
-  // The rows the backlog will probably hold at most (the prompt and what may be generated
-  // before the drafter catches up): the first buffers' size (at least the rows appended).
-  void ExpectRows(int64_t rows) { expected_rows_ = rows; }
+  // The rows the backlog will probably hold at most: `first` until the first Take (the prompt
+  // and what may be generated before the drafter catches up), `later` between later Takes.
+  // Buffers are allocated that size (at least the rows appended), and a buffer larger than
+  // twice `later` is let go at a Take, so a long prompt's rows are not kept for the sequence's
+  // life.
+  void ExpectRows(int64_t first, int64_t later) {
+    expected_first_ = first;
+    expected_later_ = later;
+  }
   // Every row appended since the last Take, one [rows, hidden] tensor per layer (empty if no
   // rows), and a fresh start.
   std::vector<at::Tensor> Take();
@@ -53,13 +59,14 @@ class HiddenBacklog {
   void Reserve(const std::vector<at::Tensor>& layers, int64_t rows);
 
   int64_t rows_ = 0;
-  int64_t expected_rows_ = 0;
+  int64_t expected_first_ = 0;
+  int64_t expected_later_ = 0;
   // CPU: one growing buffer per layer, the first rows_ rows in use. Take hands views of the
   // buffers over (the drafter may keep what it observes), so a buffer is written after a Take
   // only once no view of it is left (its storage referenced by the buffer alone).
   std::vector<at::Tensor> buffers_;
   bool taken_ = false;      // buffers_ were handed over by the last Take
-  bool allocated_ = false;  // buffers were allocated since the last Clear (ExpectRows applied)
+  bool allocated_ = false;  // buffers were allocated since the last Clear (`first` applied)
   // AppendSlots: rows in a shared store.
   HiddenRowStore* store_ = nullptr;
   std::vector<int64_t> store_layers_;

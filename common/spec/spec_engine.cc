@@ -468,11 +468,11 @@ Status SpecEngine::AttachDrafter(Sequence& s, Drafter* d) {
   s.drafter = d;
   s.drafter_blocks = need;
   if (!d->hidden_layers().empty()) {
-    // The prompt's rows and what the sequence may generate before its drafter catches up or is
-    // detached (max_deferred_observation), plus one tree.
-    s.unobserved_hidden.ExpectRows(
-        static_cast<int64_t>(g.prompt.size()) +
-        std::min<int64_t>(g.max_new_tokens, options_.max_deferred_observation) + 1);
+    // What the sequence may generate before its drafter catches up or is detached
+    // (max_deferred_observation), plus one tree; the prompt's rows before the first catch-up.
+    const int64_t deferred =
+        std::min<int64_t>(g.max_new_tokens, options_.max_deferred_observation) + 1;
+    s.unobserved_hidden.ExpectRows(static_cast<int64_t>(g.prompt.size()) + deferred, deferred);
   }
   return OkStatus();
 }

@@ -63,7 +63,7 @@ TEST(HiddenBacklogTest, TakenRowsStayValidAfterNewAppends) {
 
 TEST(HiddenBacklogTest, ExpectRowsSizesTheFirstBuffersAndATakenBufferIsReusedOnceLetGo) {
   HiddenBacklog backlog;
-  backlog.ExpectRows(64);
+  backlog.ExpectRows(/*first=*/64, /*later=*/32);
   backlog.AppendRange(StepLayers(40, 8), 0, 40);  // a prompt
   for (int step = 0; step < 20; ++step) backlog.AppendRows(StepLayers(2, 8, 100 + step), {1});
   std::vector<at::Tensor> first = backlog.Take();
@@ -83,8 +83,21 @@ TEST(HiddenBacklogTest, ExpectRowsSizesTheFirstBuffersAndATakenBufferIsReusedOnc
   EXPECT_EQ(RowIds(second)[0], (std::vector<float>{502, 500}));
   std::vector<at::Tensor> third = backlog.Take();
   EXPECT_NE(third[0].data_ptr(), buffer);
-  EXPECT_EQ(third[0].storage().nbytes(), 16u * 8 * sizeof(float));
+  EXPECT_EQ(third[0].storage().nbytes(), 32u * 8 * sizeof(float)) << "not sized for `later`";
   EXPECT_EQ(RowIds(third)[0], (std::vector<float>{700}));
+}
+
+TEST(HiddenBacklogTest, APromptSizedBufferIsLetGoAtATake) {
+  HiddenBacklog backlog;
+  backlog.ExpectRows(/*first=*/200, /*later=*/20);
+  backlog.AppendRange(StepLayers(150, 4), 0, 150);
+  std::vector<at::Tensor> prompt = backlog.Take();
+  EXPECT_EQ(prompt[0].storage().nbytes(), 200u * 4 * sizeof(float));
+  prompt.clear();  // nobody views it: still not kept, 200 rows are more than twice 20
+  backlog.AppendRows(StepLayers(2, 4, 300), {1});
+  std::vector<at::Tensor> next = backlog.Take();
+  EXPECT_EQ(next[0].storage().nbytes(), 20u * 4 * sizeof(float));
+  EXPECT_EQ(RowIds(next)[1], (std::vector<float>{401}));
 }
 
 TEST(HiddenBacklogTest, NonContiguousAndContiguousStepsMix) {
