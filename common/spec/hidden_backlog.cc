@@ -31,10 +31,7 @@ void HiddenBacklog::Reserve(const std::vector<at::Tensor>& layers, int64_t rows)
     // left to it.
     for (size_t k = 0; k < buffers_.size(); ++k) {
       at::Tensor& buf = buffers_[k];
-      if (buf.defined() && (buf.storage().use_count() != 1 || buf.size(1) != layers[k].size(1) ||
-                            buf.dtype() != layers[k].dtype())) {
-        buf = at::Tensor();
-      }
+      if (buf.defined() && buf.storage().use_count() != 1) buf = at::Tensor();
     }
     taken_ = false;
   }

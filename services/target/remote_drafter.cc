@@ -160,29 +160,25 @@ std::vector<StatusOr<v1::DrafterReply>> DrafterConnection::CallAll(
   // Every call goes out before any reply is awaited: the service answers them in order, so the
   // batch costs one round trip.
   std::vector<uint64_t> index(calls.size());
-  std::vector<std::chrono::steady_clock::time_point> deadline(calls.size());
+  std::chrono::steady_clock::time_point deadline;  // the last call's
   for (size_t i = 0; i < calls.size(); ++i) {
     {
       std::lock_guard<std::mutex> state(mu_);
       index[i] = calls_sent_++;
     }
-    deadline[i] = std::chrono::steady_clock::now() + call_deadline_;
+    deadline = std::chrono::steady_clock::now() + call_deadline_;
     if (Status written = Write(*calls[i]); !written.ok()) return all_fail(written);
   }
   std::vector<StatusOr<v1::DrafterReply>> results;
   results.reserve(calls.size());
   size_t late = 0;
   bool ended_while_waiting = false;
-  {
-    // The service answers in order: once the last reply is in, so are the others.
-    std::unique_lock<std::mutex> state(mu_);
-    wake_at_ = index.back();
-    replied_.wait_until(state, deadline.back(),
-                        [&] { return replies_.count(index.back()) > 0 || broken_; });
-    wake_at_ = kNoWaiter;
-  }
+  std::unique_lock<std::mutex> state(mu_);
+  // The service answers in order: once the last reply is in, so are the others.
+  wake_at_ = index.back();
+  replied_.wait_until(state, deadline, [&] { return replies_.count(index.back()) > 0 || broken_; });
+  wake_at_ = kNoWaiter;
   for (size_t i = 0; i < calls.size(); ++i) {
-    std::unique_lock<std::mutex> state(mu_);
     auto it = replies_.find(index[i]);
     if (it != replies_.end()) {
       v1::DrafterReply reply = std::move(it->second);
@@ -202,6 +198,7 @@ std::vector<StatusOr<v1::DrafterReply>> DrafterConnection::CallAll(
       results.emplace_back(Status(StatusCode::kDeadlineExceeded, ""));  // worded below
     }
   }
+  state.unlock();
   if (ended_while_waiting) {
     const Status status = Unreachable(DropStream(/*cancel=*/false));
     while (results.size() < calls.size()) results.emplace_back(status);

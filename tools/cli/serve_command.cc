@@ -197,13 +197,27 @@ std::string ModelName(const std::string& dir) {
 // every other one the drafter service offers. n-gram lookup (serve's default --drafter) stays
 // here: it reads only the sequence's own tokens, and a round trip to the service (0.2-0.5 ms per
 // drafted step at concurrency 4 on a 2-core CPU, against 0.7 ms for the step) costs more than the
-// lookup; `--drafter none` sends every drafter to the service.
-StatusOr<std::unique_ptr<LocalTargetBackend>> LoadTarget(const ServeFlags& f) {
+// lookup; `--drafter none` sends every drafter to the service. `where`, if given, says which
+// drafters run where (for the listening line).
+StatusOr<std::unique_ptr<LocalTargetBackend>> LoadTarget(const ServeFlags& f,
+                                                         std::string* where = nullptr) {
   ASSIGN_OR_RETURN(SpecEngineOptions engine_options, f.spec.EngineOptions(f.max_batch_size));
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> target, f.model.Load());
   auto backend = std::make_unique<LocalTargetBackend>(std::move(target), engine_options);
   RETURN_IF_ERROR(f.spec.AddDrafters(backend->engine(), f.model));
-  if (f.drafter_address.empty()) return backend;
+  const std::vector<std::string> local = backend->engine().drafter_names();
+  std::vector<std::string> remote;
+  auto describe = [&] {
+    if (!where) return;
+    *where = StrCat("drafters ", local.empty() ? "none" : Join(local), " (local)");
+    if (!f.drafter_address.empty()) {
+      *where += StrCat(", ", remote.empty() ? "none" : Join(remote), " at ", f.drafter_address);
+    }
+  };
+  if (f.drafter_address.empty()) {
+    describe();
+    return backend;
+  }
   const ModelConfig& config = backend->target().config();
   ASSIGN_OR_RETURN(
       std::shared_ptr<target::DrafterConnection> connection,
@@ -212,7 +226,6 @@ StatusOr<std::unique_ptr<LocalTargetBackend>> LoadTarget(const ServeFlags& f) {
                                          static_cast<int32_t>(config.hidden_size),
                                          backend->target().dtype_name(), f.security.peer_channel));
   connection->set_call_deadline(std::chrono::milliseconds(f.drafter_deadline_ms));
-  const std::vector<std::string> local = backend->engine().drafter_names();
   for (const v1::DrafterSpec& spec : connection->info().drafters()) {
     if (std::find(local.begin(), local.end(), spec.name()) != local.end()) {
       LogInfo(StrCat("specula serve: drafter '", spec.name(), "' runs in the target process; the ",
@@ -221,7 +234,9 @@ StatusOr<std::unique_ptr<LocalTargetBackend>> LoadTarget(const ServeFlags& f) {
     }
     RETURN_IF_ERROR(
         backend->engine().AddDrafter(std::make_unique<target::RemoteDrafter>(connection, spec)));
+    remote.push_back(spec.name());
   }
+  describe();
   return backend;
 }
 
@@ -242,21 +257,11 @@ Status RunInternalService(ServeFlags& f) {
   std::string service_name;
   std::string what;
   if (f.role == "target") {
-    ASSIGN_OR_RETURN(target, LoadTarget(f));
+    ASSIGN_OR_RETURN(target, LoadTarget(f, &what));
     target_metrics = std::make_unique<target::TargetMetrics>();
     registry = &target_metrics->registry();
     service = std::make_unique<target::TargetService>(target.get(), target_metrics.get());
     service_name = v1::Target::service_full_name();
-    ASSIGN_OR_RETURN(std::vector<std::string> listed, f.spec.DrafterNames());
-    std::vector<std::string> local, remote;
-    for (const std::string& name : target->engine().drafter_names()) {
-      const bool here = std::find(listed.begin(), listed.end(), name) != listed.end();
-      (here ? local : remote).push_back(name);
-    }
-    what = StrCat("drafters ", local.empty() ? "none" : Join(local), " (local)");
-    if (!f.drafter_address.empty()) {
-      what += StrCat(", ", remote.empty() ? "none" : Join(remote), " at ", f.drafter_address);
-    }
   } else {
     ASSIGN_OR_RETURN(
         ModelConfig config,
