@@ -468,6 +468,34 @@ TEST(CpuKernelsTest, SmallMatmulMatchesLinearForEveryRowCount) {
   EXPECT_FALSE(SmallMatmulApplies(torch::randn({2, 40}), torch::randn({70, 40})));  // k % 16
 }
 
+// A row's product does not depend on the rows beside it: a draft token verified among others gets
+// bitwise the logits it would get decoded alone (greedy speculation stays exact at near-ties).
+// Covers every row blocking (8-row blocks, the AVX-512 4-6-row tiles) and the tiles' tail of
+// output features (70 and 4098 are not multiples of 4).
+TEST(CpuKernelsTest, EachRowOfAProductIsBitwiseItsOneRowProduct) {
+  torch::manual_seed(4);
+  for (int64_t n : {70, 256, 4098}) {
+    auto w = torch::randn({n, 256});
+    auto b = torch::randn({n});
+    auto x = torch::randn({kSmallMatmulMaxRows, 256});
+    auto r = torch::randn({kSmallMatmulMaxRows, n});
+    std::vector<at::Tensor> alone;
+    for (int64_t i = 0; i < kSmallMatmulMaxRows; ++i) {
+      at::Tensor ri = r.narrow(0, i, 1).contiguous();
+      alone.push_back(SmallMatmulCpu(x.narrow(0, i, 1), w, b, &ri));
+    }
+    for (int64_t rows :
+         std::vector<int64_t>{2, 5, 7, 8, 9, 13, 16, 23, 31, 64, 97, kSmallMatmulMaxRows}) {
+      at::Tensor rr = r.narrow(0, 0, rows).contiguous();
+      at::Tensor all = SmallMatmulCpu(x.narrow(0, 0, rows), w, b, &rr);
+      for (int64_t i = 0; i < rows; ++i) {
+        ASSERT_TRUE(torch::equal(all.narrow(0, i, 1), alone[i]))
+            << n << " x " << rows << ", row " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace specula
 
