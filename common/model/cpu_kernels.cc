@@ -153,16 +153,18 @@ void RotateRow(const float* x, const float* cos, const float* sin, float* out, i
   }
 }
 
-// The attention kernel works on "query vectors": every head of a run of consecutive rows of one
-// sequence (row-major [rows, nh, hd], so vector i is head i % nh of row i / nh). Vectors of one run
-// share each key and value read; a slot row holds all kv heads contiguously.
+// The attention kernel works on "query vectors": the heads a task attends for (all of them, or
+// those of some key/value heads) of a run of consecutive rows of one sequence, row-major: vector i
+// is the task's head i % nh of row i / nh. Vectors of one run share each key and value read; a
+// slot row holds all kv heads contiguously.
 struct AttendArgs {
-  const float* q;  // first vector of the run
+  const float* const* q;  // per query vector (row-major: a row's heads, then the next row's)
   const float* kc;
   const float* vc;
-  int64_t nh, nkv, hd;
+  int64_t nh;  // query heads attended per row (all of the model's, or one task's share)
+  int64_t nkv, hd;
   float scale;
-  float* out;                // [vectors, hd], same indexing as q
+  float* const* out;         // per vector: where its hd outputs go
   float* m;                  // running max per vector
   float* l;                  // running sum per vector
   const int64_t* kv_offset;  // per vector: its kv head's offset inside a slot row (floats)
@@ -243,7 +245,7 @@ __attribute__((always_inline)) inline void AttendChunk(const AttendArgs& a, cons
     }
     const float* k = a.kc + slots[c] * slot_stride;
     for (int64_t i = 0; i < nv; ++i) {
-      scores[i][c] = DotT<HD>(a.q + i * hd, k + a.kv_offset[i], hd) * a.scale;
+      scores[i][c] = DotT<HD>(a.q[i], k + a.kv_offset[i], hd) * a.scale;
     }
   }
   for (int64_t i = 0; i < nv; ++i) {
@@ -254,7 +256,7 @@ __attribute__((always_inline)) inline void AttendChunk(const AttendArgs& a, cons
     a.l[i] = a.l[i] * correction + sum;
     a.m[i] = mx;
     // Accumulate this vector's values over the chunk in registers, then fold into out once.
-    float* o = a.out + i * hd;
+    float* o = a.out[i];
     if constexpr (HD > 0) {
       Vec16 acc[HD / 16] = {};
       for (int64_t c = 0; c < n; ++c) {
@@ -311,7 +313,7 @@ __attribute__((always_inline)) inline void AttendRowsT(AttendArgs a,
     a.m[i] = -std::numeric_limits<float>::infinity();
     a.l[i] = 0;
   }
-  std::fill(a.out, a.out + rows * nh * hd, 0.0f);
+  for (int64_t i = 0; i < rows * nh; ++i) std::fill(a.out[i], a.out[i] + hd, 0.0f);
   int64_t shared_begin = 0, shared_end = std::numeric_limits<int64_t>::max();
   for (int64_t r = r0; r < r1; ++r) {
     shared_begin = std::max<int64_t>(shared_begin, layout.span_begin(r));
@@ -322,8 +324,8 @@ __attribute__((always_inline)) inline void AttendRowsT(AttendArgs a,
   for (int64_t r = r0; r < r1; ++r) {
     AttendArgs row = a;
     const int64_t offset = (r - r0) * nh;
-    row.q += offset * hd;
-    row.out += offset * hd;
+    row.q += offset;
+    row.out += offset;
     row.m += offset;
     row.l += offset;
     AttendSpan<HD>(row, layout, r, layout.span_begin(r),
@@ -357,7 +359,7 @@ __attribute__((always_inline)) inline void AttendRowsT(AttendArgs a,
   }
   for (int64_t i = 0; i < rows * nh; ++i) {
     const float inv = a.l[i] > 0 ? 1.0f / a.l[i] : 0.0f;
-    float* o = a.out + i * hd;
+    float* o = a.out[i];
     for (int64_t d = 0; d < hd; ++d) o[d] *= inv;
   }
 }
@@ -692,12 +694,21 @@ void PagedAttentionInto(const float* qp, int64_t N, int64_t nh, int64_t hd, int6
   }
   const int64_t runs = static_cast<int64_t>(run_start.size());
   run_start.push_back(N);
-  // Runs go in parallel once a thread gets ~256K multiply-adds: at batch 1 a fork costs more than
-  // the work.
-  const int64_t work_per_run = std::max<int64_t>(1, layout.total_visible() * nh * hd / runs);
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / work_per_run);
-  int64_t kv_offset[kMaxVectors];
-  for (int64_t i = 0; i < kMaxVectors; ++i) kv_offset[i] = ((i % nh) / group) * hd;
+  // A run is split into tasks by key/value heads when there are too few runs to keep the threads
+  // busy (batch 1: one run, its 4-16 query vectors on one core while the other waited, a third of
+  // a drafted step at context 256). Each task reads only its heads' keys and values, and every
+  // query vector is computed exactly as in one task (the same keys in the same chunks), so the
+  // split changes no value.
+  const int max_threads = KernelThreads();
+  int64_t splits = 1;
+  if (max_threads > 1 && runs < 2 * max_threads) {
+    splits = std::min<int64_t>(nkv, (2 * max_threads + runs - 1) / runs);
+  }
+  const int64_t tasks = runs * splits;
+  // Tasks go in parallel once a thread gets ~16K multiply-adds (~5 us of this kernel; a job on the
+  // pool costs ~1 us): at batch 1 and a short context the work is less than a fork.
+  const int64_t work_per_task = std::max<int64_t>(1, layout.total_visible() * nh * hd / tasks);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / work_per_task);
   // Keys and values read ahead once this layer's cache read outgrows the caches: at batch 32 and
   // context 256-384 (8-13 MB a layer) the forward ran 8-24% faster with it; at batch 1-4 (under
   // 2 MB, already cached) the extra instructions made it 1.5-2.5% slower.
@@ -708,19 +719,33 @@ void PagedAttentionInto(const float* qp, int64_t N, int64_t nh, int64_t hd, int6
   // OpenBLAS's threads: the pool never waits for a helper that is late (one still spinning in
   // OpenBLAS's pool, say), so the worst case is one core. OpenMP's workers did wait (batch 64 x 1
   // at context 384 went 25 -> 49 ms); this pool took batch 64 x 8 at context 384 from 122 to 78 ms.
-  const int max_threads = KernelThreads();
-  ParallelRanges(0, runs, grain, max_threads, [&](int64_t begin, int64_t end) {
+  ParallelRanges(0, tasks, grain, max_threads, [&](int64_t begin, int64_t end) {
     float m[kMaxVectors], l[kMaxVectors];
+    const float* q[kMaxVectors];
+    float* out[kMaxVectors];
+    int64_t kv_offset[kMaxVectors];
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t r0 = run_start[t], r1 = run_start[t + 1];
-      AttendArgs a{.q = qp + r0 * nh * hd,
+      const int64_t run = t / splits, split = t % splits;
+      const int64_t r0 = run_start[run], r1 = run_start[run + 1];
+      // This task's key/value heads [g0, g1) and their query heads [h0, h1).
+      const int64_t g0 = split * nkv / splits, g1 = (split + 1) * nkv / splits;
+      const int64_t h0 = g0 * group, heads = (g1 - g0) * group;
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t h = 0; h < heads; ++h) {
+          const int64_t i = (r - r0) * heads + h;
+          q[i] = qp + (r * nh + h0 + h) * hd;
+          out[i] = op + (r * nh + h0 + h) * hd;
+          kv_offset[i] = ((h0 + h) / group) * hd;
+        }
+      }
+      AttendArgs a{.q = q,
                    .kc = kc,
                    .vc = vc,
-                   .nh = nh,
+                   .nh = heads,
                    .nkv = nkv,
                    .hd = hd,
                    .scale = scale,
-                   .out = op + r0 * nh * hd,
+                   .out = out,
                    .m = m,
                    .l = l,
                    .kv_offset = kv_offset,

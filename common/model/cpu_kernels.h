@@ -55,7 +55,8 @@ struct RowKeys {
 // Attention of every row of `layout` over its sequence's cache where the blocks lie: q [N, nh, hd]
 // (contiguous), caches [slots, nkv, hd] already holding this forward's keys/values; with
 // `row_keys`, each row also attends to its own keys (one softmax over both). Grouped-query heads
-// share each key read; online softmax per chunk of keys; rows x kv heads run in parallel. A row
+// share each key read; online softmax per chunk of keys; runs of rows run in parallel, split by kv
+// heads when there are few (batch 1), with the same values as on one thread. A row
 // that sees no key at all gets zeros. Returns [N, nh * hd].
 at::Tensor PagedAttentionCpu(const at::Tensor& q, const at::Tensor& key_cache,
                              const at::Tensor& value_cache, const PagedAttentionLayout& layout,

@@ -531,5 +531,34 @@ TEST(CpuKernelsTest, ThreadCountDoesNotChangeResults) {
   EXPECT_TRUE(torch::equal(matmul_1, matmul_2));
 }
 
+// One sequence (batch 1, a drafted step's rows) is split by key/value heads across the threads;
+// each query vector comes out bitwise as computed on one thread, also with each row's own keys.
+TEST(CpuKernelsTest, HeadSplitAttentionOfOneSequenceMatchesOneThread) {
+  torch::manual_seed(5);
+  const int64_t nh = 8, nkv = 4, hd = 32, bs = 16, ctx = 250, rows = 5;
+  BlockAllocator alloc(ctx / bs + 2, bs);
+  ASSERT_TRUE(alloc.AddSequence(1).ok());
+  ASSERT_TRUE(alloc.Append(1, ctx + rows).ok());
+  PagedAttentionLayout layout(bs, 0);
+  layout.AddSequence(alloc.BlockTable(1), ctx, rows);
+  auto kc = torch::randn({alloc.num_blocks() * bs, nkv, hd});
+  auto vc = torch::randn({alloc.num_blocks() * bs, nkv, hd});
+  auto q = torch::randn({rows, nh, hd});
+  RowKeys own{.keys = torch::randn({rows, 2, nkv, hd}),
+              .values = torch::randn({rows, 2, nkv, hd}),
+              .counts = {0, 1, 2, 1, 2}};
+  ConfigureCpuThreads(1);
+  auto plain_1 = PagedAttentionCpu(q, kc, vc, layout);
+  auto own_1 = PagedAttentionCpu(q, kc, vc, layout, &own);
+  ConfigureCpuThreads(2);
+  ASSERT_EQ(KernelThreads(), 2);
+  auto plain_2 = PagedAttentionCpu(q, kc, vc, layout);
+  auto own_2 = PagedAttentionCpu(q, kc, vc, layout, &own);
+  ConfigureCpuThreads(1);
+  EXPECT_TRUE(torch::equal(plain_1, plain_2));
+  EXPECT_TRUE(torch::equal(own_1, own_2));
+  EXPECT_FALSE(torch::equal(plain_1, own_1));  // the row keys were attended
+}
+
 }  // namespace
 }  // namespace specula
