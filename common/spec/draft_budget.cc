@@ -669,7 +669,7 @@ std::pair<double, double> DraftBudgetPolicy::Evaluate(
     g.depth = std::max(g.depth, n);
     g.observed += drafters.charge[i];
   }
-  double seconds = TargetSeconds(shape, rows) + other_seconds_;
+  double seconds = RowFloor(base).Apply(TargetSeconds(shape, rows), rows) + other_seconds_;
   for (size_t k = 0; k < groups.size(); ++k) seconds += drafters.Seconds(k, groups[k]);
   if (shape_out) *shape_out = shape;
   if (rows_out) *rows_out = rows;
@@ -678,6 +678,12 @@ std::pair<double, double> DraftBudgetPolicy::Evaluate(
 
 double DraftBudgetPolicy::ChunkSeconds(const StepBase& base) const {
   return target_cost_.Predict(base.shape) - target_cost_.Predict(WithoutChunks(base).shape);
+}
+
+DraftBudgetPolicy::DraftRowFloor DraftBudgetPolicy::RowFloor(const StepBase& base) const {
+  if (base.chunks.tokens <= 0) return {};
+  return {.base_seconds = TargetSeconds(base.shape, 0),
+          .row_seconds = ChunkSeconds(base) / static_cast<double>(base.chunks.tokens)};
 }
 
 double DraftBudgetPolicy::TokensPerSecondPrice(const StepBase& base, double seconds,
@@ -723,7 +729,8 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
   const DrafterIndex drafters(*this, candidates, expected);
   std::vector<Group> groups(drafters.size());
   std::vector<double> group_seconds(drafters.size(), 0.0);  // each drafter's call at `groups`
-  double target_seconds = TargetSeconds(shape, rows);
+  const DraftRowFloor row_floor = RowFloor(base);
+  double target_seconds = row_floor.Apply(TargetSeconds(shape, rows), rows);
   double drafters_seconds = 0;
   int64_t nodes = 0;  // allocated so far, against base.max_nodes
   auto total = [&] { return target_seconds + drafters_seconds + other_seconds_; };
@@ -747,8 +754,10 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
     }
     h.nodes += m;
     h.depth = std::max(h.depth, to);
-    const double dt = (TargetSeconds(next, rows + row_to - row_from) - target_seconds) +
-                      (drafters.Seconds(k, h) - group_seconds[k]);
+    const double dt =
+        (row_floor.Apply(TargetSeconds(next, rows + row_to - row_from), rows + row_to - row_from) -
+         target_seconds) +
+        (drafters.Seconds(k, h) - group_seconds[k]);
     return std::pair<double, double>(dy, std::max(dt, 1e-12));
   };
   // A sequence not drafting yet: its best first bundle (it pays the per-sequence costs once).
@@ -814,7 +823,7 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
     const double after = drafters.Seconds(k, g);
     drafters_seconds += after - group_seconds[k];
     group_seconds[k] = after;
-    target_seconds = TargetSeconds(shape, rows);
+    target_seconds = row_floor.Apply(TargetSeconds(shape, rows), rows);
     if (b[i] < c.max_nodes) {
       const auto [next_m, next_ratio] = best_move(i);
       if (next_m > 0) heap.emplace(next_ratio, i, next_m);

@@ -904,6 +904,54 @@ TEST(DraftBudgetPolicyTest, PrefillStepsAreNotMadeLonger) {
   EXPECT_EQ(plain.budgets, decodes.budgets);
 }
 
+// Served under Poisson arrivals at low concurrency, steps are decodes with drafts (4-30 rows) and
+// prompt chunks of 64 with a few decodes; no step visits 128 tokens. The fit cannot tell the
+// chunk steps' rows from their per-step part, and the stale knot above them relaxes to the knot
+// below: draft rows in a chunk step looked free, and the prefill-step bound let 10-65 of them in
+// (1-8 ms longer steps, p99 inter-token latency 1.5-2x). A draft row there is priced at least as
+// a prompt row of the same forward.
+TEST(DraftBudgetPolicyTest, DraftRowsInAPrefillStepCostWhatItsPromptRowsCost) {
+  // The CPU's shape: 0.5 ms, then 70 us per row from 4 rows on (compute-bound).
+  const Curve curve{.base = 5e-4, .knee = 4, .per_token = 7e-5};
+  DraftBudgetPolicy policy(NoExploration());
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int64_t> decode_rows(4, 30), decodes(1, 4);
+  std::normal_distribution<double> jitter(1.0, 0.05);
+  for (int i = 0; i < 3000; ++i) {
+    StepShape s;
+    if (i % 20 == 0) {
+      const int64_t d = decodes(rng);
+      s = {.tokens = 64 + d, .attention = 64.0 * 64 / 2 + 200.0 * d, .chunk_tokens = 64};
+    } else {
+      s = {.tokens = decode_rows(rng), .attention = 0};
+      s.attention = static_cast<double>(s.tokens) * 200;
+    }
+    // A chunk step also samples the prompt's first token on cold caches (+1.5 ms).
+    policy.Observe({.shape = s,
+                    .target_seconds = (curve(s) + (s.chunk_tokens > 0 ? 1.5e-3 : 0)) *
+                                      std::max(0.5, jitter(rng))});
+  }
+  for (int64_t id = 1; id <= 3; ++id) TrainAcceptance(policy, "ngram", id, 0.9, 60, rng);
+  TrainDrafter(policy, "ngram", 2e-5, 1e-6);
+  StepBase base = Decoding(3, 200);
+  base.chunks = {.tokens = 64, .attention = 64.0 * 64 / 2};
+  base.shape.tokens += base.chunks.tokens;
+  base.shape.attention += base.chunks.attention;
+  base.shape.chunk_tokens = base.chunks.tokens;
+  const BudgetDecision d = policy.Plan(base, Candidates(3, "ngram", 16, 200));
+  int32_t nodes = 0;
+  for (int32_t b : d.budgets) nodes += b;
+  // Within 5% of the step (~6.3 ms) fit ~4 rows at 70-90 us.
+  EXPECT_LE(nodes, 6) << "draft rows priced below what a prompt row costs";
+  // Each planned row is priced at least as a prompt row of the step (~70 us).
+  EXPECT_GE(d.predicted_seconds - d.no_draft_seconds, nodes * 0.9 * 7e-5);
+  // Decode-only steps still draft: the floor is for steps that prefill.
+  const BudgetDecision plain = policy.Plan(Decoding(3, 200), Candidates(3, "ngram", 16, 200));
+  int32_t plain_nodes = 0;
+  for (int32_t b : plain.budgets) plain_nodes += b;
+  EXPECT_GT(plain_nodes, nodes);
+}
+
 // Exploration is exempt from the latency bound but not from the prefill-step bound: a probe
 // waits for a step without a long prompt chunk.
 TEST(DraftBudgetPolicyTest, ProbesWaitForAStepWithoutALongChunk) {
