@@ -74,6 +74,17 @@ StepBase Decoding(int32_t sequences, int64_t context) {
                 .attention = static_cast<double>(sequences) * static_cast<double>(context + 1)}};
 }
 
+// `base` with a prompt chunk of `chunk` tokens in the same step.
+StepBase WithChunk(StepBase base, int64_t chunk) {
+  base.chunks = {.tokens = chunk,
+                 .attention = static_cast<double>(chunk) * static_cast<double>(chunk) / 2,
+                 .chunk_tokens = chunk};
+  base.shape.tokens += chunk;
+  base.shape.attention += base.chunks.attention;
+  base.shape.chunk_tokens = chunk;
+  return base;
+}
+
 std::vector<BudgetCandidate> Candidates(int32_t n, const std::string& drafter, int32_t cap,
                                         int64_t context, int64_t first_id = 1) {
   std::vector<BudgetCandidate> c;
@@ -612,10 +623,7 @@ TEST(DraftBudgetPolicyTest, APromptChunkDoesNotMakeDraftsLookCheap) {
   Train(policy, curve, 400, rng, 0.01);
   for (int64_t id = 1; id <= 4; ++id) TrainAcceptance(policy, "d", id, 0.3, 80, rng);
   TrainDrafter(policy, "d", 2e-3, 1e-6);
-  StepBase base = Decoding(4, 100);
-  base.chunks = {.tokens = 256, .attention = 256.0 * 256 / 2};
-  base.shape.tokens += base.chunks.tokens;
-  base.shape.attention += base.chunks.attention;
+  StepBase base = WithChunk(Decoding(4, 100), 256);
   const auto d = policy.Plan(base, Candidates(4, "d", 4, 100));
   for (int32_t b : d.budgets) EXPECT_EQ(b, 0);
   // The same step with the chunk's time taken as decoding time would draft.
@@ -868,13 +876,7 @@ TEST(DraftBudgetPolicyTest, PrefillStepsAreNotMadeLonger) {
     for (int64_t id = 1; id <= 4; ++id) TrainAcceptance(*policy, "ngram", id, 0.85, 60, r);
     TrainDrafter(*policy, "ngram", 2e-5, 1e-6);
   }
-  auto with_chunk = [](int64_t chunk) {
-    StepBase base = Decoding(4, 100);
-    base.chunks = {.tokens = chunk, .attention = static_cast<double>(chunk * chunk) / 2};
-    base.shape.tokens += base.chunks.tokens;
-    base.shape.attention += base.chunks.attention;
-    return base;
-  };
+  auto with_chunk = [](int64_t chunk) { return WithChunk(Decoding(4, 100), chunk); };
   auto nodes = [](const BudgetDecision& d) {
     int32_t total = 0;
     for (int32_t b : d.budgets) total += b;
@@ -933,12 +935,8 @@ TEST(DraftBudgetPolicyTest, DraftRowsInAPrefillStepCostWhatItsPromptRowsCost) {
   }
   for (int64_t id = 1; id <= 3; ++id) TrainAcceptance(policy, "ngram", id, 0.9, 60, rng);
   TrainDrafter(policy, "ngram", 2e-5, 1e-6);
-  StepBase base = Decoding(3, 200);
-  base.chunks = {.tokens = 64, .attention = 64.0 * 64 / 2};
-  base.shape.tokens += base.chunks.tokens;
-  base.shape.attention += base.chunks.attention;
-  base.shape.chunk_tokens = base.chunks.tokens;
-  const BudgetDecision d = policy.Plan(base, Candidates(3, "ngram", 16, 200));
+  const BudgetDecision d =
+      policy.Plan(WithChunk(Decoding(3, 200), 64), Candidates(3, "ngram", 16, 200));
   int32_t nodes = 0;
   for (int32_t b : d.budgets) nodes += b;
   // Within 5% of the step (~6.3 ms) fit ~4 rows at 70-90 us.
