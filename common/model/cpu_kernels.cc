@@ -727,7 +727,7 @@ void PagedAttentionInto(const float* qp, int64_t N, int64_t nh, int64_t hd, int6
     for (int64_t t = begin; t < end; ++t) {
       const int64_t run = t / splits, split = t % splits;
       const int64_t r0 = run_start[run], r1 = run_start[run + 1];
-      // This task's key/value heads [g0, g1) and their query heads [h0, h1).
+      // This task's key/value heads [g0, g1) and their query heads [h0, h0 + heads).
       const int64_t g0 = split * nkv / splits, g1 = (split + 1) * nkv / splits;
       const int64_t h0 = g0 * group, heads = (g1 - g0) * group;
       for (int64_t r = r0; r < r1; ++r) {
