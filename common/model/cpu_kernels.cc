@@ -432,11 +432,6 @@ void SmallMatmulBlock(const float* x, const float* w, const float* bias, const f
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define SPECULA_TILED_MATMUL 1
-// Whether the AVX-512 tiles below can run: 32 zmm registers hold their up to 24 accumulators.
-bool HasAvx512() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
-}
 
 // M (4-6) rows against 4 weight rows at a time, in registers: each loaded input vector serves four
 // weight rows and each weight vector M inputs (M + 4 loads per 4M multiply-adds, against M + 1 per
@@ -477,42 +472,48 @@ __attribute__((noinline, target("arch=x86-64-v4"))) void SmallMatmulTiles(
 }
 #endif
 
-// More than 8 rows: blocks of 8 rows over tiles of weight rows small enough to stay in cache, so
-// the weights are still read from memory once. With AVX-512, blocks of 4-6 rows in 4-row tiles.
+// Whether SmallMatmulTiles runs here: built for x86-64-v4 (AVX-512 F, CD, BW, DQ, VL; 32 zmm
+// registers hold its up to 24 accumulators) and the CPU has it.
+bool TilesRun() {
+#ifdef SPECULA_TILED_MATMUL
+  static const bool run = DetectCpuVectorFeatures().avx512;
+  return run;
+#else
+  return false;
+#endif
+}
+
+// One block of rows against weight rows [n0, n1): the tiles for 4-6 rows where they run.
+void SmallMatmulRows(const float* x, const float* w, const float* bias, const float* residual,
+                     float* y, int64_t rows, int64_t n0, int64_t n1, int64_t n_out, int64_t k,
+                     bool tiles) {
+#ifdef SPECULA_TILED_MATMUL
+  if (tiles && rows == 6) return SmallMatmulTiles<6>(x, w, bias, residual, y, n0, n1, n_out, k);
+  if (tiles && rows == 5) return SmallMatmulTiles<5>(x, w, bias, residual, y, n0, n1, n_out, k);
+  if (tiles && rows == 4) return SmallMatmulTiles<4>(x, w, bias, residual, y, n0, n1, n_out, k);
+#endif
+  SmallMatmulBlock(x, w, bias, residual, y, rows, n0, n1, n_out, k);
+}
+
+// More than 8 rows: blocks of rows over tiles of weight rows small enough to stay in cache, so
+// the weights are still read from memory once. Blocks of 8 rows, or with the AVX-512 tiles 6
+// while at least 4 would remain (every block 4-6 rows).
 void SmallMatmul(const float* x, const float* w, const float* bias, const float* residual, float* y,
                  int64_t rows, int64_t n0, int64_t n1, int64_t n_out, int64_t k) {
   if (rows <= 8) return SmallMatmulBlock(x, w, bias, residual, y, rows, n0, n1, n_out, k);
+  const bool tiles = TilesRun();
   const int64_t tile = std::max<int64_t>(4, (int64_t{16} << 10) / k) / 4 * 4;  // ~64 KB of weights
-#ifdef SPECULA_TILED_MATMUL
-  if (HasAvx512()) {
-    for (int64_t t0 = n0; t0 < n1; t0 += tile) {
-      const int64_t t1 = std::min(n1, t0 + tile);
-      for (int64_t m0 = 0; m0 < rows;) {
-        // 6 while at least 4 would remain, so that every block has 4-6 rows.
-        const int64_t left = rows - m0;
-        const int64_t block = left <= 6 ? left : left >= 10 ? 6 : left - 4;
-        const float* xb = x + m0 * k;
-        const float* rb = residual ? residual + m0 * n_out : nullptr;
-        float* yb = y + m0 * n_out;
-        if (block == 6)
-          SmallMatmulTiles<6>(xb, w, bias, rb, yb, t0, t1, n_out, k);
-        else if (block == 5)
-          SmallMatmulTiles<5>(xb, w, bias, rb, yb, t0, t1, n_out, k);
-        else if (block == 4)
-          SmallMatmulTiles<4>(xb, w, bias, rb, yb, t0, t1, n_out, k);
-        else
-          SmallMatmulBlock(xb, w, bias, rb, yb, block, t0, t1, n_out, k);
-        m0 += block;
-      }
-    }
-    return;
-  }
-#endif
   for (int64_t t0 = n0; t0 < n1; t0 += tile) {
     const int64_t t1 = std::min(n1, t0 + tile);
-    for (int64_t m0 = 0; m0 < rows; m0 += 8) {
-      SmallMatmulBlock(x + m0 * k, w, bias, residual ? residual + m0 * n_out : nullptr,
-                       y + m0 * n_out, std::min<int64_t>(8, rows - m0), t0, t1, n_out, k);
+    for (int64_t m0 = 0; m0 < rows;) {
+      const int64_t left = rows - m0;
+      const int64_t block = !tiles       ? std::min<int64_t>(8, left)
+                            : left <= 6  ? left
+                            : left >= 10 ? 6
+                                         : left - 4;
+      SmallMatmulRows(x + m0 * k, w, bias, residual ? residual + m0 * n_out : nullptr,
+                      y + m0 * n_out, block, t0, t1, n_out, k, tiles);
+      m0 += block;
     }
   }
 }
