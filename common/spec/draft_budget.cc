@@ -607,7 +607,9 @@ double BudgetDecision::predicted_speedup() const {
 }
 
 DraftBudgetPolicy::DraftBudgetPolicy(DraftBudgetOptions options)
-    : options_(options), rng_(options.seed) {}
+    : options_(options),
+      drafted_excess_({0.0, 0.0}, /*prior_weight=*/0.5, /*forgetting=*/0.95),
+      rng_(options.seed) {}
 
 const DrafterCostModel* DraftBudgetPolicy::drafter_cost(const std::string& drafter) const {
   auto it = drafter_cost_.find(drafter);
@@ -628,11 +630,17 @@ double DraftBudgetPolicy::CatchUpCharge(const BudgetCandidate& candidate, double
 double DraftBudgetPolicy::TargetSeconds(StepShape shape, double rows) const {
   const double whole = std::floor(std::max(rows, 0.0));
   shape.tokens += static_cast<int64_t>(whole);
-  const double seconds = target_cost_.Predict(shape);
+  const double seconds = target_cost_.Predict(shape) + DraftedStepExcess(rows);
   const double fraction = rows - whole;
   if (fraction <= 0) return seconds;
   ++shape.tokens;
-  return seconds + fraction * (target_cost_.Predict(shape) - seconds);
+  return seconds + fraction * (target_cost_.Predict(shape) + DraftedStepExcess(rows) - seconds);
+}
+
+double DraftBudgetPolicy::DraftedStepExcess(double rows) const {
+  if (rows <= 0 || drafted_excess_.samples() == 0) return 0;
+  const std::array<double, 2> x = {1.0, rows / kDraftRowUnit};
+  return std::max(drafted_excess_.Predict(x), 0.0);
 }
 
 std::vector<AcceptanceModel::Tables> DraftBudgetPolicy::ExpectedDrafts(
@@ -1066,6 +1074,19 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
       if (caught_up) catch_up_excess = target_seconds - predicted;
       target_seconds = predicted;
     }
+  }
+  // What the step took beyond the models' prediction for it, if drafters ran (their calls aside),
+  // before the models learn from it. Catch-up steps book their excess to the calls (above).
+  int64_t draft_rows = 0;
+  for (const StepMeasurement::Sequence& s : step.sequences) draft_rows += std::max(s.nodes, 0);
+  if (draft_rows > 0 && !caught_up && !after_catch_up_ && step.shape.tokens > 0 &&
+      target_cost_.ready() && other_seen_ && std::isfinite(step.other_seconds)) {
+    const double predicted = target_cost_.Predict(step.shape) + other_seconds_;
+    const double measured =
+        WithoutOutlier(step.target_seconds + std::max(0.0, step.other_seconds),
+                       predicted + DraftedStepExcess(static_cast<double>(draft_rows)));
+    drafted_excess_.Add({1.0, static_cast<double>(draft_rows) / kDraftRowUnit},
+                        measured - predicted);
   }
   after_catch_up_ = caught_up;
   if (step.shape.tokens > 0) target_cost_.Observe(step.shape, target_seconds);
