@@ -630,11 +630,13 @@ double DraftBudgetPolicy::CatchUpCharge(const BudgetCandidate& candidate, double
 double DraftBudgetPolicy::TargetSeconds(StepShape shape, double rows) const {
   const double whole = std::floor(std::max(rows, 0.0));
   shape.tokens += static_cast<int64_t>(whole);
-  const double seconds = target_cost_.Predict(shape) + DraftedStepExcess(rows);
+  double seconds = target_cost_.Predict(shape);
   const double fraction = rows - whole;
-  if (fraction <= 0) return seconds;
-  ++shape.tokens;
-  return seconds + fraction * (target_cost_.Predict(shape) + DraftedStepExcess(rows) - seconds);
+  if (fraction > 0) {
+    ++shape.tokens;
+    seconds += fraction * (target_cost_.Predict(shape) - seconds);
+  }
+  return seconds + DraftedStepExcess(rows);
 }
 
 double DraftBudgetPolicy::DraftedStepExcess(double rows) const {

@@ -531,16 +531,17 @@ class DraftBudgetPolicy {
   AcceptanceModel acceptance_;
   double other_seconds_ = 0;
   bool other_seen_ = false;
-  // Drafted steps' measured excess over that prediction, fitted as a part per drafted step and a
-  // part per draft row (features 1 and rows / kDraftRowUnit; prior 0) over recent drafted steps.
-  // The step cost fit prices a shape whatever ran beside it, the overhead is averaged over every
-  // step, and a knot that only drafts visit relaxes toward the fresh knot below it between
-  // visits; none of them sees what drafting does to the step around it. Three processes on 2
-  // cores, the draft LM at concurrency 4 (its calls predicted within 10%): drafted steps ran 0.25
-  // ms longer outside the target than the mean overhead (the drafter service's threads share
-  // the cores with the transport), and steps of 24-32 rows took 2.4-2.8 ms in the target where
-  // the fit, its 16-64-token knots relaxed to the 4-token decode's 0.7-1.1 ms, predicted ~1 ms;
-  // the plans drafted 20-28 nodes into them and the runs read 0.90-0.93x of no speculation.
+  // Drafted steps' measured excess over the step cost fit's prediction for their shape plus
+  // other_seconds_, fitted as a part per drafted step and a part per draft row (features 1 and rows
+  // / kDraftRowUnit; prior 0) over recent drafted steps. The step cost fit prices a shape whatever
+  // ran beside it, the overhead is averaged over every step, and a knot that only drafts visit
+  // relaxes toward the fresh knot below it between visits; none of them sees what drafting does to
+  // the step around it. Three processes on 2 cores, the draft LM at concurrency 4 (its calls
+  // predicted within 10%): drafted steps ran 0.25 ms longer outside the target than the mean
+  // overhead (the drafter service's threads share the cores with the transport), and steps of 24-32
+  // rows took 2.4-2.8 ms in the target where the fit, its 16-64-token knots relaxed to the 4-token
+  // decode's 0.7-1.1 ms, predicted ~1 ms; the plans drafted 20-28 nodes into them and the runs read
+  // 0.90-0.93x of no speculation.
   ForgettingLeastSquares drafted_excess_;
   static constexpr double kDraftRowUnit = 16;
   bool after_catch_up_ = false;  // the last observed step had a drafter's catch-up
