@@ -301,6 +301,10 @@ namespace {
 constexpr double kSeqUnit = 16, kNodeUnit = 64, kDepthUnit = 8, kObservedUnit = 16;
 // Calls between two re-anchorings of the drafter cost fit (DrafterCostModel::Observe).
 constexpr int64_t kDrafterAnchorEvery = 16;
+// A call this many times faster than a young fit predicts restarts the fit (cold starts).
+constexpr double kColdStartFactor = 4;
+// Probes of a drafter with fewer calls measured than this are not bound by the exploration share.
+constexpr int64_t kYoungDrafterCalls = 4;
 
 // No allocation: the policy predicts hundreds of drafter calls per plan.
 std::array<double, 5> DrafterFeatures(int32_t sequences, int64_t nodes, int32_t max_depth,
@@ -313,10 +317,10 @@ std::array<double, 5> DrafterFeatures(int32_t sequences, int64_t nodes, int32_t 
 DrafterCostModel::DrafterCostModel(double forgetting)
     : fit_(std::vector<double>(5, 0.0), /*prior_weight=*/0.5, forgetting) {}
 
-void DrafterCostModel::Observe(const DrafterCall& call) {
+bool DrafterCostModel::Observe(const DrafterCall& call) {
   // A catch-up alone (no sequence drafted) measures the observed tokens' part.
-  if (call.sequences < 0 || (call.sequences == 0 && call.observed_tokens <= 0)) return;
-  if (!(call.seconds >= 0) || !std::isfinite(call.seconds)) return;
+  if (call.sequences < 0 || (call.sequences == 0 && call.observed_tokens <= 0)) return false;
+  if (!(call.seconds >= 0) || !std::isfinite(call.seconds)) return false;
   const auto x = DrafterFeatures(call.sequences, call.nodes, call.max_depth,
                                  static_cast<double>(call.observed_tokens));
   // A call far slower than its shape has been (the process preempted: 1.8-2.8 ms calls among
@@ -324,8 +328,17 @@ void DrafterCostModel::Observe(const DrafterCall& call) {
   // kOutlierFactor times the prediction, as a target step does (StepCostModel::Observe). Three
   // such calls fitted a 1.2 ms per-call part (~0.05 ms measured): the draft LM then drafted
   // nothing or 15-node chains, and did not draft again for the rest of the run.
+  const double predicted = fit_.samples() > 0 ? fit_.Predict(x) : 0.0;
+  // A young fit that a call undercuts many times over was fitted to cold starts: on a GPU a
+  // drafter's first calls launch each kernel for the first time (lazy module loading, the GEMM
+  // library's first use of a shape): SpecFormer's first call on an H200 took 61 ms where warm
+  // ones take ~2. Fitted, such calls kept the drafter off (its probes, priced at them, came
+  // seconds apart). The fit starts over from the first warm call.
+  const bool restart = fit_.samples() > 0 && fit_.samples() < kDrafterAnchorEvery &&
+                       call.seconds * kColdStartFactor < predicted;
+  if (restart) fit_.Reset(std::vector<double>(x.size(), 0.0));
   const double seconds = fit_.samples() >= kDrafterAnchorEvery
-                             ? WithoutOutlier(call.seconds, fit_.Predict(x))
+                             ? WithoutOutlier(call.seconds, predicted)
                              : call.seconds;
   fit_.Add(std::vector<double>(x.begin(), x.end()), seconds);
   // The fit's anchor follows it, as the step cost's does: while a drafter only catches up (its
@@ -335,6 +348,7 @@ void DrafterCostModel::Observe(const DrafterCall& call) {
   // 0.29 ms per depth fitted where steady calls measure 0.17). Anchored, the directions those
   // calls leave unexcited keep what earlier calls measured.
   if (fit_.samples() % kDrafterAnchorEvery == 0) fit_.SetAnchor(fit_.coefficients());
+  return restart;
 }
 
 DrafterCostModel::Parts DrafterCostModel::parts() const {
@@ -960,11 +974,24 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     const double explored_seconds = Evaluate(base, candidates, expected, explore).first;
     const double extra = std::max(0.0, explored_seconds - optimum_seconds);
     const bool within_bound = explored_seconds <= std::max(prefill_limit, optimum_seconds);
-    if (explored_seconds_ + extra <= options_.exploration_share * measured_seconds_ &&
+    // A drafter measured only a few times is explored whatever its calls cost so far: its first
+    // calls are cold starts as often as not (DrafterCostModel::Observe), and priced at them its
+    // probes would wait seconds for the share. Bounded: kYoungDrafterCalls calls per drafter.
+    bool young = true;
+    for (size_t i = 0; i < n; ++i) {
+      if (explore[i] == optimum[i]) continue;
+      const DrafterCostModel* model = drafter_cost(candidates[i].drafter);
+      young = young && model != nullptr && model->calls() < kYoungDrafterCalls;
+    }
+    if ((young || explored_seconds_ + extra <= options_.exploration_share * measured_seconds_) &&
         within_bound) {
-      explored_seconds_ += extra;
-      // Observe charges what the step measures beyond the optimum's prediction, if more.
-      pending_exploration_ = {.optimum_seconds = optimum_seconds, .charged_seconds = extra};
+      // Observe charges what the step measures beyond the optimum's prediction, if more. A young
+      // drafter's probes are the warm-up's, not charged: charged, they would hold its next
+      // probes back for seconds once it is no longer young.
+      if (!young) {
+        explored_seconds_ += extra;
+        pending_exploration_ = {.optimum_seconds = optimum_seconds, .charged_seconds = extra};
+      }
       decision.budgets = explore;
       for (size_t i : trials) {
         if (--trial_left_[candidates[i].id] <= 0) trial_left_.erase(candidates[i].id);
@@ -1102,7 +1129,13 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
       call.seconds += catch_up_excess * static_cast<double>(call.observed_tokens) /
                       static_cast<double>(caught_up_tokens);
     }
-    drafter_cost_[call.drafter].Observe(call);
+    if (drafter_cost_[call.drafter].Observe(call)) {
+      // Its earlier calls were cold starts: what the probes paid for them was the warm-up's
+      // cost, not the drafter's. Its probes start over at their usual pace and share.
+      explored_seconds_ =
+          std::min(explored_seconds_, options_.exploration_share * measured_seconds_);
+      probe_backoff_[call.drafter] = 1;
+    }
   }
 
   for (const StepMeasurement::Sequence& s : step.sequences) {

@@ -213,7 +213,9 @@ struct DrafterCall {
 class DrafterCostModel {
  public:
   explicit DrafterCostModel(double forgetting = 0.95);
-  void Observe(const DrafterCall& call);
+  // True when the call restarted a young fit that it undercut many times over (the calls before
+  // it were cold starts).
+  bool Observe(const DrafterCall& call);
   // Seconds of one call of this shape (at least 0; 0 without sequences).
   double Predict(int32_t sequences, int64_t nodes, int32_t max_depth, double observed_tokens) const;
   // The fitted parts: per call, per sequence, per node, per depth, per observed token.
@@ -222,6 +224,8 @@ class DrafterCostModel {
   };
   Parts parts() const;
   bool ready() const { return fit_.samples() > 0; }
+  // Calls in the fit (since its last restart).
+  int64_t calls() const { return fit_.samples(); }
 
  private:
   ForgettingLeastSquares fit_;
