@@ -163,9 +163,11 @@ tail -14 "$r/bench_b1_learned.txt"
 # batch 1 detached this way until 8b5a571).
 grep -H "DRAFTER ERRORS" "$r"/bench_*.txt || echo "no drafter errors in the bench steps so far"
 # The adaptive floor at batches 16 and 64 for the drafters that do not pay there.
-step bench_floor_b16_b64 120 $b bench --model $m/pyllama-6m --device $device --dtype bfloat16 \
+# 256 requests x 5 repeats: runs of 128 requests at batch 64 last ~0.6 s, and `none` alone moved
+# by +-10% between such repeats on the H200.
+step bench_floor_b16_b64 200 $b bench --model $m/pyllama-6m --device $device --dtype bfloat16 \
   --drafter ngram,draft-model,specformer,beagle "${drafter_flags[@]}" \
-  --batch-sizes 16,64 --draft-lens adaptive --max-new-tokens 64 --repeats 3 --min-requests 128 \
+  --batch-sizes 16,64 --draft-lens adaptive --max-new-tokens 64 --repeats 5 --min-requests 256 \
   --json "$r/bench-gpu-floor-b16-b64.json" > "$r/bench_floor_b16_b64.txt" 2>&1
 tail -12 "$r/bench_floor_b16_b64.txt"
 for temp in 0 0.8; do
