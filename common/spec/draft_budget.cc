@@ -303,8 +303,6 @@ constexpr double kSeqUnit = 16, kNodeUnit = 64, kDepthUnit = 8, kObservedUnit = 
 constexpr int64_t kDrafterAnchorEvery = 16;
 // A call this many times faster than a young fit predicts restarts the fit (cold starts).
 constexpr double kColdStartFactor = 4;
-// Probes of a drafter with fewer calls measured than this are not bound by the exploration share.
-constexpr int64_t kYoungDrafterCalls = 4;
 
 // No allocation: the policy predicts hundreds of drafter calls per plan.
 std::array<double, 5> DrafterFeatures(int32_t sequences, int64_t nodes, int32_t max_depth,
@@ -967,6 +965,31 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   const auto [optimum_seconds, optimum_tokens] = Evaluate(base, candidates, expected, optimum);
   pending_exploration_ = {};
   if (explored > 0) {
+    // A drafter measured only a few times is explored whatever its calls cost so far
+    // (DraftBudgetOptions::young_drafter_calls): its first calls are cold starts as often as not
+    // (DrafterCostModel::Observe), and priced at them its probes would wait seconds for the share.
+    bool young = options_.young_drafter_calls > 0;
+    for (size_t i = 0; i < n && young; ++i) {
+      if (explore[i] == optimum[i]) continue;
+      const DrafterCostModel* model = drafter_cost(candidates[i].drafter);
+      young = model != nullptr && model->calls() < options_.young_drafter_calls;
+    }
+    if (young && started.size() > 1) {
+      // Outside the share, one new sequence per plan, the one idle longest: at a large batch each
+      // such probe is one sequence's catch-up, not all of theirs at once. The others keep their
+      // idle count and come next.
+      const auto idle_of = [&](size_t i) { return idle_plans_[candidates[i].id]; };
+      const size_t keep =
+          *std::max_element(started.begin(), started.end(),
+                            [&](size_t a, size_t b) { return idle_of(a) < idle_of(b); });
+      for (size_t i : started) {
+        if (i == keep) continue;
+        explored -= explore[i] - optimum[i];
+        explore[i] = optimum[i];
+        probed.erase(std::remove(probed.begin(), probed.end(), i), probed.end());
+      }
+      started.assign(1, keep);
+    }
     // Not bound by max_step_increase: a cost model that overestimates drafts would otherwise
     // never see one measured and never correct itself. The share bounds how often it happens.
     // A step with prompt chunks is not explored past its bound (decode-only steps measure the
@@ -974,24 +997,11 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
     const double explored_seconds = Evaluate(base, candidates, expected, explore).first;
     const double extra = std::max(0.0, explored_seconds - optimum_seconds);
     const bool within_bound = explored_seconds <= std::max(prefill_limit, optimum_seconds);
-    // A drafter measured only a few times is explored whatever its calls cost so far: its first
-    // calls are cold starts as often as not (DrafterCostModel::Observe), and priced at them its
-    // probes would wait seconds for the share. Bounded: kYoungDrafterCalls calls per drafter.
-    bool young = true;
-    for (size_t i = 0; i < n; ++i) {
-      if (explore[i] == optimum[i]) continue;
-      const DrafterCostModel* model = drafter_cost(candidates[i].drafter);
-      young = young && model != nullptr && model->calls() < kYoungDrafterCalls;
-    }
     if ((young || explored_seconds_ + extra <= options_.exploration_share * measured_seconds_) &&
         within_bound) {
-      // Observe charges what the step measures beyond the optimum's prediction, if more. A young
-      // drafter's probes are the warm-up's, not charged: charged, they would hold its next
-      // probes back for seconds once it is no longer young.
-      if (!young) {
-        explored_seconds_ += extra;
-        pending_exploration_ = {.optimum_seconds = optimum_seconds, .charged_seconds = extra};
-      }
+      explored_seconds_ += extra;
+      // Observe charges what the step measures beyond the optimum's prediction, if more.
+      pending_exploration_ = {.optimum_seconds = optimum_seconds, .charged_seconds = extra};
       decision.budgets = explore;
       for (size_t i : trials) {
         if (--trial_left_[candidates[i].id] <= 0) trial_left_.erase(candidates[i].id);

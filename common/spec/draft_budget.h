@@ -319,6 +319,11 @@ struct DraftBudgetOptions {
   // Exploration (probes and extra nodes) may cost at most this share of the measured steps'
   // time; what does not fit waits.
   double exploration_share = 0.01;
+  // A drafter whose cost fit holds fewer calls than this (since its last cold-start restart,
+  // DrafterCostModel::Observe) is probed outside exploration_share and uncharged, one newly
+  // probed sequence per plan: its first calls are cold starts as often as not (on a GPU each
+  // kernel's first launch), and priced at them its probes came seconds apart. 0: never.
+  int32_t young_drafter_calls = 16;
   // The latency bound: drafts may make a step take at most (1 + max_step_increase) times its
   // predicted time without them. Streamed chunks are a step apart, so this bounds what drafting
   // adds to inter-token latency (p99 ITL) at the price of throughput where verification is not
