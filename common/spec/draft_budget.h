@@ -320,9 +320,10 @@ struct DraftBudgetOptions {
   // time; what does not fit waits.
   double exploration_share = 0.01;
   // A drafter whose cost fit holds fewer calls than this (since its last cold-start restart,
-  // DrafterCostModel::Observe) is probed outside exploration_share and uncharged, one newly
-  // probed sequence per plan: its first calls are cold starts as often as not (on a GPU each
-  // kernel's first launch), and priced at them its probes came seconds apart. 0: never.
+  // DrafterCostModel::Observe) is probed whether or not exploration_share has room (its probes
+  // are still charged to it), one newly probed sequence per plan: its first calls are cold
+  // starts as often as not (on a GPU each kernel's first launch), and priced at them its probes
+  // came seconds apart. 0: never.
   int32_t young_drafter_calls = 16;
   // The latency bound: drafts may make a step take at most (1 + max_step_increase) times its
   // predicted time without them. Streamed chunks are a step apart, so this bounds what drafting
