@@ -543,6 +543,8 @@ double SteadyAccepted(const std::vector<AcceptanceModel::Tables>& expected, size
   return expected[i].tokens.back();
 }
 
+}  // namespace
+
 // What one drafter's call in a step covers, summed over its drafting sequences.
 struct Group {
   int32_t sequences = 0;
@@ -581,6 +583,8 @@ struct DrafterIndex {
     return models[k] ? models[k]->Predict(g.sequences, g.nodes, g.depth, g.observed) : 0.0;
   }
 };
+
+namespace {
 
 // The step without its prompt chunks: its decodes alone.
 StepBase WithoutChunks(const StepBase& base) {
@@ -738,6 +742,61 @@ double DraftBudgetPolicy::DepthReach(const std::string& drafter, double price) c
 std::vector<int32_t> DraftBudgetPolicy::Allocate(
     const StepBase& base, const std::vector<BudgetCandidate>& candidates,
     const std::vector<AcceptanceModel::Tables>& expected, double step_limit) const {
+  const DrafterIndex drafters(*this, candidates, expected);
+  std::vector<double> sunk(drafters.size(), 0.0);
+  std::vector<bool> amortized(drafters.size(), false);
+  std::vector<int32_t> b =
+      Greedy(base, candidates, expected, step_limit, drafters, sunk, &amortized);
+  // A drafter whose call no single sequence earns back may still pay when the batch shares it
+  // (a call's fixed cost, a GPU's kernel launches, is the same for 1 sequence as for 64): the
+  // greedy pass charges the whole call to the first sequence that drafts, so at batch 64 a
+  // drafter with a 1.8 ms call beside a 3 ms step never started, though all 64 sequences drafting
+  // would add ~1.5 tokens each. Where a sequence's first bundle would have paid without the call
+  // (`amortized`), allocate again with the unused drafters' per-call seconds left out of the
+  // ratios (still counted in the step's seconds), and keep that allocation if the whole step's
+  // decoding rate beats the first one's by the margin.
+  bool retry = false;
+  for (size_t k = 0; k < drafters.size(); ++k) {
+    if (!amortized[k] || drafters.models[k] == nullptr) continue;
+    bool used = false;
+    for (size_t i = 0; i < candidates.size() && !used; ++i) used = drafters.of[i] == k && b[i] > 0;
+    if (used) continue;
+    sunk[k] = std::max(0.0, drafters.models[k]->parts().per_call);
+    retry |= sunk[k] > 0;
+  }
+  const double chunk_seconds = ChunkSeconds(base);
+  auto rate = [&](const std::vector<int32_t>& budgets) {
+    const auto [seconds, tokens] = Evaluate(base, candidates, expected, budgets);
+    return tokens / std::max(seconds - chunk_seconds, 1e-12);
+  };
+  if (retry) {
+    std::vector<int32_t> shared =
+        Greedy(base, candidates, expected, step_limit, drafters, sunk, nullptr);
+    if (shared != b && rate(shared) > rate(b) * (1 + Margin(base)) &&
+        Evaluate(base, candidates, expected, shared).first <= step_limit) {
+      b = std::move(shared);
+    }
+  }
+  // A drafter whose per-call cost the allocation does not earn back is left off.
+  for (size_t k = 0; k < drafters.size(); ++k) {
+    bool used = false;
+    for (size_t i = 0; i < candidates.size() && !used; ++i) used = drafters.of[i] == k && b[i] > 0;
+    if (!used) continue;
+    std::vector<int32_t> without = b;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      if (drafters.of[i] == k) without[i] = 0;
+    }
+    if (rate(without) >= rate(b)) b = without;
+  }
+  return b;
+}
+
+std::vector<int32_t> DraftBudgetPolicy::Greedy(const StepBase& base,
+                                               const std::vector<BudgetCandidate>& candidates,
+                                               const std::vector<AcceptanceModel::Tables>& expected,
+                                               double step_limit, const DrafterIndex& drafters,
+                                               const std::vector<double>& sunk,
+                                               std::vector<bool>* amortized) const {
   std::vector<bool> continuing(candidates.size());
   for (size_t i = 0; i < candidates.size(); ++i) {
     continuing[i] = options_.margin_hysteresis && drafted_last_plan_.count(candidates[i].id) > 0;
@@ -748,9 +807,10 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
   StepShape shape = base.shape;  // its tokens stay the base's: the drafts' rows are `rows`
   double rows = 0;               // expected (a drafter may return fewer nodes than asked)
   double tokens = base.decoding;
-  const DrafterIndex drafters(*this, candidates, expected);
   std::vector<Group> groups(drafters.size());
-  std::vector<double> group_seconds(drafters.size(), 0.0);  // each drafter's call at `groups`
+  // Each drafter's call at `groups`; a sunk call's fixed part counts as paid (left out of the
+  // ratios) and is added to the step's seconds when its first sequence drafts.
+  std::vector<double> group_seconds = sunk;
   const DraftRowFloor row_floor = RowFloor(base);
   double target_seconds = row_floor.Apply(TargetSeconds(shape, rows), rows);
   double drafters_seconds = 0;
@@ -780,17 +840,37 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
         (row_floor.Apply(TargetSeconds(next, rows + row_to - row_from), rows + row_to - row_from) -
          target_seconds) +
         (drafters.Seconds(k, h) - group_seconds[k]);
-    return std::pair<double, double>(dy, std::max(dt, 1e-12));
+    return std::tuple<double, double, double>(dy, std::max(dt, 1e-12),
+                                              from == 0 && groups[k].sequences == 0 ? k : -1.0);
   };
   // A sequence not drafting yet: its best first bundle (it pays the per-sequence costs once).
   constexpr int32_t kMaxFirstBundle = 16;
+  // Per drafter, its per-call seconds (for `amortized`: 0 when not asked).
+  std::vector<double> per_call(drafters.size(), 0.0);
+  if (amortized != nullptr) {
+    for (size_t k = 0; k < drafters.size(); ++k) {
+      if (drafters.models[k] != nullptr) {
+        per_call[k] = std::max(0.0, drafters.models[k]->parts().per_call);
+      }
+    }
+  }
+  // The best first bundle that would beat the decoding rate, by the margin, if its drafter's call
+  // were already paid for (see Allocate).
+  auto note_amortized = [&](size_t i, double dy, double dt, double opens) {
+    if (opens < 0 || per_call[static_cast<size_t>(opens)] <= 0) return;
+    const size_t k = static_cast<size_t>(opens);
+    if ((*amortized)[k] || dt - per_call[k] <= 0) return;
+    const double margin = continuing[i] ? 0.0 : Margin(base);
+    if (dy / (dt - per_call[k]) > rate() * (1 + margin)) (*amortized)[k] = true;
+  };
   auto best_move = [&](size_t i) {
     int32_t best_m = 0;
     double best_ratio = -1;
     const int32_t limit = b[i] == 0 ? std::min(candidates[i].max_nodes, kMaxFirstBundle)
                                     : std::min(1, candidates[i].max_nodes - b[i]);
     for (int32_t m = 1; m <= limit; ++m) {
-      const auto [dy, dt] = delta(i, m);
+      const auto [dy, dt, opens] = delta(i, m);
+      if (amortized != nullptr) note_amortized(i, dy, dt, opens);
       if (dy / dt > best_ratio) {
         best_ratio = dy / dt;
         best_m = m;
@@ -808,7 +888,7 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
   while (!heap.empty()) {
     auto [stale, i, m] = heap.top();
     heap.pop();
-    const auto [dy, dt] = delta(i, m);
+    const auto [dy, dt, opens] = delta(i, m);
     const double ratio = dy / dt;
     // The shape moved since the entry was made: re-queue it unless it still leads.
     if (!heap.empty() && ratio < std::get<0>(heap.top()) * 0.999 && ratio < stale * 0.999) {
@@ -831,6 +911,7 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
     const size_t k = drafters.of[i];
     Group& g = groups[k];
     if (b[i] == 0) {
+      if (g.sequences == 0) drafters_seconds += sunk[k];
       ++g.sequences;
       g.observed += drafters.charge[i];
     }
@@ -849,19 +930,6 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
     if (b[i] < c.max_nodes) {
       const auto [next_m, next_ratio] = best_move(i);
       if (next_m > 0) heap.emplace(next_ratio, i, next_m);
-    }
-  }
-  // A drafter whose per-call cost the allocation does not earn back is left off.
-  for (size_t k = 0; k < drafters.size(); ++k) {
-    if (groups[k].sequences == 0) continue;
-    std::vector<int32_t> without = b;
-    for (size_t i = 0; i < n; ++i) {
-      if (drafters.of[i] == k) without[i] = 0;
-    }
-    const auto [s_with, y_with] = Evaluate(base, candidates, expected, b);
-    const auto [s_without, y_without] = Evaluate(base, candidates, expected, without);
-    if (y_without / (s_without - chunk_seconds) >= y_with / (s_with - chunk_seconds)) {
-      b = without;
     }
   }
   return b;

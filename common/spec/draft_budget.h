@@ -92,6 +92,8 @@
 
 namespace specula {
 
+struct DrafterIndex;  // a plan's drafters (draft_budget.cc)
+
 // Linear least squares y ~ theta . x, fitted online with exponential forgetting and anchored to a
 // prior: A = lambda A + (1 - lambda) w I + x x^T, b = lambda b + (1 - lambda) w prior + x y. The
 // prior keeps directions that recent samples do not excite from winding up; with lambda < 1 the
@@ -534,6 +536,14 @@ class DraftBudgetPolicy {
                                 const std::vector<BudgetCandidate>& candidates,
                                 const std::vector<AcceptanceModel::Tables>& expected,
                                 double step_limit) const;
+  // One greedy pass of Allocate. sunk[k]: drafter k's per-call seconds left out of the ratios
+  // until its first sequence drafts (then counted in the step's seconds). amortized (when given):
+  // per drafter, set when some sequence's first bundle would beat the decoding rate without its
+  // drafter's per-call seconds.
+  std::vector<int32_t> Greedy(const StepBase& base, const std::vector<BudgetCandidate>& candidates,
+                              const std::vector<AcceptanceModel::Tables>& expected,
+                              double step_limit, const DrafterIndex& drafters,
+                              const std::vector<double>& sunk, std::vector<bool>* amortized) const;
 
   DraftBudgetOptions options_;
   StepCostModel target_cost_;

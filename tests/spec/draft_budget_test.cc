@@ -539,6 +539,41 @@ TEST(DraftBudgetPolicyTest, ExpensiveDrafterStaysOff) {
   EXPECT_EQ(d.budgets[0], 0);
 }
 
+// A drafter whose call costs more than one sequence's draft brings back, beside a batch that
+// shares the call: a hidden-state drafter on a GPU (its call ~2 ms of kernel launches whatever
+// the batch, the target's step 3 ms flat up to 256 rows). One of 64 sequences drafting 4 tokens at
+// p = 0.8 adds ~2.4 tokens for a 1.5 ms call where the step yields 64 tokens per 3 ms: it does not
+// pay alone, but all 64 drafting add ~150 tokens for that one call.
+DraftBudgetPolicy SharedCallPolicy(double per_call, double p) {
+  std::mt19937 rng(7);
+  DraftBudgetPolicy policy(NoExploration());
+  Train(policy, Curve{.base = 3e-3, .knee = 256, .per_token = 2e-5}, 400, rng, 0.01);
+  TrainDrafter(policy, "specformer", per_call, 1e-6);
+  for (int64_t id = 1; id <= 64; ++id) TrainAcceptance(policy, "specformer", id, p, 50, rng, 4);
+  return policy;
+}
+
+TEST(DraftBudgetPolicyTest, ADrafterWhoseCallTheBatchSharesDraftsAtALargeBatch) {
+  DraftBudgetPolicy policy = SharedCallPolicy(1.5e-3, 0.8);
+  const auto d = policy.Plan(Decoding(64, 100), Candidates(64, "specformer", 4, 100));
+  int32_t drafting = 0;
+  for (int32_t b : d.budgets) drafting += b > 0;
+  EXPECT_GE(drafting, 48) << "the call pays when the batch shares it";
+  EXPECT_GT(d.predicted_speedup(), 1.5);
+  // One speculating sequence among the 64 does not earn the call back.
+  DraftBudgetPolicy alone = SharedCallPolicy(1.5e-3, 0.8);
+  EXPECT_EQ(alone.Plan(Decoding(64, 100), Candidates(1, "specformer", 4, 100)).budgets[0], 0);
+}
+
+TEST(DraftBudgetPolicyTest, ASharedCallThatDoesNotPayStaysOff) {
+  // The same call where the batch's drafts bring back too little: p = 0.1 adds ~7 tokens over 64
+  // sequences for 1.5 ms plus their rows' per-sequence drafting.
+  DraftBudgetPolicy policy = SharedCallPolicy(1.5e-3, 0.1);
+  const auto d = policy.Plan(Decoding(64, 100), Candidates(64, "specformer", 4, 100));
+  for (int32_t b : d.budgets) EXPECT_EQ(b, 0);
+  EXPECT_NEAR(d.predicted_speedup(), 1.0, 1e-9);
+}
+
 TEST(DraftBudgetPolicyTest, ADrafterThatReturnsLittleIsAskedLess) {
   // A remote drafter: each call costs a round trip as long as the step (2 ms), verification is
   // free and what comes back is accepted with p = 0.8 per depth. When every budget comes back
