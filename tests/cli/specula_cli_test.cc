@@ -1,5 +1,5 @@
-// Black-box tests of the `specula` binary: generate (text and --json), bench-forward, and the CLI
-// messages for bad model directories and prompts.
+// Black-box tests of the `specula` binary: generate (text and --json), bench-forward, bench-policy,
+// and the CLI messages for bad model directories and prompts.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
@@ -139,6 +139,36 @@ TEST_F(SpeculaCliTest, BenchForwardWritesJson) {
   EXPECT_EQ(j["results"][3]["tokens"], 32);
   EXPECT_GT(j["results"][0]["median_ms"].get<double>(), 0.0);
   EXPECT_NE(r.out.find("tokens/s"), std::string::npos);
+}
+
+TEST_F(SpeculaCliTest, BenchPolicyWritesJsonAndNamesBadFlags) {
+  const std::string json_path = dir_->File("policy.json");
+  RunResult r =
+      Run("bench-policy --batch-sizes 1,64 --warmup-steps 300 --steps 50 --json " + json_path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(ReadFileToString(json_path).value());
+  ASSERT_EQ(j["results"].size(), 4u);  // idle and pays x batch 1 and 64
+  for (const auto& row : j["results"]) {
+    EXPECT_GT(row["plan_us"]["median"].get<double>(), 0.0);
+    EXPECT_GT(row["synthetic_tokens_per_s"].get<double>(), 0.0);
+  }
+  // The cheap drafter drafts at batch 64, where its call is shared by the batch; the one that
+  // never pays only explores.
+  EXPECT_EQ(j["results"][3]["scenario"], "pays");
+  EXPECT_GT(j["results"][3]["drafted_sequence_steps"].get<double>(), 0.5);
+  EXPECT_LT(j["results"][1]["drafted_sequence_steps"].get<double>(), 0.05);
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--scenarios busy", "--scenarios"},
+           {"--steps 0", "--steps"},
+           {"--batch-sizes 0", "--batch-sizes"},
+           {"--draft-cap 300", "--draft-cap"},
+           {"--context 0", "--context"},
+           {"--json /nonexistent/dir/x.json --steps 1 --warmup-steps 0 --batch-sizes 1",
+            "--json"}}) {
+    r = Run("bench-policy " + flags);
+    EXPECT_EQ(r.exit_code, 1) << flags;
+    EXPECT_NE(r.err.find(message), std::string::npos) << flags << ": " << r.err;
+  }
 }
 
 TEST_F(SpeculaCliTest, SpeculativeGenerateIsLosslessAndReportsItsStats) {

@@ -10,6 +10,7 @@ namespace specula::cli {
 int RunGenerate(const std::vector<std::string>& args);
 int RunBench(const std::vector<std::string>& args);
 int RunBenchForward(const std::vector<std::string>& args);
+int RunBenchPolicy(const std::vector<std::string>& args);
 int RunPrepareCorpus(const std::vector<std::string>& args);
 int RunTrainLm(const std::vector<std::string>& args);
 int RunDistill(const std::vector<std::string>& args);

@@ -19,6 +19,7 @@ constexpr char kUsage[] =
     "  bench           speculative decoding vs none: tokens/s, speedup, accepted length, kappa\n"
     "  bench-forward   time one forward vs the number of tokens in it (the draft-budget cost "
     "curve)\n"
+    "  bench-policy    the adaptive draft budget's host time per step (plan and learn), no model\n"
     "  prepare-corpus  build the Python-sources corpus, train its tokenizer, write token files\n"
     "  train-lm        train a Llama-style LM (bundled target or draft LM) on a prepared corpus\n"
     "  train-target    train-lm --preset target (the bundled target's shape)\n"
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
   if (command == "generate") return specula::cli::RunGenerate(args);
   if (command == "bench") return specula::cli::RunBench(args);
   if (command == "bench-forward") return specula::cli::RunBenchForward(args);
+  if (command == "bench-policy") return specula::cli::RunBenchPolicy(args);
   if (command == "prepare-corpus") return specula::cli::RunPrepareCorpus(args);
   if (command == "train-lm") return specula::cli::RunTrainLm(args);
   if (command == "train-target") {
