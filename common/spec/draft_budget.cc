@@ -282,9 +282,17 @@ double StepCostModel::Predict(const StepShape& shape) const {
   if (shape.tokens <= 0 || !ready()) return 0;
   // Features() . knots without building the vector: the policy predicts hundreds of shapes per
   // plan.
-  const auto [seg, f] = KnotSegment(shape.tokens);
-  const double y = knots_[seg] * (1.0 - f) + knots_[seg + 1] * f +
-                   per_attention_ * shape.attention + (shape.chunk_tokens > 0 ? chunk_step_ : 0.0);
+  return PredictWith(KnotPart(shape.tokens), shape);
+}
+
+double StepCostModel::KnotPart(int64_t tokens) const {
+  const auto [seg, f] = KnotSegment(tokens);
+  return knots_[seg] * (1.0 - f) + knots_[seg + 1] * f;
+}
+
+double StepCostModel::PredictWith(double knot_part, const StepShape& shape) const {
+  const double y =
+      knot_part + per_attention_ * shape.attention + (shape.chunk_tokens > 0 ? chunk_step_ : 0.0);
   return std::max(y, 0.0);
 }
 
@@ -643,14 +651,27 @@ double DraftBudgetPolicy::CatchUpCharge(const BudgetCandidate& candidate, double
   return steady + (backlog - steady) / static_cast<double>(std::max<int64_t>(horizon, 1));
 }
 
-double DraftBudgetPolicy::TargetSeconds(StepShape shape, double rows) const {
+double DraftBudgetPolicy::TargetSeconds(StepShape shape, double rows, std::vector<double>* knots,
+                                        int64_t knots_from) const {
+  auto predict = [&](const StepShape& at) {
+    const int64_t slot = at.tokens - knots_from;
+    if (knots == nullptr || at.tokens <= 0 || !target_cost_.ready() || slot < 0) {
+      return target_cost_.Predict(at);
+    }
+    if (static_cast<size_t>(slot) >= knots->size()) {
+      knots->resize(static_cast<size_t>(slot) + 1, std::numeric_limits<double>::quiet_NaN());
+    }
+    double& part = (*knots)[static_cast<size_t>(slot)];
+    if (std::isnan(part)) part = target_cost_.KnotPart(at.tokens);
+    return target_cost_.PredictWith(part, at);
+  };
   const double whole = std::floor(std::max(rows, 0.0));
   shape.tokens += static_cast<int64_t>(whole);
-  double seconds = target_cost_.Predict(shape);
+  double seconds = predict(shape);
   const double fraction = rows - whole;
   if (fraction > 0) {
     ++shape.tokens;
-    seconds += fraction * (target_cost_.Predict(shape) - seconds);
+    seconds += fraction * (predict(shape) - seconds);
   }
   return seconds + DraftedStepExcess(rows);
 }
@@ -812,7 +833,13 @@ std::vector<int32_t> DraftBudgetPolicy::Greedy(const StepBase& base,
   // ratios) and is added to the step's seconds when its first sequence drafts.
   std::vector<double> group_seconds = sunk;
   const DraftRowFloor row_floor = RowFloor(base);
-  double target_seconds = row_floor.Apply(TargetSeconds(shape, rows), rows);
+  // The step cost fit's knot part by token count: the same few counts are predicted for every
+  // sequence's bundles (the first-bundle scan is half of a batch-64 plan's host time).
+  std::vector<double> knots;
+  auto target = [&](const StepShape& at, double r) {
+    return TargetSeconds(at, r, &knots, base.shape.tokens);
+  };
+  double target_seconds = row_floor.Apply(target(shape, rows), rows);
   double drafters_seconds = 0;
   int64_t nodes = 0;  // allocated so far, against base.max_nodes
   auto total = [&] { return target_seconds + drafters_seconds + other_seconds_; };
@@ -837,7 +864,7 @@ std::vector<int32_t> DraftBudgetPolicy::Greedy(const StepBase& base,
     h.nodes += m;
     h.depth = std::max(h.depth, to);
     const double dt =
-        (row_floor.Apply(TargetSeconds(next, rows + row_to - row_from), rows + row_to - row_from) -
+        (row_floor.Apply(target(next, rows + row_to - row_from), rows + row_to - row_from) -
          target_seconds) +
         (drafters.Seconds(k, h) - group_seconds[k]);
     return std::tuple<double, double, double>(dy, std::max(dt, 1e-12),
@@ -926,7 +953,7 @@ std::vector<int32_t> DraftBudgetPolicy::Greedy(const StepBase& base,
     const double after = drafters.Seconds(k, g);
     drafters_seconds += after - group_seconds[k];
     group_seconds[k] = after;
-    target_seconds = row_floor.Apply(TargetSeconds(shape, rows), rows);
+    target_seconds = row_floor.Apply(target(shape, rows), rows);
     if (b[i] < c.max_nodes) {
       const auto [next_m, next_ratio] = best_move(i);
       if (next_m > 0) heap.emplace(next_ratio, i, next_m);

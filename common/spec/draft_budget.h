@@ -140,6 +140,11 @@ class StepCostModel {
   void Observe(const StepShape& shape, double seconds);
   // Predicted seconds (0 before any observation). Non-decreasing in tokens and attention.
   double Predict(const StepShape& shape) const;
+  // Predict in two parts, for callers that predict many shapes of a few token counts (the
+  // allocation: up to 16 bundles per sequence per plan): Predict(shape) ==
+  // PredictWith(KnotPart(shape.tokens), shape), bit for bit, once ready() and shape.tokens > 0.
+  double KnotPart(int64_t tokens) const;
+  double PredictWith(double knot_part, const StepShape& shape) const;
   bool ready() const { return observed_ > 0; }
 
   static const std::vector<int64_t>& Knots();
@@ -510,8 +515,11 @@ class DraftBudgetPolicy {
   // BudgetDecision::depth_reach of `drafter`: one more depth and node of its cost fit, priced.
   double DepthReach(const std::string& drafter, double price) const;
   // The target's seconds for `shape` plus `rows` more (expected, so fractional) rows; with rows,
-  // plus what drafted steps measured beyond that (DraftedStepExcess).
-  double TargetSeconds(StepShape shape, double rows) const;
+  // plus what drafted steps measured beyond that (DraftedStepExcess). With `knots` (the step cost
+  // fit's KnotPart by token count from `knots_from` on, filled as needed; NaN = not yet), the
+  // same value without recomputing a token count's knot part.
+  double TargetSeconds(StepShape shape, double rows, std::vector<double>* knots = nullptr,
+                       int64_t knots_from = 0) const;
   // In a step that also prefills, a draft row costs at least what a prompt row of the same forward
   // costs (that many rows are past any free verification): the step's seconds without drafts plus
   // that per row. The fit alone priced them at ~0 there (steps of 65-130 rows are mostly prompt
