@@ -776,12 +776,18 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
   // (`amortized`), allocate again with the unused drafters' per-call seconds left out of the
   // ratios (still counted in the step's seconds), and keep that allocation if the whole step's
   // decoding rate beats the first one's by the margin.
+  // A drafter with one candidate has nobody to share its call with: its first bundle's ratio
+  // already was the whole step's comparison.
   bool retry = false;
   for (size_t k = 0; k < drafters.size(); ++k) {
     if (!amortized[k] || drafters.models[k] == nullptr) continue;
     bool used = false;
-    for (size_t i = 0; i < candidates.size() && !used; ++i) used = drafters.of[i] == k && b[i] > 0;
-    if (used) continue;
+    int32_t sharing = 0;
+    for (size_t i = 0; i < candidates.size() && !used; ++i) {
+      used = drafters.of[i] == k && b[i] > 0;
+      sharing += drafters.of[i] == k;
+    }
+    if (used || sharing < 2) continue;
     sunk[k] = std::max(0.0, drafters.models[k]->parts().per_call);
     retry |= sunk[k] > 0;
   }
