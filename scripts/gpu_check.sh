@@ -170,6 +170,17 @@ step bench_floor_b16_b64 200 $b bench --model $m/pyllama-6m --device $device --d
   --batch-sizes 16,64 --draft-lens adaptive --max-new-tokens 64 --repeats 5 --min-requests 256 \
   --json "$r/bench-gpu-floor-b16-b64.json" > "$r/bench_floor_b16_b64.txt" 2>&1
 tail -12 "$r/bench_floor_b16_b64.txt"
+# A drafter call shared by the batch (d360996, issue 14): at batches 16 and 64 the hidden-state
+# drafters drafted nothing on the H200, where their call is mostly fixed host work; fixed budgets
+# beside adaptive say whether sharing the call pays, and whether the policy now finds it.
+step bench_shared_call 150 $b bench --model $m/pyllama-6m --device $device --dtype bfloat16 \
+  --drafter specformer,beagle "${drafter_flags[@]}" --draft-vocab $m/pyllama-6m/draft_vocab.json \
+  --batch-sizes 16,64 --draft-lens 2,4,adaptive --max-new-tokens 64 --repeats 3 --min-requests 128 \
+  --json "$r/bench-gpu-shared-call.json" > "$r/bench_shared_call.txt" 2>&1
+tail -12 "$r/bench_shared_call.txt"
+# The policy's own host time per step on this machine's CPU (no model, a few seconds).
+step bench_policy 30 $b bench-policy --json "$r/bench-policy.json" > "$r/bench_policy.txt" 2>&1
+cat "$r/bench_policy.txt"
 for temp in 0 0.8; do
   for place in host tensors; do
     step "bench_place_${place}_t$temp" 45 $b bench --model $m/pyllama-6m --device $device \
