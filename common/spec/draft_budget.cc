@@ -775,19 +775,18 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
   // would add ~1.5 tokens each. Where a sequence's first bundle would have paid without the call
   // (`amortized`), allocate again with the unused drafters' per-call seconds left out of the
   // ratios (still counted in the step's seconds), and keep that allocation if the whole step's
-  // decoding rate beats the first one's by the margin.
-  // A drafter with one candidate has nobody to share its call with: its first bundle's ratio
-  // already was the whole step's comparison.
+  // decoding rate beats the first one's by the margin. A drafter with one candidate has nobody to
+  // share its call with: its first bundle's ratio already was the whole step's comparison.
+  auto drafts = [&](const std::vector<int32_t>& budgets, size_t k) {
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      if (drafters.of[i] == k && budgets[i] > 0) return true;
+    }
+    return false;
+  };
   bool retry = false;
   for (size_t k = 0; k < drafters.size(); ++k) {
-    if (!amortized[k] || drafters.models[k] == nullptr) continue;
-    bool used = false;
-    int32_t sharing = 0;
-    for (size_t i = 0; i < candidates.size() && !used; ++i) {
-      used = drafters.of[i] == k && b[i] > 0;
-      sharing += drafters.of[i] == k;
-    }
-    if (used || sharing < 2) continue;
+    if (!amortized[k] || drafters.models[k] == nullptr || drafts(b, k)) continue;
+    if (std::count(drafters.of.begin(), drafters.of.end(), k) < 2) continue;
     sunk[k] = std::max(0.0, drafters.models[k]->parts().per_call);
     retry |= sunk[k] > 0;
   }
@@ -806,9 +805,7 @@ std::vector<int32_t> DraftBudgetPolicy::Allocate(
   }
   // A drafter whose per-call cost the allocation does not earn back is left off.
   for (size_t k = 0; k < drafters.size(); ++k) {
-    bool used = false;
-    for (size_t i = 0; i < candidates.size() && !used; ++i) used = drafters.of[i] == k && b[i] > 0;
-    if (!used) continue;
+    if (!drafts(b, k)) continue;
     std::vector<int32_t> without = b;
     for (size_t i = 0; i < candidates.size(); ++i) {
       if (drafters.of[i] == k) without[i] = 0;
@@ -873,8 +870,7 @@ std::vector<int32_t> DraftBudgetPolicy::Greedy(const StepBase& base,
         (row_floor.Apply(target(next, rows + row_to - row_from), rows + row_to - row_from) -
          target_seconds) +
         (drafters.Seconds(k, h) - group_seconds[k]);
-    return std::tuple<double, double, double>(dy, std::max(dt, 1e-12),
-                                              from == 0 && groups[k].sequences == 0 ? k : -1.0);
+    return std::pair<double, double>(dy, std::max(dt, 1e-12));
   };
   // A sequence not drafting yet: its best first bundle (it pays the per-sequence costs once).
   constexpr int32_t kMaxFirstBundle = 16;
@@ -889,9 +885,10 @@ std::vector<int32_t> DraftBudgetPolicy::Greedy(const StepBase& base,
   }
   // The best first bundle that would beat the decoding rate, by the margin, if its drafter's call
   // were already paid for (see Allocate).
-  auto note_amortized = [&](size_t i, double dy, double dt, double opens) {
-    if (opens < 0 || per_call[static_cast<size_t>(opens)] <= 0) return;
-    const size_t k = static_cast<size_t>(opens);
+  auto note_amortized = [&](size_t i, double dy, double dt) {
+    const size_t k = drafters.of[i];
+    // Only a bundle that would open its drafter's call pays it.
+    if (b[i] != 0 || groups[k].sequences != 0 || per_call[k] <= 0) return;
     if ((*amortized)[k] || dt - per_call[k] <= 0) return;
     const double margin = continuing[i] ? 0.0 : Margin(base);
     if (dy / (dt - per_call[k]) > rate() * (1 + margin)) (*amortized)[k] = true;
@@ -902,8 +899,8 @@ std::vector<int32_t> DraftBudgetPolicy::Greedy(const StepBase& base,
     const int32_t limit = b[i] == 0 ? std::min(candidates[i].max_nodes, kMaxFirstBundle)
                                     : std::min(1, candidates[i].max_nodes - b[i]);
     for (int32_t m = 1; m <= limit; ++m) {
-      const auto [dy, dt, opens] = delta(i, m);
-      if (amortized != nullptr) note_amortized(i, dy, dt, opens);
+      const auto [dy, dt] = delta(i, m);
+      if (amortized != nullptr) note_amortized(i, dy, dt);
       if (dy / dt > best_ratio) {
         best_ratio = dy / dt;
         best_m = m;
@@ -921,7 +918,7 @@ std::vector<int32_t> DraftBudgetPolicy::Greedy(const StepBase& base,
   while (!heap.empty()) {
     auto [stale, i, m] = heap.top();
     heap.pop();
-    const auto [dy, dt, opens] = delta(i, m);
+    const auto [dy, dt] = delta(i, m);
     const double ratio = dy / dt;
     // The shape moved since the entry was made: re-queue it unless it still leads.
     if (!heap.empty() && ratio < std::get<0>(heap.top()) * 0.999 && ratio < stale * 0.999) {
