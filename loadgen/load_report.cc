@@ -80,8 +80,8 @@ StatusOr<std::vector<std::string>> ParsePercentileMetrics(const std::string& tex
   for (const std::string& m : out) {
     const auto& known = LatencyMetrics();
     if (std::find(known.begin(), known.end(), m) == known.end()) {
-      return InvalidArgumentError(
-          StrCat("--percentile-metrics: unknown metric '", m, "' (ttft, tpot, itl, e2el)"));
+      return InvalidArgumentError(StrCat("--percentile-metrics: unknown metric '", m,
+                                         "' (ttft, tpot, itl, token_itl, e2el)"));
     }
   }
   if (out.empty()) return InvalidArgumentError("--percentile-metrics is empty");
@@ -117,19 +117,20 @@ std::string PercentileWord(double p) {
 
 nlohmann::json Summarize(const std::vector<RequestRecord>& records, double duration_s,
                          const ReportOptions& options) {
-  std::vector<double> ttft, tpot, itl, e2el;
+  std::vector<double> ttft, tpot, itl, token_itl, e2el;
   int64_t completed = 0, failed = 0, input = 0, output = 0, good = 0;
   int64_t steps = 0, draft_steps = 0, draft = 0, accepted = 0, draft_errors = 0, lossy = 0;
   std::vector<int64_t> per_position;
   nlohmann::json input_lens = nlohmann::json::array(), output_lens = nlohmann::json::array(),
                  ttfts = nlohmann::json::array(), itls = nlohmann::json::array(),
-                 texts = nlohmann::json::array(), errors = nlohmann::json::array(),
-                 finish_reasons = nlohmann::json::array();
+                 itl_tokens = nlohmann::json::array(), texts = nlohmann::json::array(),
+                 errors = nlohmann::json::array(), finish_reasons = nlohmann::json::array();
   for (const RequestRecord& r : records) {
     input_lens.push_back(r.prompt_tokens);
     output_lens.push_back(r.ok ? r.output_tokens : 0);
     ttfts.push_back(r.ok ? r.ttft_s : 0.0);
     itls.push_back(r.ok ? r.itl_s : std::vector<double>{});
+    itl_tokens.push_back(r.ok ? r.itl_tokens : std::vector<int32_t>{});
     texts.push_back(r.text);
     errors.push_back(r.ok ? std::string() : r.error);
     finish_reasons.push_back(r.ok ? r.finish_reason : std::string());
@@ -161,7 +162,12 @@ nlohmann::json Summarize(const std::vector<RequestRecord>& records, double durat
       request_tpot = (r.e2e_s - r.ttft_s) * 1e3 / static_cast<double>(r.output_tokens - 1);
       tpot.push_back(request_tpot);
     }
-    for (double gap : r.itl_s) itl.push_back(gap * 1e3);
+    for (size_t i = 0; i < r.itl_s.size(); ++i) {
+      const double gap_ms = r.itl_s[i] * 1e3;
+      itl.push_back(gap_ms);
+      const int32_t n = i < r.itl_tokens.size() ? std::max<int32_t>(r.itl_tokens[i], 1) : 1;
+      token_itl.insert(token_itl.end(), n, gap_ms / n);
+    }
     bool meets = true;
     for (const auto& [metric, bound] : options.goodput) {
       const double v = metric == "ttft"   ? r.ttft_s * 1e3
@@ -187,12 +193,14 @@ nlohmann::json Summarize(const std::vector<RequestRecord>& records, double durat
   out["output_lens"] = std::move(output_lens);
   out["ttfts"] = std::move(ttfts);
   out["itls"] = std::move(itls);
+  out["itl_tokens"] = std::move(itl_tokens);
   out["generated_texts"] = std::move(texts);
   out["errors"] = std::move(errors);
   out["finish_reasons"] = std::move(finish_reasons);
   AddStats(out, "ttft", ttft, options);
   AddStats(out, "tpot", tpot, options);
   AddStats(out, "itl", itl, options);
+  AddStats(out, "token_itl", token_itl, options);
   AddStats(out, "e2el", e2el, options);
   // Speculation (Specula): vLLM's spec-decode counters, summed over completed requests.
   out["num_drafts"] = draft_steps;

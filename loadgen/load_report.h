@@ -4,8 +4,14 @@
 // {mean,median,std}_{ttft,tpot,itl,e2el}_ms, p{P}_{metric}_ms for the chosen percentiles and
 // metrics, and the per-request lists input_lens, output_lens, ttfts (s), itls (s), generated_texts,
 // errors ("" when the request succeeded, else "CODE: message"); plus finish_reasons ("" for failed
-// requests) and Specula's speculation totals. The run's settings
-// (date, backend, model_id, ...) are added by the caller. Torch-free and gRPC-free.
+// requests), Specula's speculation totals, and token_itl (below) with its list itl_tokens.
+//
+// ITL, as vLLM counts it, is one gap per streamed chunk. A speculative step streams all the tokens
+// it accepted in one chunk, so the same stalls (a neighbour's prompt prefill) become a larger
+// share of fewer gaps and the high percentiles rise although no step got longer. token_itl counts
+// per token instead: a chunk of n tokens after a gap g contributes n gaps of g / n (what SGLang's
+// bench_serving does with a request's mean accepted length, here exact per chunk). The run's
+// settings (date, backend, model_id, ...) are added by the caller. Torch-free and gRPC-free.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +35,9 @@ struct RequestRecord {
   double ttft_s = 0;          // send -> first token
   double e2e_s = 0;           // send -> last message
   std::vector<double> itl_s;  // gaps between consecutive token deliveries
-  std::string text;           // the generated text (concatenated deltas)
+  // Tokens each of those deliveries brought (itl_tokens[i] after gap itl_s[i]); empty = one each.
+  std::vector<int32_t> itl_tokens;
+  std::string text;  // the generated text (concatenated deltas)
   // "stop", "length", "stop_string", ... from the stream's GenerationFinished; "" without one.
   std::string finish_reason;
   // The server's speculation stats (SpecStats of the last stream message).
@@ -44,7 +52,7 @@ struct RequestRecord {
 
 // The latency metrics that may get percentiles, in vLLM's names.
 inline const std::vector<std::string>& LatencyMetrics() {
-  static const std::vector<std::string> kMetrics = {"ttft", "tpot", "itl", "e2el"};
+  static const std::vector<std::string> kMetrics = {"ttft", "tpot", "itl", "token_itl", "e2el"};
   return kMetrics;
 }
 
@@ -58,7 +66,8 @@ struct ReportOptions {
 // "25,50,99.9" -> {25, 50, 99.9}; INVALID_ARGUMENT naming --metric-percentiles for values
 // outside [0, 100] or non-numbers.
 StatusOr<std::vector<double>> ParseMetricPercentiles(const std::string& text);
-// "ttft,tpot,itl" -> the names; INVALID_ARGUMENT naming --percentile-metrics for unknown ones.
+// "ttft,tpot,itl" -> the names (LatencyMetrics()); INVALID_ARGUMENT naming --percentile-metrics for
+// unknown ones.
 StatusOr<std::vector<std::string>> ParsePercentileMetrics(const std::string& text);
 // vLLM's --goodput syntax: {"ttft:200", "tpot:50"} -> {ttft: 200, tpot: 50} (ms). Keys ttft, tpot,
 // e2el; values non-negative. INVALID_ARGUMENT naming the bad pair.

@@ -99,6 +99,7 @@ RequestRecord RunOne(v1::Generation::Stub& stub, const SampleRequest& sample,
           r.ttft_s = Seconds(start, now);
         } else {
           r.itl_s.push_back(Seconds(last, now));
+          r.itl_tokens.push_back(message.delta().token_ids_size());
         }
         r.output_tokens += message.delta().token_ids_size();
         last = now;

@@ -380,8 +380,11 @@ void PrintResultBlock(const nlohmann::json& r, const ReportOptions& report) {
   line("Output token throughput (tok/s):", r["output_throughput"]);
   line("Total Token throughput (tok/s):", r["total_token_throughput"]);
   line("Mean accepted length (tokens/step):", r["mean_accepted_len"]);
-  const std::map<std::string, std::string> names = {
-      {"ttft", "TTFT"}, {"tpot", "TPOT"}, {"itl", "ITL"}, {"e2el", "E2EL"}};
+  const std::map<std::string, std::string> names = {{"ttft", "TTFT"},
+                                                    {"tpot", "TPOT"},
+                                                    {"itl", "ITL"},
+                                                    {"token_itl", "Token ITL"},
+                                                    {"e2el", "E2EL"}};
   for (const std::string& m : report.percentile_metrics) {
     std::printf("%s\n", ("-------------------- " + names.at(m) + " --------------------").c_str());
     line("Mean " + names.at(m) + " (ms):", r["mean_" + m + "_ms"]);
@@ -401,8 +404,9 @@ bool AskedFor(const SampleRequest& request, const RequestRecord& r) {
 }
 
 // The per-request lists of a flat result, left out of the --json summary's rows.
-const std::vector<std::string> kPerRequestKeys = {
-    "input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors", "finish_reasons"};
+const std::vector<std::string> kPerRequestKeys = {"input_lens", "output_lens",   "ttfts",
+                                                  "itls",       "itl_tokens",    "generated_texts",
+                                                  "errors",     "finish_reasons"};
 
 Status Run(const Flags& f, const std::map<std::string, std::string>& metadata) {
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> creds, ChannelCredentials(f));
@@ -507,19 +511,23 @@ Status Run(const Flags& f, const std::map<std::string, std::string>& metadata) {
   std::vector<nlohmann::json> flat_results;
   nlohmann::json results = nlohmann::json::array();
   std::string failures;
-  // ITL column: the last requested percentile when ITL percentiles are on, else the median.
-  const bool itl_percentile =
-      std::find(report.percentile_metrics.begin(), report.percentile_metrics.end(), "itl") !=
-      report.percentile_metrics.end();
-  const std::string itl_key = itl_percentile
-                                  ? "p" + PercentileWord(report.percentiles.back()) + "_itl_ms"
-                                  : "median_itl_ms";
-  const std::string itl_header =
-      itl_percentile ? "ITL p" + PercentileWord(report.percentiles.back()) : "ITL med";
+  // ITL column: the last requested percentile when ITL percentiles are on, else the median; a
+  // per-token ITL column when its percentiles are asked for.
+  auto chosen = [&](const std::string& metric) {
+    return std::find(report.percentile_metrics.begin(), report.percentile_metrics.end(), metric) !=
+           report.percentile_metrics.end();
+  };
+  const std::string top = PercentileWord(report.percentiles.back());
+  const bool itl_percentile = chosen("itl"), token_itl_column = chosen("token_itl");
+  const std::string itl_key = itl_percentile ? "p" + top + "_itl_ms" : "median_itl_ms";
+  const std::string itl_header = itl_percentile ? "ITL p" + top : "ITL med";
+  const std::string token_itl_key = "p" + top + "_token_itl_ms";
+  const std::string token_itl_header = "tokITL p" + top;
   std::printf("%-8s %-12s %5s %10s %10s ", "target", "drafter", "conc", "tok/s med", "tok/s min");
   if (has_none) std::printf("%9s ", "vs none");
-  std::printf("%9s %9s %9s %9s %6s %6s\n", "vs first", "TTFT ms", "TPOT ms", itl_header.c_str(),
-              "a", "fail");
+  std::printf("%9s %9s %9s %9s ", "vs first", "TTFT ms", "TPOT ms", itl_header.c_str());
+  if (token_itl_column) std::printf("%11s ", token_itl_header.c_str());
+  std::printf("%6s %6s\n", "a", "fail");
   for (int64_t c : f.concurrency) {
     std::vector<SampleRequest> requests;
     for (int64_t i = 0; i < count_for(c); ++i) {
@@ -638,9 +646,10 @@ Status Run(const Flags& f, const std::map<std::string, std::string>& metadata) {
                   s.drafter.c_str(), static_cast<long long>(c), med,
                   *std::min_element(tps.begin(), tps.end()));
       if (has_none) std::printf("%8.2fx ", vs_none);
-      std::printf("%8.3fx %9.1f %9.2f %9.2f %6.2f %6lld\n", vs_first,
-                  rep["mean_ttft_ms"].get<double>(), rep["mean_tpot_ms"].get<double>(),
-                  rep.value(itl_key, 0.0), rep["mean_accepted_len"].get<double>(),
+      std::printf("%8.3fx %9.1f %9.2f %9.2f ", vs_first, rep["mean_ttft_ms"].get<double>(),
+                  rep["mean_tpot_ms"].get<double>(), rep.value(itl_key, 0.0));
+      if (token_itl_column) std::printf("%11.2f ", rep.value(token_itl_key, 0.0));
+      std::printf("%6.2f %6lld\n", rep["mean_accepted_len"].get<double>(),
                   static_cast<long long>(failed));
       nlohmann::json row = rep;
       row["concurrency"] = c;
@@ -780,7 +789,8 @@ int main(int argc, char** argv) {
   flags.AddString("metric-percentiles", &f.metric_percentiles,
                   "comma-separated percentiles reported for --percentile-metrics");
   flags.AddString("percentile-metrics", &f.percentile_metrics,
-                  "comma-separated metrics with percentiles: ttft, tpot, itl, e2el");
+                  "comma-separated metrics with percentiles: ttft, tpot, itl (per streamed chunk, "
+                  "as vLLM), token_itl (per token: a chunk of n tokens is n gaps of 1/n), e2el");
   std::string multi_value_help;  // --goodput and --metadata are taken before Parse (nargs)
   flags.AddString("goodput", &multi_value_help,
                   "SLOs as KEY:VALUE ... in ms (ttft, tpot, e2el), e.g. --goodput ttft:200 "

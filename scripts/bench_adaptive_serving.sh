@@ -8,7 +8,8 @@
 #   scripts/bench_adaptive_serving.sh [OUT]     (default docs/bench-adaptive-serving-pyllama-6m-cpu)
 # Environment: CONCURRENCY (1,4,16,64), DRAFTERS (none,ngram,draft-model,specformer,beagle),
 # MAX_NEW_TOKENS (48), REPEATS (3), FIXED_LEN (4), REQUEST_RATE (0 = all at once), SPLIT (0),
-# NUM_PROMPTS (requests per run; 0 = 2 x concurrency, at least 8), NUM_WARMUPS (0).
+# NUM_PROMPTS (requests per run; 0 = 2 x concurrency, at least 8), NUM_WARMUPS (0),
+# PERCENTILE_METRICS (ttft,tpot,itl,token_itl: p99 of ITL per streamed chunk and per token).
 # OLD_BIN=DIR compares builds instead of budgets: targets "old" (DIR/specula) and "new"
 # (build/bin/specula), both with BUDGET (default "adaptive"; e.g. BUDGET="fixed --draft-len 4"),
 # the new one also with NEW_FLAGS; NAMES (old,new) renames the two. With OLD_BIN=build/bin and
@@ -71,7 +72,8 @@ fi
   --drafters "${DRAFTERS:-none,ngram,draft-model,specformer,beagle}" \
   --concurrency "${CONCURRENCY:-1,4,16,64}" --max-new-tokens "${MAX_NEW_TOKENS:-48}" \
   --request-rate "${REQUEST_RATE:-0}" --num-prompts "${NUM_PROMPTS:-0}" \
-  --num-warmups "${NUM_WARMUPS:-0}" --ignore-eos --repeats "${REPEATS:-3}" --json "$OUT.json"
+  --num-warmups "${NUM_WARMUPS:-0}" --ignore-eos --repeats "${REPEATS:-3}" \
+  --percentile-metrics "${PERCENTILE_METRICS:-ttft,tpot,itl,token_itl}" --json "$OUT.json"
 
 # Three processes: each target's own step and drafter-call totals over the whole run (the drafter
 # round trips are inside its draft seconds), in OUT-targets.txt.

@@ -75,6 +75,10 @@ TEST(LoadReportTest, ResultHasVllmKeysAndPerRequestLists) {
                           "median_itl_ms",
                           "std_itl_ms",
                           "p99_itl_ms",
+                          "mean_token_itl_ms",
+                          "median_token_itl_ms",
+                          "std_token_itl_ms",
+                          "itl_tokens",
                           "mean_e2el_ms",
                           "median_e2el_ms",
                           "std_e2el_ms",
@@ -126,6 +130,30 @@ TEST(LoadReportTest, ChosenPercentilesAndMetricsMakeTheKeys) {
   EXPECT_TRUE(r.contains("mean_itl_ms"));  // mean/median/std are always there
 }
 
+TEST(LoadReportTest, TokenItlSplitsEachChunksGapOverItsTokens) {
+  // One request streams 1 token after 10 ms, 3 tokens after 30 ms, 2 after 8 ms; another has no
+  // chunk sizes (one token per gap) and one 10 ms gap.
+  RequestRecord spec = Ok(0.1, 0.2, 7, {0.010, 0.030, 0.008});
+  spec.itl_tokens = {1, 3, 2};
+  RequestRecord plain = Ok(0.1, 0.2, 2, {0.010});
+  ReportOptions o;
+  o.percentile_metrics = {"itl", "token_itl"};
+  o.percentiles = {50, 100};
+  const nlohmann::json r = Summarize({spec, plain}, 1.0, o);
+  // itl: one gap per chunk {10, 30, 8, 10}; token_itl: {10, 10, 10, 10, 4, 4, 10}.
+  EXPECT_NEAR(r["mean_itl_ms"].get<double>(), 14.5, 1e-9);
+  EXPECT_NEAR(r["p100_itl_ms"].get<double>(), 30, 1e-9);
+  EXPECT_NEAR(r["mean_token_itl_ms"].get<double>(), 58.0 / 7, 1e-9);
+  EXPECT_NEAR(r["median_token_itl_ms"].get<double>(), 10, 1e-9);
+  EXPECT_NEAR(r["p100_token_itl_ms"].get<double>(), 10, 1e-9);
+  EXPECT_NEAR(r["p50_token_itl_ms"].get<double>(), 10, 1e-9);
+  EXPECT_EQ(r["itl_tokens"], nlohmann::json({{1, 3, 2}, nlohmann::json::array()}));
+  // Without percentiles chosen for it, token_itl still has mean/median/std.
+  const nlohmann::json d = Summarize({spec}, 1.0, ReportOptions());
+  EXPECT_TRUE(d.contains("std_token_itl_ms"));
+  EXPECT_FALSE(d.contains("p99_token_itl_ms"));
+}
+
 TEST(LoadReportTest, GoodputCountsRequestsMeetingEverySlo) {
   const std::vector<RequestRecord> records = {
       Ok(0.1, 0.5, 5, {}),  // TTFT 100 ms, TPOT 100 ms
@@ -168,6 +196,7 @@ TEST(LoadReportTest, FlagParsersFollowVllmSyntax) {
   EXPECT_NE(ParseMetricPercentiles("99,101").status().message().find("--metric-percentiles"),
             std::string::npos);
   EXPECT_FALSE(ParseMetricPercentiles("x").ok());
+  EXPECT_EQ(ParsePercentileMetrics("token_itl").value(), std::vector<std::string>{"token_itl"});
   EXPECT_EQ(ParsePercentileMetrics("ttft,e2el").value(),
             (std::vector<std::string>{"ttft", "e2el"}));
   EXPECT_NE(ParsePercentileMetrics("ttft,foo").status().message().find("'foo'"), std::string::npos);

@@ -146,11 +146,13 @@ TEST_F(LoadgenServeTest, WritesVllmResultsSummaryAndTable) {
                             "p99_tpot_ms",
                             "mean_itl_ms",
                             "p99_itl_ms",
+                            "mean_token_itl_ms",
                             "mean_e2el_ms",
                             "input_lens",
                             "output_lens",
                             "ttfts",
                             "itls",
+                            "itl_tokens",
                             "generated_texts",
                             "errors",
                             "mean_accepted_len",
@@ -170,6 +172,17 @@ TEST_F(LoadgenServeTest, WritesVllmResultsSummaryAndTable) {
     EXPECT_EQ(j["output_lens"], nlohmann::json({6, 6, 6, 6}));  // --ignore-eos
     EXPECT_EQ(j["input_lens"].size(), 4u);
     EXPECT_EQ(j["errors"], nlohmann::json({"", "", "", ""}));
+    // Each gap's message brought at least one token; after the first message's, all the rest.
+    for (size_t i = 0; i < j["itls"].size(); ++i) {
+      ASSERT_EQ(j["itl_tokens"][i].size(), j["itls"][i].size()) << file;
+      int64_t after_first = 0;
+      for (const auto& n : j["itl_tokens"][i]) {
+        EXPECT_GE(n.get<int64_t>(), 1);
+        after_first += n.get<int64_t>();
+      }
+      EXPECT_LT(after_first, 6) << file;
+      EXPECT_GE(j["mean_token_itl_ms"].get<double>(), 0.0);
+    }
   }
   const nlohmann::json summary = ReadJson(dir_ / "summary.json");
   ASSERT_EQ(summary["results"].size(), 2u);
