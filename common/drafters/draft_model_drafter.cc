@@ -21,9 +21,11 @@ struct SeqState {
   SamplingParams sampling;
   SequenceRng rng;
   std::vector<int32_t> history;  // every token of the sequence; the last one is pending
+  // The history index of the draft runner's position 0 (DraftModelDrafterOptions::context).
+  int64_t offset = 0;
   // The tokens whose keys/values the draft runner holds for `draft_seq`, by position. Always a
-  // prefix of the history followed by drafted chain tokens; its size equals the runner's sequence
-  // length outside Propose.
+  // prefix of the history from `offset` followed by drafted chain tokens; its size equals the
+  // runner's sequence length outside Propose.
   std::vector<int32_t> cached;
   DraftOutcomes outcomes;  // its chains, compared with the tokens committed after them
 };
@@ -33,6 +35,7 @@ struct Work {
   size_t request = 0;
   SeqState* st = nullptr;
   int64_t H = 0;          // history length
+  int64_t cache_H = 0;    // of it, the tokens the draft runner reads (from st->offset)
   int32_t max_nodes = 0;  // tree budget
   int32_t max_depth = 0;
   int32_t proposal_top_k = 0;  // sampled chains: proposals cut to their top k (0 = dense)
@@ -78,8 +81,8 @@ StatusOr<HostLogits> CatchUp(ModelRunner& model, const std::vector<Work*>& works
   ForwardBatch batch;
   for (size_t b = 0; b < works.size(); ++b) {
     SeqState& st = *works[b]->st;
-    const auto& h = st.history;
-    const size_t limit = std::min(st.cached.size(), h.size() - 1);
+    const auto h = st.history.begin() + st.offset;
+    const size_t limit = std::min(st.cached.size(), st.history.size() - st.offset - 1);
     size_t keep = 0;
     while (keep < limit && st.cached[keep] == h[keep]) ++keep;
     if (model.SequenceLength(st.draft_seq) != static_cast<int64_t>(keep)) {
@@ -87,12 +90,30 @@ StatusOr<HostLogits> CatchUp(ModelRunner& model, const std::vector<Work*>& works
     }
     st.cached.resize(keep);
     batch.seqs.push_back({.seq = st.draft_seq,
-                          .tokens = std::vector<int32_t>(h.begin() + keep, h.end()),
+                          .tokens = std::vector<int32_t>(h + keep, st.history.end()),
                           .logits = LogitsRows::kLast});
   }
   ASSIGN_OR_RETURN(HostLogits out, RunForward(model, batch));
-  for (Work* w : works) w->st->cached = w->st->history;
+  for (Work* w : works)
+    w->st->cached.assign(w->st->history.begin() + w->st->offset, w->st->history.end());
   return out;
+}
+
+// Where the draft runner's cache of `st` starts (DraftModelDrafterOptions::context): over again
+// from the last `window` tokens when catching up would read more than that, and from the last
+// min(window, limit / 2) when the history from the current start outgrows the draft LM's position
+// limit (half, so that a restart leaves room to draft for a while).
+void ChooseOffset(SeqState& st, int64_t window, int64_t position_limit) {
+  const int64_t H = static_cast<int64_t>(st.history.size());
+  const int64_t behind = H - st.offset - static_cast<int64_t>(st.cached.size());
+  int64_t keep = -1;
+  if (window > 0 && behind > window) keep = window;
+  if (H - st.offset > position_limit) {
+    keep = std::max<int64_t>(1, std::min(window > 0 ? window : position_limit, position_limit / 2));
+  }
+  if (keep < 0 || keep >= H - st.offset) return;
+  st.offset = H - keep;
+  st.cached.clear();  // CatchUp truncates the runner to match
 }
 
 // Adds the chain's next node from the logits after its current end, and judges it: the chain's
@@ -210,15 +231,16 @@ Status DraftTrees(ModelRunner& model, std::vector<Work>& works, int32_t tree_wid
         chunk_index[i] = static_cast<int32_t>(nodes.size());
         nodes.push_back(i);
       }
-      if (w.H + static_cast<int64_t>(nodes.size()) > context) continue;  // a shorter tree
+      if (w.cache_H + static_cast<int64_t>(nodes.size()) > context) continue;  // a shorter tree
       // Drop the previous level's scratch nodes.
-      if (model.SequenceLength(w.st->draft_seq) > w.H)
-        RETURN_IF_ERROR(model.Truncate(w.st->draft_seq, w.H));
+      if (model.SequenceLength(w.st->draft_seq) > w.cache_H)
+        RETURN_IF_ERROR(model.Truncate(w.st->draft_seq, w.cache_H));
       SequenceChunk chunk{.seq = w.st->draft_seq, .logits = LogitsRows::kExplicit};
       for (int32_t i : nodes) {
         chunk.tokens.push_back(w.tree.token(i));
-        // The pending token (position H - 1) is the last committed one: depth d sits at H - 1 + d.
-        chunk.positions.push_back(static_cast<int32_t>(w.H - 1 + w.tree.depth(i)));
+        // The pending token (runner position cache_H - 1) is the last committed one: depth d
+        // sits at cache_H - 1 + d.
+        chunk.positions.push_back(static_cast<int32_t>(w.cache_H - 1 + w.tree.depth(i)));
         const int32_t p = w.tree.parent(i);
         chunk.parents.push_back(p < 0 ? -1 : chunk_index[p]);
       }
@@ -258,6 +280,9 @@ StatusOr<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::Create(
   }
   if (options.tree_width < 1) {
     return InvalidArgumentError(StrCat("tree_width must be >= 1, got ", options.tree_width));
+  }
+  if (options.context < 0) {
+    return InvalidArgumentError(StrCat("context must be >= 0 (0 = all), got ", options.context));
   }
   if (options.draft_vocab) {
     RETURN_IF_ERROR(options.draft_vocab->Validate("draft vocabulary"));
@@ -318,12 +343,14 @@ StatusOr<std::vector<CandidateTree>> DraftModelDrafter::Propose(
     const DraftRequest& r = requests[i];
     State& st = *states_.at(r.seq);
     const int64_t H = static_cast<int64_t>(st.history.size());
-    // Nothing to draft from, no budget, or a history the draft model cannot hold: an empty tree.
-    if (r.max_nodes <= 0 || r.max_depth <= 0 || H == 0 || H > context) continue;
+    // Nothing to draft from or no budget: an empty tree.
+    if (r.max_nodes <= 0 || r.max_depth <= 0 || H == 0) continue;
+    ChooseOffset(st, options_.context, context);
     Work w;
     w.request = i;
     w.st = &st;
     w.H = H;
+    w.cache_H = H - st.offset;
     w.max_nodes = r.max_nodes;
     w.max_depth = r.max_depth;
     w.proposal_top_k = r.proposal_top_k;

@@ -28,6 +28,14 @@ struct DraftModelDrafterOptions {
   // The draft LM ranks only these tokens (its head reads N of its V rows; at batch 1 on a CPU the
   // tied head is most of a small LM's weights). Null = the whole vocabulary.
   std::shared_ptr<const DraftVocab> draft_vocab;
+  // The most recent tokens of a sequence the draft LM reads when it (re)starts it: a sequence
+  // whose cache is further behind than this (a new prompt, or one not drafted for a while) starts
+  // over from its last `context` tokens instead of catching up on all of them. 0 = every token
+  // that fits the draft LM's position limit. Either way a sequence longer than that limit starts
+  // over from its last min(context, limit / 2) tokens when it outgrows it, so a draft LM with a
+  // shorter context than the target's still drafts for long sequences. Lossless whatever the
+  // value (the target verifies); a smaller one trades acceptance for cheaper catch-ups.
+  int64_t context = 0;
 };
 
 class DraftModelDrafter : public Drafter {

@@ -376,6 +376,9 @@ TEST(DraftModelDrafterTest, SampledTokensFollowTheAttachedDistribution) {
   EXPECT_LT(total_variation, 0.05);
 }
 
+// Near its position limit a draft LM drafts what still fits; a history longer than the limit
+// starts over from its last limit / 2 tokens (a draft LM with a shorter context than the target's
+// still drafts for long sequences).
 TEST(DraftModelDrafterTest, StaysWithinTheDraftModelsContext) {
   ModelConfig config = TinyModelConfig();
   config.max_position_embeddings = 24;
@@ -398,7 +401,15 @@ TEST(DraftModelDrafterTest, StaysWithinTheDraftModelsContext) {
     ASSERT_TRUE(trees.ok()) << trees.status();
     const CandidateTree& t = (*trees)[0];
     ASSERT_TRUE(t.Validate(kVocab, 10, 10).ok());
-    EXPECT_TRUE((*trees)[1].empty());
+    const std::vector<int32_t> recent(too_long.end() - 12, too_long.end());
+    const CandidateTree& restarted = (*trees)[1];
+    ASSERT_TRUE(restarted.Validate(kVocab, 10, 10).ok());
+    if (width == 1) {
+      EXPECT_THAT(restarted.tokens(), ElementsAreArray(GreedyReference(module, recent, 10)));
+    } else {
+      EXPECT_EQ(restarted.size(), 10);
+      CheckTree(module, recent, restarted, width, {});
+    }
     EXPECT_EQ((*trees)[2].size(), 4);
     if (width == 1) {
       // 20 cached tokens + 4 drafted ones fill the context; the 5th comes from the last position.
@@ -416,6 +427,46 @@ TEST(DraftModelDrafterTest, StaysWithinTheDraftModelsContext) {
       CheckTree(module, near_end, t, width, {});
     }
   }
+}
+
+// With a context of W tokens, a sequence further behind than W (a new prompt, or one left
+// undrafted for a while) is drafted as if its history were its last W tokens, and the runner
+// holds only those; a sequence drafted step after step keeps its start and reads what follows.
+TEST(DraftModelDrafterTest, AContextWindowStartsFromTheRecentTokens) {
+  auto module = Model(11);
+  auto made = DraftModelDrafter::Create(Runner(module), kVocab, {.context = 8});
+  ASSERT_TRUE(made.ok()) << made.status();
+  DraftModelDrafter& d = **made;
+  std::vector<int32_t> history = RandomTokens(30, 90);
+  ASSERT_TRUE(d.AddSequence(1, {}).ok());
+  ASSERT_TRUE(d.Observe({{.seq = 1, .tokens = history}}).ok());
+  auto last = [&](size_t n) { return std::vector<int32_t>(history.end() - n, history.end()); };
+  CandidateTree t = ProposeOne(d, 1, 4, 4);
+  EXPECT_THAT(t.tokens(), ElementsAreArray(GreedyReference(module, last(8), 4)));
+  EXPECT_EQ(CachedPositions(d), 8 + 3);  // the window, then the chain's first three nodes
+
+  // Two drafted tokens accepted and the target's own: the next chain reads the same start on.
+  const std::vector<int32_t> committed = {t.token(0), t.token(1), static_cast<int32_t>(5)};
+  ASSERT_TRUE(d.Observe({{.seq = 1, .tokens = committed}}).ok());
+  history.insert(history.end(), committed.begin(), committed.end());
+  EXPECT_THAT(ProposeOne(d, 1, 4, 4).tokens(),
+              ElementsAreArray(GreedyReference(module, last(11), 4)));
+  EXPECT_EQ(CachedPositions(d), 11 + 3);
+
+  // Twenty tokens without a draft: further behind than the window, so it starts over.
+  const std::vector<int32_t> more = RandomTokens(20, 91);
+  ASSERT_TRUE(d.Observe({{.seq = 1, .tokens = more}}).ok());
+  history.insert(history.end(), more.begin(), more.end());
+  EXPECT_THAT(ProposeOne(d, 1, 4, 4).tokens(),
+              ElementsAreArray(GreedyReference(module, last(8), 4)));
+  EXPECT_EQ(CachedPositions(d), 8 + 3);
+
+  // A history shorter than the window is read whole.
+  ASSERT_TRUE(d.AddSequence(2, {}).ok());
+  const std::vector<int32_t> shortest = RandomTokens(5, 92);
+  ASSERT_TRUE(d.Observe({{.seq = 2, .tokens = shortest}}).ok());
+  EXPECT_THAT(ProposeOne(d, 2, 3, 3).tokens(),
+              ElementsAreArray(GreedyReference(module, shortest, 3)));
 }
 
 // A chain's reach is the product of its nodes' calibrated acceptance (at first, the middle of
@@ -587,6 +638,10 @@ TEST(DraftModelDrafterTest, Errors) {
   EXPECT_THAT(mismatch.status().message(), AllOf(HasSubstr("65"), HasSubstr("64")));
   EXPECT_EQ(DraftModelDrafter::Create(Runner(module), kVocab, {.tree_width = 0}).status().code(),
             StatusCode::kInvalidArgument);
+  const Status negative =
+      DraftModelDrafter::Create(Runner(module), kVocab, {.context = -1}).status();
+  EXPECT_EQ(negative.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(negative.message(), HasSubstr("context"));
   EXPECT_EQ(DraftModelDrafter::Create(nullptr, kVocab).status().code(),
             StatusCode::kInvalidArgument);
 

@@ -28,6 +28,10 @@ struct ConformanceCase {
   std::string label;               // what failures print, e.g. "draft-model tree"
   std::string drafter;             // the registry name
   std::vector<std::string> flags;  // extra flags, e.g. {"--tree-width=3"}
+  // Its drafts depend only on the history, not on the rounds it arrived in. False for a draft
+  // LM with a context window: one that fell further behind than the window starts over from its
+  // recent tokens, one that kept up reads on from where it started (both lossless).
+  bool path_independent = true;
 };
 
 // Puts a drafter where the engine will reach it: itself (local), or behind a Drafter service.

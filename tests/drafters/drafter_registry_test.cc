@@ -96,6 +96,10 @@ TEST_F(DrafterRegistryTest, UnknownNamesAndMissingCheckpointsNameTheFlag) {
   EXPECT_THAT(bad_repeat.status().message(), HasSubstr("--ngram-repeat-min-match"));
   auto bad_width = Load("draft-model", {"--drafter-model", target_dir_, "--tree-width=0"});
   EXPECT_THAT(bad_width.status().message(), HasSubstr("--tree-width"));
+  auto bad_context = Load("draft-model", {"--drafter-model", target_dir_, "--tree-width=1",
+                                          "--draft-model-context=-1"});
+  EXPECT_EQ(bad_context.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_context.status().message(), HasSubstr("--draft-model-context"));
 }
 
 TEST_F(DrafterRegistryTest, LoadsWithTheFlagsAndReportsThemInSettings) {
@@ -103,12 +107,14 @@ TEST_F(DrafterRegistryTest, LoadsWithTheFlagsAndReportsThemInSettings) {
   ASSERT_TRUE(ngram.ok()) << ngram.status();
   EXPECT_EQ((*ngram)->name(), "ngram");
   // The draft LM: any model of the target's vocabulary (here the target itself).
-  auto draft = Load("draft-model", {"--drafter-model", target_dir_, "--tree-width=2"});
+  auto draft = Load("draft-model",
+                    {"--drafter-model", target_dir_, "--tree-width=2", "--draft-model-context=64"});
   ASSERT_TRUE(draft.ok()) << draft.status();
   EXPECT_EQ((*draft)->name(), "draft-model");
   const nlohmann::json s = registry_.Settings();
   EXPECT_EQ(s["ngram"]["max"], 6);
   EXPECT_EQ(s["draft-model"]["tree_width"], 2);
+  EXPECT_EQ(s["draft-model"]["context"], 64);
   EXPECT_EQ(s["draft-model"]["model"], target_dir_);
   EXPECT_EQ(s["beagle"]["depth"], BeagleDrafterOptions{}.depth);  // the default
   EXPECT_TRUE(s.contains("specdec") && s.contains("parallelspec") && s.contains("specformer"));
