@@ -94,8 +94,12 @@ StatusOr<HostLogits> CatchUp(ModelRunner& model, const std::vector<Work*>& works
                           .logits = LogitsRows::kLast});
   }
   ASSIGN_OR_RETURN(HostLogits out, RunForward(model, batch));
-  for (Work* w : works)
-    w->st->cached.assign(w->st->history.begin() + w->st->offset, w->st->history.end());
+  // Each cache held the kept prefix; it now also holds what the forward appended.
+  for (Work* w : works) {
+    SeqState& st = *w->st;
+    st.cached.insert(st.cached.end(), st.history.begin() + st.offset + st.cached.size(),
+                     st.history.end());
+  }
   return out;
 }
 
