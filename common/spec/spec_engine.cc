@@ -1057,6 +1057,7 @@ StatusOr<std::vector<SpecGenerationResult>> GenerateAll(SpecEngine& engine,
         std::max(st.peak_step_tokens, report.prefill_tokens + report.verify_tokens);
     st.draft_seconds += report.draft_seconds;
     st.verify_seconds += report.verify_seconds;
+    st.forward_seconds += report.forward_seconds;
     for (RequestUpdate& u : report.updates) {
       auto it = index.find(u.id);
       if (it == index.end()) continue;  // a request submitted by someone else

@@ -185,6 +185,7 @@ struct SpecRunStats {
   double seconds = 0;
   double draft_seconds = 0;
   double verify_seconds = 0;
+  double forward_seconds = 0;  // the target forwards alone (part of verify_seconds)
   int64_t steps = 0;
   int64_t generated_tokens = 0;
   // With a planner: draft nodes the policy gave, summed over steps and sequences, and the steps

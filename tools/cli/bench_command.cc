@@ -132,7 +132,8 @@ struct RunResult {
   int64_t tokens = 0;
   double draft_seconds = 0;
   double verify_seconds = 0;
-  int64_t steps = 0;  // verification steps, summed over requests
+  double forward_seconds = 0;  // the target forwards alone (part of verify_seconds)
+  int64_t steps = 0;           // verification steps, summed over requests
   int64_t draft_steps = 0;
   int64_t draft_tokens = 0;
   int64_t draft_depth = 0;
@@ -189,6 +190,7 @@ StatusOr<RunResult> RunOnce(SpecEngine& engine, const std::vector<SpecRequest>& 
     r.seconds += stats.seconds;
     r.draft_seconds += stats.draft_seconds;
     r.verify_seconds += stats.verify_seconds;
+    r.forward_seconds += stats.forward_seconds;
     r.peak_drafter_state_bytes =
         std::max(r.peak_drafter_state_bytes, stats.peak_drafter_state_bytes);
     for (const auto& x : results) {
@@ -395,6 +397,7 @@ Status Run(const BenchFlags& f) {
                         {"draft_seconds", r.draft_seconds},
                         {"engine_steps", r.engine_steps},
                         {"verify_seconds", r.verify_seconds},
+                        {"forward_seconds", r.forward_seconds},
                         {"mismatches", r.mismatches},
                         {"draft_errors", r.draft_errors},
                         {"peak_drafter_state_bytes", r.peak_drafter_state_bytes}});
