@@ -29,7 +29,9 @@ class DraftModelFamily : public DrafterFamily {
     if (context_ < 0) {
       return InvalidArgumentError("--draft-model-context must be at least 0 (0 = all)");
     }
-    auto runner = ModelRunner::Load(dir_, context.model_options());
+    ModelRunnerOptions options = context.model_options();
+    options.bf16_matmul = context.bf16_matmul();
+    auto runner = ModelRunner::Load(dir_, options);
     if (!runner.ok()) return runner.status().WithContext("--drafter-model");
     ASSIGN_OR_RETURN(auto drafter, DraftModelDrafter::Create(
                                        std::move(*runner),

@@ -38,6 +38,12 @@ void DrafterRegistry::RegisterFlags(FlagSet& flags) {
       "draft-vocab", &draft_vocab_path_,
       "draft_vocab.json (specula draft-vocab): specformer, beagle, parallelspec and draft-model "
       "rank only these tokens (a cheaper head; lossless); empty = the whole vocabulary");
+  flags.AddString(
+      "drafter-matmul", &matmul_,
+      "float32, or bfloat16: the float32 CPU forwards of draft-model, specformer and "
+      "parallelspec multiply bfloat16 copies of their weights where the CPU has AVX512-BF16 "
+      "(cheaper drafts, still lossless; drafts, and so sampled outputs for a seed, then depend "
+      "on the CPU)");
 }
 
 std::vector<std::string> DrafterRegistry::Names() const {
@@ -77,6 +83,11 @@ StatusOr<std::unique_ptr<Drafter>> DrafterRegistry::Load(const std::string& name
     for (const std::string& n : Names()) known += (known.empty() ? "" : ", ") + n;
     return InvalidArgumentError(StrCat("unknown drafter '", name, "' (", known, ")"));
   }
+  if (matmul_ != "float32" && matmul_ != "bfloat16") {
+    return InvalidArgumentError(
+        StrCat("--drafter-matmul must be float32 or bfloat16, got '", matmul_, "'"));
+  }
+  context.set_bf16_matmul(matmul_ == "bfloat16");
   if (!draft_vocab_path_.empty() && !draft_vocab_) {
     auto vocab = DraftVocab::FromFile(draft_vocab_path_);
     if (!vocab.ok()) return vocab.status().WithContext("--draft-vocab");
@@ -91,6 +102,7 @@ StatusOr<std::unique_ptr<Drafter>> DrafterRegistry::Load(const std::string& name
 nlohmann::json DrafterRegistry::Settings() const {
   nlohmann::json settings = nlohmann::json::object();
   for (const auto& family : families_) settings[family->family()] = family->Settings();
+  settings["matmul"] = matmul_;
   if (!draft_vocab_path_.empty()) {
     settings["draft_vocab"] = {{"file", draft_vocab_path_}};
     if (draft_vocab_) {

@@ -51,9 +51,14 @@ class DrafterLoadContext {
   // nullptr = the whole vocabulary. Set by DrafterRegistry::Load.
   const std::shared_ptr<const DraftVocab>& draft_vocab() const { return draft_vocab_; }
   void set_draft_vocab(std::shared_ptr<const DraftVocab> v) { draft_vocab_ = std::move(v); }
+  // Whether the drafters' float32 CPU forwards multiply bfloat16 copies of their weights
+  // (--drafter-matmul bfloat16; CpuForward::UseBf16Weights). Set by DrafterRegistry::Load.
+  bool bf16_matmul() const { return bf16_matmul_; }
+  void set_bf16_matmul(bool on) { bf16_matmul_ = on; }
 
  private:
   std::shared_ptr<const DraftVocab> draft_vocab_;
+  bool bf16_matmul_ = false;
   const ModelRunner* target_ = nullptr;
   std::unique_ptr<ModelRunner> own_target_;
   ModelConfig target_config_;
@@ -91,8 +96,8 @@ class DrafterRegistry {
 
   // Adds a family; its variant names must be new (checked when loading: the first one wins).
   void Add(std::unique_ptr<DrafterFamily> family);
-  // Every family's flags, and --draft-vocab (shared by the families whose drafters project onto
-  // the target's lm_head: specformer, beagle, parallelspec).
+  // Every family's flags, --draft-vocab (shared by the families whose drafters project onto
+  // the target's lm_head: specformer, beagle, parallelspec) and --drafter-matmul.
   void RegisterFlags(FlagSet& flags);
 
   // Every variant name, in registration order.
@@ -103,15 +108,17 @@ class DrafterRegistry {
   const DrafterFamily* Find(const std::string& name) const;
   // INVALID_ARGUMENT listing the known names when `name` is unknown; the family's Load otherwise.
   // --draft-vocab's file is read on the first Load (INVALID_ARGUMENT / NOT_FOUND naming the flag)
-  // and handed to the families through `context`.
+  // and handed to the families through `context`, with --drafter-matmul (INVALID_ARGUMENT
+  // naming it for a value other than float32 or bfloat16).
   StatusOr<std::unique_ptr<Drafter>> Load(const std::string& name,
                                           DrafterLoadContext& context) const;
-  // {family: settings} for every family, and "draft_vocab" when one is set.
+  // {family: settings} for every family, "matmul", and "draft_vocab" when one is set.
   nlohmann::json Settings() const;
 
  private:
   std::vector<std::unique_ptr<DrafterFamily>> families_;
   std::string draft_vocab_path_;
+  std::string matmul_ = "float32";
   mutable std::shared_ptr<const DraftVocab> draft_vocab_;  // read once, on the first Load
 };
 

@@ -35,6 +35,30 @@ float* CpuForward::Scratch::Get(int64_t floats) {
 
 CpuForward::CpuForward(const ModelConfig& config) : config_(config) {}
 
+bool CpuForward::bf16_weights() const { return bf16_requested_ && Bf16MatmulRuns(); }
+
+const uint16_t* CpuForward::Bf16WeightsOf(const at::Tensor& weight) {
+  // Inference tensors keep no version counter; they cannot change outside inference mode.
+  const uint32_t version = weight.is_inference() ? 0 : weight._version();
+  Bf16Copy& c = bf16_copies_[weight.unsafeGetTensorImpl()];
+  if (!c.copy.defined() || c.data != weight.data_ptr() || c.version != version) {
+    c.source = weight;
+    c.data = weight.data_ptr();
+    c.version = version;
+    c.copy = weight.to(at::kBFloat16).contiguous();  // rounds to nearest even
+  }
+  return reinterpret_cast<const uint16_t*>(c.copy.data_ptr<at::BFloat16>());
+}
+
+void CpuForward::Matmul(const float* x, int64_t rows, int64_t k, const at::Tensor& weight,
+                        int64_t n, const float* bias, const float* residual, float* y) {
+  if (k % 32 == 0 && bf16_weights()) {
+    SmallMatmulBf16Raw(x, rows, k, Bf16WeightsOf(weight), n, bias, residual, y);
+    return;
+  }
+  SmallMatmulRaw(x, rows, k, weight.data_ptr<float>(), n, bias, residual, y);
+}
+
 bool CpuForward::AttentionApplies(SelfAttentionImpl& attn) const {
   if (!attn.fused() || !KernelWeight(attn.qkv_weight()) ||
       (attn.qkv_bias().defined() && !KernelWeight(attn.qkv_bias())) ||
@@ -88,8 +112,7 @@ void CpuForward::AttentionBlock(SelfAttentionImpl& attn, const float* norm_weigh
   float* q_rot = q_rot_.Get(N * nq);
   float* attn_out = attn_.Get(N * nq);
   RmsNormRaw(x, norm_weight, normed, N, d, eps);
-  SmallMatmulRaw(normed, N, d, attn.qkv_weight().data_ptr<float>(), qkv_width,
-                 OrNull(attn.qkv_bias()), nullptr, qkv);
+  Matmul(normed, N, d, attn.qkv_weight(), qkv_width, OrNull(attn.qkv_bias()), nullptr, qkv);
   RopeRows rows{.q = qkv,
                 .k = qkv + nq,
                 .v = qkv + nq + nk,
@@ -123,8 +146,7 @@ void CpuForward::AttentionBlock(SelfAttentionImpl& attn, const float* norm_weigh
   }
   RopeAndCacheRaw(rows, num_slots, keys, values, q_rot);
   PagedAttentionRaw(q_rot, N, nh, hd, nkv, keys, values, layout, attn_out);
-  SmallMatmulRaw(attn_out, N, nq, attn.o_proj->weight.data_ptr<float>(), d,
-                 OrNull(attn.o_proj->bias), /*residual=*/x, out);
+  Matmul(attn_out, N, nq, attn.o_proj->weight, d, OrNull(attn.o_proj->bias), /*residual=*/x, out);
 }
 
 void CpuForward::MlpBlock(MlpImpl& mlp, const float* norm_weight, const float* h, int64_t N,
@@ -135,11 +157,9 @@ void CpuForward::MlpBlock(MlpImpl& mlp, const float* norm_weight, const float* h
   float* gate_up = gate_up_.Get(N * 2 * f);
   float* act = act_.Get(N * f);
   RmsNormRaw(h, norm_weight, normed, N, d, config_.rms_norm_eps);
-  SmallMatmulRaw(normed, N, d, mlp.gate_up_weight().data_ptr<float>(), 2 * f, nullptr, nullptr,
-                 gate_up);
+  Matmul(normed, N, d, mlp.gate_up_weight(), 2 * f, nullptr, nullptr, gate_up);
   SiluMulRaw(gate_up, act, N, f);
-  SmallMatmulRaw(act, N, f, mlp.down_proj->weight.data_ptr<float>(), d, OrNull(mlp.down_proj->bias),
-                 /*residual=*/h, out);
+  Matmul(act, N, f, mlp.down_proj->weight, d, OrNull(mlp.down_proj->bias), /*residual=*/h, out);
 }
 
 void CpuForward::Layer(DecoderLayerImpl& layer, float* x, int64_t N,
@@ -161,7 +181,7 @@ void CpuForward::Head(const DraftHead& head, const torch::Tensor& full_weight, c
   if (!head.restricted()) {
     TORCH_CHECK(KernelWeight(full_weight) && full_weight.size(0) == V && full_weight.size(1) == d,
                 "CpuForward: the head must be float32 [vocab, d]");
-    SmallMatmulRaw(rows, R, d, full_weight.data_ptr<float>(), V, nullptr, nullptr, logits);
+    Matmul(rows, R, d, full_weight, V, nullptr, nullptr, logits);
     return;
   }
   const at::Tensor& part = head.restricted_rows();
@@ -171,7 +191,7 @@ void CpuForward::Head(const DraftHead& head, const torch::Tensor& full_weight, c
               "CpuForward: a restricted head must be float32 CPU rows with int64 ids");
   const int64_t Nv = part.size(0);
   float* scores = head_out_.Get(R * Nv);
-  SmallMatmulRaw(rows, R, d, part.data_ptr<float>(), Nv, nullptr, nullptr, scores);
+  Matmul(rows, R, d, part, Nv, nullptr, nullptr, scores);
   std::fill(logits, logits + R * V, -std::numeric_limits<float>::infinity());
   const int64_t* id = ids.data_ptr<int64_t>();
   for (int64_t r = 0; r < R; ++r) {

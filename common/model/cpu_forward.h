@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "common/model/attention_inputs.h"
@@ -74,7 +75,36 @@ class CpuForward {
   void Head(const DraftHead& head, const at::Tensor& full_weight, const float* rows, int64_t R,
             float* logits);
 
+  // Drafters' forwards: every matmul whose inner dimension is a multiple of 32 reads a bfloat16
+  // copy of its weights and rounds its input rows to bfloat16 (SmallMatmulBf16Raw), where the CPU
+  // has AVX512-BF16; elsewhere nothing changes. Results are then no longer the module's (within
+  // bfloat16 rounding): only for a model whose outputs are proposals the target verifies. A copy
+  // is made at a weight's first use and made again when the tensor changes (new storage, or an
+  // in-place op on it: its version). A write through another tensor that shares its storage (a
+  // fused projection's q/k/v parameters) is not seen: call this again after one (it drops
+  // every copy).
+  void UseBf16Weights(bool on) {
+    bf16_requested_ = on;
+    bf16_copies_.clear();
+  }
+  // Whether the bfloat16 matmuls run: asked for, and this CPU and build have them.
+  bool bf16_weights() const;
+  // y [rows, n] = x [rows, k] @ weight^T (+ bias) (+ residual): SmallMatmulRaw on the float32
+  // weights, or SmallMatmulBf16Raw on their copy (see UseBf16Weights).
+  void Matmul(const float* x, int64_t rows, int64_t k, const at::Tensor& weight, int64_t n,
+              const float* bias, const float* residual, float* y);
+
  private:
+  struct Bf16Copy {
+    at::Tensor source;  // keeps the weight's storage alive, so a new one cannot reuse its address
+    const void* data = nullptr;
+    uint32_t version = 0;
+    at::Tensor copy;  // [n, k] bfloat16
+  };
+  const uint16_t* Bf16WeightsOf(const at::Tensor& weight);
+
+  bool bf16_requested_ = false;
+  std::unordered_map<const void*, Bf16Copy> bf16_copies_;  // by the weight's TensorImpl
   ModelConfig config_;
   // A scratch buffer, allocated once: 64-byte aligned as LibTorch's (the kernels' row loads
   // straddled cache lines in std::vector's 16-byte-aligned rows: 10% slower at 32 rows).

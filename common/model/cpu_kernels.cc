@@ -8,6 +8,10 @@
 #include <cstring>
 #include <limits>
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+#include <immintrin.h>
+#endif
+
 #include "common/model/cpu_runtime.h"
 #include "common/model/paged_attention_layout.h"
 #include "common/util/work_sharing_pool.h"
@@ -518,6 +522,82 @@ void SmallMatmul(const float* x, const float* w, const float* bias, const float*
   }
 }
 
+#ifdef SPECULA_TILED_MATMUL
+#define SPECULA_BF16_MATMUL 1
+
+// x's rows (count floats, a multiple of 32) rounded to bfloat16, nearest even.
+__attribute__((noinline, target("arch=x86-64-v4,avx512bf16"))) void RoundToBf16(const float* x,
+                                                                                int64_t count,
+                                                                                uint16_t* out) {
+  for (int64_t i = 0; i < count; i += 32) {
+    const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
+    _mm512_storeu_si512(out + i, reinterpret_cast<__m512i>(both));
+  }
+}
+
+__attribute__((always_inline, target("arch=x86-64-v4,avx512bf16"))) inline __m512bh LoadBf16x32(
+    const uint16_t* p) {
+  return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));
+}
+
+__attribute__((always_inline, target("arch=x86-64-v4,avx512bf16"))) inline void StoreBf16Out(
+    __m512 acc, const float* bias, const float* residual, float* y, int64_t m, int64_t n,
+    int64_t n_out) {
+  float v = HorizontalSum(reinterpret_cast<Vec16>(acc));
+  if (bias) v += bias[n];
+  if (residual) v += residual[m * n_out + n];
+  y[m * n_out + n] = v;
+}
+
+// y[m][n] for weight rows [n0, n1): four weight rows at a time against each input row in turn
+// (the four stay in L1 across the rows; four independent accumulators keep the dot-product unit
+// busy where one row's chain of k / 32 dependent instructions would not).
+__attribute__((noinline, target("arch=x86-64-v4,avx512bf16"))) void Bf16MatmulBlock(
+    const uint16_t* x, int64_t rows, const uint16_t* w, const float* bias, const float* residual,
+    float* y, int64_t n0, int64_t n1, int64_t n_out, int64_t k) {
+  // As far ahead as the float32 kernel fetches, in bytes.
+  constexpr int64_t kAhead = kWeightPrefetchFloats * 2;
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    const uint16_t* w0 = w + n * k;
+    const uint16_t* w1 = w0 + k;
+    const uint16_t* w2 = w1 + k;
+    const uint16_t* w3 = w2 + k;
+    for (int64_t m = 0; m < rows; ++m) {
+      const uint16_t* xr = x + m * k;
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t i = 0; i < k; i += 32) {
+        if (m == 0) {
+          __builtin_prefetch(w0 + i + kAhead);
+          __builtin_prefetch(w1 + i + kAhead);
+          __builtin_prefetch(w2 + i + kAhead);
+          __builtin_prefetch(w3 + i + kAhead);
+        }
+        const __m512bh xv = LoadBf16x32(xr + i);
+        a0 = _mm512_dpbf16_ps(a0, xv, LoadBf16x32(w0 + i));
+        a1 = _mm512_dpbf16_ps(a1, xv, LoadBf16x32(w1 + i));
+        a2 = _mm512_dpbf16_ps(a2, xv, LoadBf16x32(w2 + i));
+        a3 = _mm512_dpbf16_ps(a3, xv, LoadBf16x32(w3 + i));
+      }
+      StoreBf16Out(a0, bias, residual, y, m, n, n_out);
+      StoreBf16Out(a1, bias, residual, y, m, n + 1, n_out);
+      StoreBf16Out(a2, bias, residual, y, m, n + 2, n_out);
+      StoreBf16Out(a3, bias, residual, y, m, n + 3, n_out);
+    }
+  }
+  for (; n < n1; ++n) {
+    const uint16_t* wr = w + n * k;
+    for (int64_t m = 0; m < rows; ++m) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t i = 0; i < k; i += 32) {
+        acc = _mm512_dpbf16_ps(acc, LoadBf16x32(x + m * k + i), LoadBf16x32(wr + i));
+      }
+      StoreBf16Out(acc, bias, residual, y, m, n, n_out);
+    }
+  }
+}
+#endif
+
 void CheckRows(const at::Tensor& t, const char* what) {
   TORCH_CHECK(CpuKernelsApply(t), what, " must be a float32 CPU tensor");
   TORCH_CHECK(t.stride(-1) == 1, what, " must have a contiguous last dimension");
@@ -543,6 +623,39 @@ void SmallMatmulRaw(const float* x, int64_t rows, int64_t k, const float* weight
   ParallelRanges(0, n, grain, KernelThreads(), [&](int64_t n0, int64_t n1) {
     SmallMatmul(x, weight, bias, residual, y, rows, n0, n1, n, k);
   });
+}
+
+bool Bf16MatmulRuns() {
+#ifdef SPECULA_BF16_MATMUL
+  static const bool run = [] {
+    __builtin_cpu_init();
+    return DetectCpuVectorFeatures().avx512 && __builtin_cpu_supports("avx512bf16");
+  }();
+  return run;
+#else
+  return false;
+#endif
+}
+
+void SmallMatmulBf16Raw(const float* x, int64_t rows, int64_t k, const uint16_t* weight, int64_t n,
+                        const float* bias, const float* residual, float* y) {
+  TORCH_CHECK(rows >= 1 && rows <= kSmallMatmulMaxRows && k % 32 == 0, "SmallMatmulBf16Raw: ", rows,
+              " rows of ", k);
+  TORCH_CHECK(Bf16MatmulRuns(), "SmallMatmulBf16Raw: this CPU or build has no AVX512-BF16");
+#ifdef SPECULA_BF16_MATMUL
+  // The rows rounded once, on this thread, for every range.
+  thread_local std::vector<uint16_t> rounded;
+  if (static_cast<int64_t>(rounded.size()) < rows * k) rounded.resize(rows * k);
+  RoundToBf16(x, rows * k, rounded.data());
+  const uint16_t* xb = rounded.data();
+  // Half the bytes per weight of the float32 kernel, and the same split: ~32K multiply-adds each.
+  const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 15) / (k * rows));
+  ParallelRanges(0, n, grain, KernelThreads(), [&](int64_t n0, int64_t n1) {
+    Bf16MatmulBlock(xb, rows, weight, bias, residual, y, n0, n1, n, k);
+  });
+#else
+  (void)x, (void)weight, (void)n, (void)bias, (void)residual, (void)y;
+#endif
 }
 
 at::Tensor SmallMatmulCpu(const at::Tensor& x_in, const at::Tensor& weight, const at::Tensor& bias,

@@ -70,6 +70,17 @@ at::Tensor PagedAttentionCpu(const at::Tensor& q, const at::Tensor& key_cache,
 // [1, kSmallMatmulMaxRows], k a multiple of 16.
 void SmallMatmulRaw(const float* x, int64_t rows, int64_t k, const float* weight, int64_t n,
                     const float* bias, const float* residual, float* y);
+// Whether SmallMatmulBf16Raw runs here: this build has it (x86-64, GCC) and the CPU has
+// AVX512-BF16 (its dot product of bfloat16 pairs into float32 lanes: twice the multiply-adds of
+// a float32 FMA per instruction and half the weight bytes).
+bool Bf16MatmulRuns();
+// SmallMatmulRaw with bfloat16 weights ([n, k] raw bits, as at::kBFloat16 stores them) and x
+// rounded to bfloat16 (nearest even): products of bfloat16 pairs summed in float32. Not the
+// float32 product (8 mantissa bits per operand): for drafters, whose outputs the target
+// verifies, not for a target. k a multiple of 32, rows in [1, kSmallMatmulMaxRows]; only where
+// Bf16MatmulRuns().
+void SmallMatmulBf16Raw(const float* x, int64_t rows, int64_t k, const uint16_t* weight, int64_t n,
+                        const float* bias, const float* residual, float* y);
 void RmsNormRaw(const float* x, const float* weight, float* out, int64_t rows, int64_t d,
                 double eps);
 void SiluMulRaw(const float* gate_up, float* out, int64_t rows, int64_t f);

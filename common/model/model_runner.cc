@@ -163,6 +163,7 @@ StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::FromModule(std::shared_ptr<C
   }
   if (options.cpu_forward && impl->device.is_cpu() && impl->dtype == torch::kFloat) {
     impl->cpu_forward = std::make_unique<CpuForward>(impl->config);
+    impl->cpu_forward->UseBf16Weights(options.bf16_matmul);
   }
   impl->module = std::move(module);
   return std::unique_ptr<ModelRunner>(new ModelRunner(std::move(impl)));
@@ -184,6 +185,10 @@ void ModelRunner::Synchronize() const {
   if (impl_->device.is_cuda()) torch::cuda::synchronize(impl_->device.index());
 }
 std::shared_ptr<CausalLMImpl> ModelRunner::module() const { return impl_->module; }
+
+bool ModelRunner::bf16_matmul() const {
+  return impl_->cpu_forward && impl_->cpu_forward->bf16_weights();
+}
 
 Status ModelRunner::AddSequence(SeqId seq) { return impl_->kv->allocator().AddSequence(seq); }
 Status ModelRunner::ReleaseSequence(SeqId seq) { return impl_->kv->allocator().FreeSequence(seq); }

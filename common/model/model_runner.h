@@ -26,6 +26,10 @@ struct ModelRunnerOptions {
   // float32 CPU forwards of up to kSmallMatmulMaxRows rows run CpuForward (the module's kernels
   // without LibTorch ops; the same results). false: always the module's forward (A/B checks).
   bool cpu_forward = true;
+  // CpuForward's matmuls on bfloat16 copies of the weights where the CPU has AVX512-BF16
+  // (CpuForward::UseBf16Weights): faster, no longer the float32 model's exact results. For a
+  // draft LM only; a target keeps false.
+  bool bf16_matmul = false;
 };
 
 struct ForwardOutput {
@@ -92,6 +96,9 @@ class ModelRunner {
 
   // The underlying module (tests, training). Do not run it concurrently with Forward.
   std::shared_ptr<CausalLMImpl> module() const;
+  // Whether its CPU forwards multiply bfloat16 copies of the weights (options.bf16_matmul, on a
+  // CPU that has AVX512-BF16).
+  bool bf16_matmul() const;
 
  private:
   struct Impl;

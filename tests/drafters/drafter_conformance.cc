@@ -170,6 +170,11 @@ std::vector<ConformanceCase> Cases() {
       {"specformer tree, draft vocab", "specformer", {draft_vocab}},
       {"beagle, draft vocab", "beagle", {draft_vocab}},
       {"parallelspec-chain, draft vocab", "parallelspec-chain", {draft_vocab}},
+      // bfloat16 matmuls (float32 where the CPU has no AVX512-BF16): other drafts, still lossless.
+      {"draft-model chain, bfloat16 matmuls", "draft-model", {"--drafter-matmul=bfloat16"}},
+      {"specformer tree, bfloat16 matmuls",
+       "specformer",
+       {draft_vocab, "--drafter-matmul=bfloat16"}},
   };
 }
 

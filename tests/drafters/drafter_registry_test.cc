@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include "common/drafters/beagle/beagle_drafter.h"
+#include "common/drafters/draft_model_drafter.h"
 #include "common/drafters/draft_vocab.h"
+#include "common/model/cpu_kernels.h"
 #include "common/model/transformer.h"
 #include "common/util/mapped_file.h"
 #include "tests/testing/temp_dir.h"
@@ -100,6 +102,10 @@ TEST_F(DrafterRegistryTest, UnknownNamesAndMissingCheckpointsNameTheFlag) {
                                           "--draft-model-context=-1"});
   EXPECT_EQ(bad_context.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(bad_context.status().message(), HasSubstr("--draft-model-context"));
+  auto bad_matmul = Load("draft-model", {"--draft-model-context=0", "--drafter-matmul=fp8"});
+  EXPECT_EQ(bad_matmul.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_matmul.status().message(), HasSubstr("--drafter-matmul"));
+  EXPECT_THAT(bad_matmul.status().message(), HasSubstr("fp8"));
 }
 
 TEST_F(DrafterRegistryTest, LoadsWithTheFlagsAndReportsThemInSettings) {
@@ -111,13 +117,24 @@ TEST_F(DrafterRegistryTest, LoadsWithTheFlagsAndReportsThemInSettings) {
                     {"--drafter-model", target_dir_, "--tree-width=2", "--draft-model-context=64"});
   ASSERT_TRUE(draft.ok()) << draft.status();
   EXPECT_EQ((*draft)->name(), "draft-model");
+  EXPECT_FALSE(static_cast<DraftModelDrafter&>(**draft).model().bf16_matmul());
   const nlohmann::json s = registry_.Settings();
+  EXPECT_EQ(s["matmul"], "float32");
   EXPECT_EQ(s["ngram"]["max"], 6);
   EXPECT_EQ(s["draft-model"]["tree_width"], 2);
   EXPECT_EQ(s["draft-model"]["context"], 64);
   EXPECT_EQ(s["draft-model"]["model"], target_dir_);
   EXPECT_EQ(s["beagle"]["depth"], BeagleDrafterOptions{}.depth);  // the default
   EXPECT_TRUE(s.contains("specdec") && s.contains("parallelspec") && s.contains("specformer"));
+}
+
+// --drafter-matmul bfloat16 reaches the draft LM's runner (where the CPU can run it) and the
+// settings.
+TEST_F(DrafterRegistryTest, DrafterMatmulReachesTheDraftLm) {
+  auto draft = Load("draft-model", {"--drafter-model", target_dir_, "--drafter-matmul=bfloat16"});
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  EXPECT_EQ(static_cast<DraftModelDrafter&>(**draft).model().bf16_matmul(), Bf16MatmulRuns());
+  EXPECT_EQ(registry_.Settings()["matmul"], "bfloat16");
 }
 
 TEST_F(DrafterRegistryTest, ContextLoadsTheTargetOnceAndOnlyWhenAsked) {

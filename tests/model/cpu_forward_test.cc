@@ -16,11 +16,13 @@
 namespace specula {
 namespace {
 
-std::unique_ptr<ModelRunner> Runner(const ModelConfig& config, bool cpu_forward) {
+std::unique_ptr<ModelRunner> Runner(const ModelConfig& config, bool cpu_forward,
+                                    bool bf16_matmul = false) {
   ModelRunnerOptions options;
   options.kv.block_size = 4;
   options.kv.num_blocks = 64;
   options.cpu_forward = cpu_forward;
+  options.bf16_matmul = bf16_matmul;
   auto runner = ModelRunner::FromModule(MakeVariedTinyModel(config, 7), options);
   EXPECT_TRUE(runner.ok()) << runner.status().ToString();
   return std::move(runner).value();
@@ -157,6 +159,54 @@ TEST(CpuForwardTest, ADecodeStepDispatchesAlmostNoLibTorchOps) {
   }
   EXPECT_LE(fast_ops, 4);
   EXPECT_GT(reference_ops, 40);
+}
+
+// A draft LM's bfloat16 matmuls: close to the float32 model (bfloat16 rounding of weights and
+// inputs, float32 sums), not equal to it, and a weight changed in place is read again.
+TEST(CpuForwardTest, Bf16WeightsStayCloseAndFollowWeightUpdates) {
+  if (!Bf16MatmulRuns()) GTEST_SKIP() << "no AVX512-BF16 on this CPU or build";
+  const ModelConfig config = TinyModelConfig();
+  auto bf16 = Runner(config, /*cpu_forward=*/true, /*bf16_matmul=*/true);
+  auto reference = Runner(config, /*cpu_forward=*/true);
+  ASSERT_TRUE(bf16 && reference);
+  SequenceChunk prompt{.seq = 1, .logits = LogitsRows::kAll};
+  for (int i = 0; i < 12; ++i) prompt.tokens.push_back((i * 7 + 3) % config.vocab_size);
+  const std::vector<ForwardBatch> steps = {{.seqs = {prompt}},
+                                           {.seqs = {{.seq = 1, .tokens = {5}}}},
+                                           {.seqs = {{.seq = 1, .tokens = {9, 4, 11}}}}};
+  ASSERT_TRUE(bf16->AddSequence(1).ok() && reference->AddSequence(1).ok());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    auto a = bf16->Forward(steps[i]);
+    auto b = reference->Forward(steps[i]);
+    ASSERT_TRUE(a.ok() && b.ok());
+    const double scale = b->logits.abs().max().item<double>();
+    const double diff = (a->logits - b->logits).abs().max().item<double>();
+    EXPECT_LT(diff, 0.05 * scale) << "step " << i;
+    EXPECT_GT(diff, 0.0) << "step " << i << ": the bfloat16 path did not run";
+  }
+  // The head scaled in place (a new version), then given new storage: each time the copy is
+  // made again, so the next forward agrees with the float32 model to the same tolerance (a stale
+  // head would leave the logits at the old scale, 1.5x or 3x off).
+  const std::vector<ForwardBatch> next = {{.seqs = {{.seq = 1, .tokens = {2}}}},
+                                          {.seqs = {{.seq = 1, .tokens = {6}}}}};
+  for (int change = 0; change < 2; ++change) {
+    for (auto* runner : {bf16.get(), reference.get()}) {
+      torch::NoGradGuard no_grad;
+      const torch::Tensor& head = runner->module()->lm_head_weight();
+      if (change == 0) {
+        head.mul_(1.5);
+      } else {
+        torch::Tensor copy = head * 2;
+        const_cast<torch::Tensor&>(head).set_data(copy);
+      }
+    }
+    auto a = bf16->Forward(next[change]);
+    auto b = reference->Forward(next[change]);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_LT((a->logits - b->logits).abs().max().item<double>(),
+              0.05 * b->logits.abs().max().item<double>())
+        << "change " << change;
+  }
 }
 
 TEST(CpuForwardTest, AppliesOnlyToFusedFloat32WeightsAndFewRows) {

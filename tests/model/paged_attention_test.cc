@@ -468,6 +468,41 @@ TEST(CpuKernelsTest, SmallMatmulMatchesLinearForEveryRowCount) {
   EXPECT_FALSE(SmallMatmulApplies(torch::randn({2, 40}), torch::randn({70, 40})));  // k % 16
 }
 
+// The bfloat16 product is the product of the bfloat16-rounded operands summed in float32: against
+// that reference (computed in double) it is within float32 summation error, for every row count
+// and for output features that are not a multiple of the kernel's four (70 and 1027).
+TEST(CpuKernelsTest, Bf16MatmulIsTheProductOfTheRoundedOperands) {
+  if (!Bf16MatmulRuns()) GTEST_SKIP() << "no AVX512-BF16 on this CPU or build";
+  torch::manual_seed(2);
+  for (int64_t n : {70, 1027}) {
+    for (int64_t k : {32, 96}) {
+      auto w = torch::randn({n, k});
+      auto b = torch::randn({n});
+      auto w16 = w.to(torch::kBFloat16).contiguous();
+      const auto* bits = reinterpret_cast<const uint16_t*>(w16.data_ptr<at::BFloat16>());
+      for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{33}, kSmallMatmulMaxRows}) {
+        auto x = torch::randn({rows, k});
+        auto r = torch::randn({rows, n});
+        auto y = torch::empty({rows, n});
+        SmallMatmulBf16Raw(x.data_ptr<float>(), rows, k, bits, n, b.data_ptr<float>(),
+                           r.data_ptr<float>(), y.data_ptr<float>());
+        auto ref = torch::nn::functional::linear(x.to(torch::kBFloat16).to(torch::kDouble),
+                                                 w16.to(torch::kDouble), b.to(torch::kDouble)) +
+                   r.to(torch::kDouble);
+        EXPECT_LT((y.to(torch::kDouble) - ref).abs().max().item<double>(), 1e-4)
+            << n << " x " << k << ", " << rows << " rows";
+        // Not the float32 product: the rounding is real (so the check above can fail).
+        auto exact = torch::nn::functional::linear(x, w, b) + r;
+        EXPECT_GT((y - exact).abs().max().item<double>(), 1e-4);
+      }
+    }
+  }
+  float x[32] = {}, y[1];
+  uint16_t w[32] = {};
+  EXPECT_THROW(SmallMatmulBf16Raw(x, 1, 16, w, 1, nullptr, nullptr, y), c10::Error);  // k % 32
+  EXPECT_THROW(SmallMatmulBf16Raw(x, 0, 32, w, 1, nullptr, nullptr, y), c10::Error);
+}
+
 // A row's product does not depend on the rows beside it: a draft token verified among others gets
 // bitwise the logits it would get decoded alone (greedy speculation stays exact at near-ties).
 // Covers every row blocking (8-row blocks, the AVX-512 4-6-row tiles) and the tiles' tail of

@@ -83,7 +83,8 @@ const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSection
       "ngram-max",
       "ngram-repeat-min-match",
       "draft-vocab",
-      "draft-model-context"}},
+      "draft-model-context",
+      "drafter-matmul"}},
 };
 
 struct ServeFlags {

@@ -124,6 +124,7 @@ StatusOr<std::unique_ptr<ParallelSpecDrafter>> ParallelSpecDrafter::Create(
     try {
       c10::InferenceMode inference;
       cpu_forward = std::make_unique<CpuForward>(module->layer_config());
+      cpu_forward->UseBf16Weights(options.bf16_matmul);
       std::tie(rope_cos, rope_sin) = module->RopeFor(
           torch::arange(module->layer_config().max_position_embeddings, torch::kLong));
     } catch (const c10::Error& e) {
@@ -243,8 +244,8 @@ Status ParallelSpecDrafter::Observe(const std::vector<DrafterObservation>& obser
           std::memcpy(e, embedding + next_tokens[r] * d, d * sizeof(float));
         }
         if (features) {
-          SmallMatmulRaw(in, N, 2 * d, m.fusion->weight.data_ptr<float>(), d,
-                         m.fusion->bias.data_ptr<float>(), nullptr, x);
+          cpu_forward_->Matmul(in, N, 2 * d, m.fusion->weight, d, m.fusion->bias.data_ptr<float>(),
+                               nullptr, x);
         }
         LayerKvCache layer{kv_->keys(0), kv_->values(0)};
         cpu_forward_->Layer(*m.layer, x, N, layout, rope_cos_.data_ptr<float>(),

@@ -63,6 +63,10 @@ struct ParallelSpecDrafterOptions {
   // float32 on the CPU: forwards of up to 32 rows run CpuForward's layer and head (the module's
   // kernels without LibTorch ops; the same results). false: always the module (A/B checks).
   bool cpu_forward = true;
+  // Those forwards multiply bfloat16 copies of the weights where the CPU has AVX512-BF16
+  // (CpuForward::UseBf16Weights; --drafter-matmul bfloat16): cheaper, no longer bitwise the
+  // module's.
+  bool bf16_matmul = false;
 
   // INVALID_ARGUMENT naming the option: a reserved name, a static shape without a tree.
   Status Validate() const;

@@ -31,6 +31,7 @@ class ParallelSpecFamily : public DrafterFamily {
     }
     ParallelSpecDrafterOptions options{.name = name};
     options.draft_vocab = context.draft_vocab();
+    options.bf16_matmul = context.bf16_matmul();
     if (name == "parallelspec-chain") options.shape = ParallelSpecShape::kChain;
     if (name == "parallelspec-ar") options.shape = ParallelSpecShape::kAutoregressive;
     if (name == "parallelspec-static") {

@@ -102,8 +102,7 @@ at::Tensor SpecFormerCpuForward::Context(SpecFormerImpl& module,
     }
   }
   float* x = x_.Get(N * d);
-  SmallMatmulRaw(hooked, N, K * d, module.downsampler->weight.data_ptr<float>(), d, nullptr,
-                 nullptr, x);
+  layers_.Matmul(hooked, N, K * d, module.downsampler->weight, d, nullptr, nullptr, x);
   // Context: c = x + attention(norm(x)) over the sequence's cache.
   TORCH_CHECK(KernelWeight(kv.keys) && KernelWeight(kv.values),
               "SpecFormerCpuForward: the context cache must be contiguous float32");
@@ -147,7 +146,7 @@ at::Tensor SpecFormerCpuForward::DraftLogits(SpecFormerImpl& module,
     RmsNormRaw(c[m], module.positional_norm->weight.data_ptr<float>(), normed + m * d, 1, d, eps);
   }
   float* x = x_.Get(rows * d);  // [M, l * d] = [M * l, d]
-  SmallMatmulRaw(normed, M, d, module.positional_ffn->weight.data_ptr<float>(), l * d,
+  layers_.Matmul(normed, M, d, module.positional_ffn->weight, l * d,
                  module.positional_ffn->bias.data_ptr<float>(), nullptr, x);
   // Each sequence's slots as one block of the scratch cache, as Slots lays them out.
   std::vector<std::vector<int32_t>> tables;

@@ -56,6 +56,10 @@ struct SpecFormerDrafterOptions {
   // float32 on the CPU: steps of up to 32 rows run SpecFormerCpuForward (the module's kernels
   // without LibTorch ops; the same results). false: always the module (A/B checks).
   bool cpu_forward = true;
+  // Those forwards multiply bfloat16 copies of the weights where the CPU has AVX512-BF16
+  // (CpuForward::UseBf16Weights; --drafter-matmul bfloat16): cheaper, no longer bitwise the
+  // module's.
+  bool bf16_matmul = false;
 };
 
 class SpecFormerDrafter : public Drafter {

@@ -25,7 +25,9 @@ class SpecFormerFamily : public DrafterFamily {
     }
     ASSIGN_OR_RETURN(const ModelRunner* target, context.target(name));
     auto drafter = SpecFormerDrafter::Load(dir_, *target,
-                                           {.tree = tree_, .draft_vocab = context.draft_vocab()});
+                                           {.tree = tree_,
+                                            .draft_vocab = context.draft_vocab(),
+                                            .bf16_matmul = context.bf16_matmul()});
     if (!drafter.ok()) return drafter.status().WithContext("--specformer-model");
     return std::unique_ptr<Drafter>(std::move(*drafter));
   }
