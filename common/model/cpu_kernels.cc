@@ -8,10 +8,6 @@
 #include <cstring>
 #include <limits>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-#include <immintrin.h>
-#endif
-
 #include "common/model/cpu_runtime.h"
 #include "common/model/paged_attention_layout.h"
 #include "common/util/work_sharing_pool.h"
@@ -20,7 +16,14 @@
 // lanes); target_clones compiles them for AVX-512 and AVX2 too and picks one at load time, so the
 // binary still runs on any x86-64. Not under TSan: the clones' ifunc resolvers run while the
 // dynamic loader relocates, before TSan's runtime exists, and its instrumentation of them crashes.
+// SPECULA_X86_KERNELS: this build compiles the clones and the kernels for instruction sets beyond
+// its baseline (the AVX-512 tiles, the AVX512-BF16 matmul), each called only where the CPU has it.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+#define SPECULA_X86_KERNELS 1
+#include <immintrin.h>
+#endif
+
+#ifdef SPECULA_X86_KERNELS
 #define SPECULA_VECTOR_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -434,8 +437,7 @@ void SmallMatmulBlock(const float* x, const float* w, const float* bias, const f
   }
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-#define SPECULA_TILED_MATMUL 1
+#ifdef SPECULA_X86_KERNELS
 
 // M (4-6) rows against 4 weight rows at a time, in registers: each loaded input vector serves four
 // weight rows and each weight vector M inputs (M + 4 loads per 4M multiply-adds, against M + 1 per
@@ -479,7 +481,7 @@ __attribute__((noinline, target("arch=x86-64-v4"))) void SmallMatmulTiles(
 // Whether SmallMatmulTiles runs here: built for x86-64-v4 (AVX-512 F, CD, BW, DQ, VL; 32 zmm
 // registers hold its up to 24 accumulators) and the CPU has it.
 bool TilesRun() {
-#ifdef SPECULA_TILED_MATMUL
+#ifdef SPECULA_X86_KERNELS
   static const bool run = DetectCpuVectorFeatures().avx512;
   return run;
 #else
@@ -491,7 +493,7 @@ bool TilesRun() {
 void SmallMatmulRows(const float* x, const float* w, const float* bias, const float* residual,
                      float* y, int64_t rows, int64_t n0, int64_t n1, int64_t n_out, int64_t k,
                      bool tiles) {
-#ifdef SPECULA_TILED_MATMUL
+#ifdef SPECULA_X86_KERNELS
   if (tiles && rows == 6) return SmallMatmulTiles<6>(x, w, bias, residual, y, n0, n1, n_out, k);
   if (tiles && rows == 5) return SmallMatmulTiles<5>(x, w, bias, residual, y, n0, n1, n_out, k);
   if (tiles && rows == 4) return SmallMatmulTiles<4>(x, w, bias, residual, y, n0, n1, n_out, k);
@@ -522,8 +524,7 @@ void SmallMatmul(const float* x, const float* w, const float* bias, const float*
   }
 }
 
-#ifdef SPECULA_TILED_MATMUL
-#define SPECULA_BF16_MATMUL 1
+#ifdef SPECULA_X86_KERNELS
 
 // x's rows (count floats, a multiple of 32) rounded to bfloat16, nearest even.
 __attribute__((noinline, target("arch=x86-64-v4,avx512bf16"))) void RoundToBf16(const float* x,
@@ -626,11 +627,8 @@ void SmallMatmulRaw(const float* x, int64_t rows, int64_t k, const float* weight
 }
 
 bool Bf16MatmulRuns() {
-#ifdef SPECULA_BF16_MATMUL
-  static const bool run = [] {
-    __builtin_cpu_init();
-    return DetectCpuVectorFeatures().avx512 && __builtin_cpu_supports("avx512bf16");
-  }();
+#ifdef SPECULA_X86_KERNELS
+  static const bool run = DetectCpuVectorFeatures().avx512_bf16;
   return run;
 #else
   return false;
@@ -642,7 +640,7 @@ void SmallMatmulBf16Raw(const float* x, int64_t rows, int64_t k, const uint16_t*
   TORCH_CHECK(rows >= 1 && rows <= kSmallMatmulMaxRows && k % 32 == 0, "SmallMatmulBf16Raw: ", rows,
               " rows of ", k);
   TORCH_CHECK(Bf16MatmulRuns(), "SmallMatmulBf16Raw: this CPU or build has no AVX512-BF16");
-#ifdef SPECULA_BF16_MATMUL
+#ifdef SPECULA_X86_KERNELS
   // The rows rounded once, on this thread, for every range.
   thread_local std::vector<uint16_t> rounded;
   if (static_cast<int64_t>(rounded.size()) < rows * k) rounded.resize(rows * k);

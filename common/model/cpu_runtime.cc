@@ -92,6 +92,7 @@ CpuVectorFeatures DetectCpuVectorFeatures() {
   f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512vl");
+  f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
 #endif
   return f;
 }

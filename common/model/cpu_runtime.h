@@ -43,7 +43,8 @@ std::shared_ptr<WorkSharingPool> KernelPool();
 // `loaded` (openblas_get_corename) is already as good as the CPU allows or the CPU has neither.
 struct CpuVectorFeatures {
   bool avx2_fma = false;
-  bool avx512 = false;  // F, CD, BW, DQ and VL: what OpenBLAS's SkylakeX kernels use
+  bool avx512 = false;       // F, CD, BW, DQ and VL: what OpenBLAS's SkylakeX kernels use
+  bool avx512_bf16 = false;  // and AVX512-BF16 (SmallMatmulBf16Raw)
 };
 CpuVectorFeatures DetectCpuVectorFeatures();
 // The kernels OpenBLAS loaded (openblas_get_corename), or "" when the BLAS is not OpenBLAS.
