@@ -141,6 +141,39 @@ TEST_F(SpeculaCliTest, BenchForwardWritesJson) {
   EXPECT_NE(r.out.find("tokens/s"), std::string::npos);
 }
 
+// A drafter's table needs context + repeats + 2 positions (each timed Observe commits a token):
+// a context that does not fit is named on stderr, and a drafter left with no row at all is an
+// error naming the flags, not an empty table (the test model has 64 positions).
+TEST_F(SpeculaCliTest, BenchForwardNamesDrafterSettingsThatDoNotFit) {
+  const std::string json_path = dir_->File("bench-drafters.json");
+  const std::string base = "bench-forward --model " + model() +
+                           " --batch-sizes 1 --tokens-per-seq 1 --drafter ngram --draft-depths 2"
+                           " --json " +
+                           json_path;
+  RunResult some = Run(base + " --contexts 8,40 --repeats 24");
+  ASSERT_EQ(some.exit_code, 0) << some.err;
+  auto j = nlohmann::json::parse(ReadFileToString(json_path).value());
+  ASSERT_EQ(j["drafters"].size(), 1u);
+  EXPECT_EQ(j["drafters"][0]["context"], 8);
+  EXPECT_NE(some.err.find("ngram at context 40 skipped"), std::string::npos) << some.err;
+
+  RunResult none = Run(base + " --contexts 40 --repeats 40");
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.err.find("no --contexts value leaves room to time ngram"), std::string::npos)
+      << none.err;
+  EXPECT_NE(none.err.find("--repeats (40)"), std::string::npos) << none.err;
+
+  // The target's table names a context beyond the model's positions too.
+  RunResult target = Run("bench-forward --model " + model() +
+                         " --batch-sizes 1 --tokens-per-seq 1,32 --contexts 8,40,100 --repeats 2"
+                         " --json " +
+                         dir_->File("bench-target.json"));
+  ASSERT_EQ(target.exit_code, 0) << target.err;
+  EXPECT_NE(target.err.find("context 100 skipped"), std::string::npos) << target.err;
+  EXPECT_NE(target.err.find("32 tokens per sequence at context 40 skipped"), std::string::npos)
+      << target.err;
+}
+
 TEST_F(SpeculaCliTest, BenchPolicyWritesJsonAndNamesBadFlags) {
   const std::string json_path = dir_->File("policy.json");
   RunResult r =

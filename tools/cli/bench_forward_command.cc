@@ -88,10 +88,21 @@ Status RunDrafters(const BenchFlags& f, ModelRunner& runner, std::mt19937& rng,
   std::printf("\n%-14s %7s %6s %6s %11s %11s %11s %11s %9s %6s\n", "drafter", "context", "batch",
               "depth", "observe_min", "observe_med", "propose_min", "propose_med", "vs_step",
               "ops");
+  const int64_t positions = runner.config().max_position_embeddings;
   for (const auto& drafter : drafters) {
     const std::vector<int64_t> layers = drafter->hidden_layers();
+    int64_t timed_contexts = 0;
     for (int64_t context : f.contexts) {
-      if (context + f.repeats + 2 >= runner.config().max_position_embeddings) continue;
+      // Each timed Observe commits one more token, so a sequence ends at context + repeats + 1
+      // positions before it drafts.
+      if (context + f.repeats + 2 >= positions) {
+        std::fprintf(stderr,
+                     "bench-forward: %s at context %ld skipped: context + --repeats (%ld) + 2 "
+                     "must stay below the model's %ld positions\n",
+                     drafter->name().c_str(), context, f.repeats, positions);
+        continue;
+      }
+      ++timed_contexts;
       for (int64_t B : f.batch_sizes) {
         std::vector<SeqId> seqs;
         ForwardBatch prefill{.hidden_layers = layers};
@@ -169,6 +180,12 @@ Status RunDrafters(const BenchFlags& f, ModelRunner& runner, std::mt19937& rng,
         }
       }
     }
+    if (timed_contexts == 0) {
+      return InvalidArgumentError(StrCat("no --contexts value leaves room to time ",
+                                         drafter->name(), ": context + --repeats (", f.repeats,
+                                         ") + 2 must stay below the model's ", positions,
+                                         " positions (lower --repeats or --contexts)"));
+    }
   }
   return OkStatus();
 }
@@ -193,7 +210,11 @@ Status Run(const BenchFlags& f) {
     if (context <= 0) return InvalidArgumentError("--contexts must be positive");
     for (int64_t B : f.batch_sizes) {
       if (B <= 0) return InvalidArgumentError("--batch-sizes must be positive");
-      if (context >= config.max_position_embeddings) continue;
+      if (context >= config.max_position_embeddings) {
+        std::fprintf(stderr, "bench-forward: context %ld skipped: the model has %ld positions\n",
+                     context, config.max_position_embeddings);
+        break;  // the same for every batch size
+      }
       std::vector<SeqId> seqs;
       ForwardBatch prefill;
       for (int64_t b = 0; b < B; ++b) {
@@ -203,8 +224,14 @@ Status Run(const BenchFlags& f) {
       }
       RETURN_IF_ERROR(runner->Forward(prefill).status());
       for (int64_t n : f.tokens_per_seq) {
-        if (B * n > f.max_tokens) continue;
-        if (context + n > config.max_position_embeddings) continue;
+        if (B * n > f.max_tokens) continue;  // --max-tokens says so
+        if (context + n > config.max_position_embeddings) {
+          std::fprintf(stderr,
+                       "bench-forward: %ld tokens per sequence at context %ld skipped: more than "
+                       "the model's %ld positions\n",
+                       n, context, config.max_position_embeddings);
+          continue;
+        }
         ForwardBatch step;
         for (SeqId s : seqs)
           step.seqs.push_back({.seq = s, .tokens = random_tokens(n), .logits = LogitsRows::kAll});
