@@ -37,17 +37,43 @@ CpuForward::CpuForward(const ModelConfig& config) : config_(config) {}
 
 bool CpuForward::bf16_weights() const { return bf16_requested_ && Bf16MatmulRuns(); }
 
-const uint16_t* CpuForward::Bf16WeightsOf(const at::Tensor& weight) {
+bool CpuForward::packed_weights() const { return packed_requested_ && PackedMatmulRuns(); }
+
+template <typename Make>
+const at::Tensor& CpuForward::CopyOf(WeightCopies& copies, const at::Tensor& weight,
+                                     const Make& make) {
   // Inference tensors keep no version counter; they cannot change outside inference mode.
   const uint32_t version = weight.is_inference() ? 0 : weight._version();
-  Bf16Copy& c = bf16_copies_[weight.unsafeGetTensorImpl()];
+  WeightCopy& c = copies[weight.unsafeGetTensorImpl()];
   if (!c.copy.defined() || c.data != weight.data_ptr() || c.version != version) {
     c.source = weight;
     c.data = weight.data_ptr();
     c.version = version;
-    c.copy = weight.to(at::kBFloat16).contiguous();  // rounds to nearest even
+    c.copy = make();
   }
-  return reinterpret_cast<const uint16_t*>(c.copy.data_ptr<at::BFloat16>());
+  return c.copy;
+}
+
+const uint16_t* CpuForward::Bf16WeightsOf(const at::Tensor& weight) {
+  const at::Tensor& copy = CopyOf(bf16_copies_, weight, [&] {
+    return weight.to(at::kBFloat16).contiguous();  // rounds to nearest even
+  });
+  return reinterpret_cast<const uint16_t*>(copy.data_ptr<at::BFloat16>());
+}
+
+const float* CpuForward::PackedWeightsOf(const at::Tensor& weight, int64_t n, int64_t k) {
+  // Every row of the weight is packed, so that callers reading only its first n (SpecFormer's
+  // positional FFN: the slots a step wants) share one copy; a group of 16 outputs never mixes
+  // rows of two groups, so the first n / 16 groups are the first n rows.
+  const int64_t all_rows = weight.numel() / k;
+  if (weight.numel() % k != 0 || all_rows % 16 != 0) return nullptr;
+  TORCH_CHECK(all_rows >= n, "CpuForward: a weight of ", all_rows, " rows for ", n, " outputs");
+  const at::Tensor& copy = CopyOf(packed_copies_, weight, [&] {
+    at::Tensor packed = at::empty({all_rows * k}, at::kFloat);  // 64-byte aligned
+    PackMatmulWeights(weight.data_ptr<float>(), all_rows, k, packed.data_ptr<float>());
+    return packed;
+  });
+  return copy.data_ptr<float>();
 }
 
 void CpuForward::Matmul(const float* x, int64_t rows, int64_t k, const at::Tensor& weight,
@@ -55,6 +81,12 @@ void CpuForward::Matmul(const float* x, int64_t rows, int64_t k, const at::Tenso
   if (k % 32 == 0 && bf16_weights()) {
     SmallMatmulBf16Raw(x, rows, k, Bf16WeightsOf(weight), n, bias, residual, y);
     return;
+  }
+  if (n % 16 == 0 && k % 16 == 0 && packed_weights()) {
+    if (const float* packed = PackedWeightsOf(weight, n, k)) {
+      PackedMatmulRaw(x, rows, k, packed, n, bias, residual, y);
+      return;
+    }
   }
   SmallMatmulRaw(x, rows, k, weight.data_ptr<float>(), n, bias, residual, y);
 }

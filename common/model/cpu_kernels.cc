@@ -526,6 +526,131 @@ void SmallMatmul(const float* x, const float* w, const float* bias, const float*
 
 #ifdef SPECULA_X86_KERNELS
 
+// The packed weights' panels (PackMatmulWeights): for output group g (16 outputs) and lane j,
+// the k / 16 vectors packed[g][j][i][c] = w[16 g + c][16 i + j], contiguous in i.
+inline const float* PanelOf(const float* packed, int64_t g, int j, int64_t k) {
+  return packed + (g * 16 + j) * k;
+}
+
+// M rows against G groups of 16 outputs. SmallMatmulT keeps, for each output, 16 lane sums
+// (lane j: the products of inputs 16 i + j in increasing i) and adds them in HorizontalSum's
+// tree. Here the lanes of a vector are 16 outputs instead: lane j's sums of 16 outputs at once,
+// from a broadcast input times a panel vector, in the same order, then the same tree as vector
+// adds. So every output is bitwise SmallMatmulT's, without its shuffles per output, and each
+// broadcast serves G panel vectors and each panel vector M rows. The lane sums wait in `part`
+// (L1) until all 16 lanes are done.
+template <int M, int G>
+__attribute__((noinline, target("arch=x86-64-v4"))) void PackedMatmulTile(
+    const float* x, const float* packed, const float* bias, const float* residual, float* y,
+    int64_t g0, int64_t g1, int64_t n_out, int64_t k) {
+  const int64_t steps = k / 16;
+  alignas(64) float part[M][G][16][16];
+  for (int64_t g = g0; g + G <= g1; g += G) {
+    for (int j = 0; j < 16; ++j) {
+      Vec16 acc[M][G];
+      for (int m = 0; m < M; ++m)
+        for (int c = 0; c < G; ++c) acc[m][c] = Vec16{};
+      const float* panel[G];
+      for (int c = 0; c < G; ++c) panel[c] = PanelOf(packed, g + c, j, k);
+      for (int64_t i = 0; i < steps; ++i) {
+        Vec16 wv[G];
+        for (int c = 0; c < G; ++c) {
+          __builtin_prefetch(panel[c] + i * 16 + kWeightPrefetchFloats);
+          wv[c] = Load16(panel[c] + i * 16);
+        }
+        for (int m = 0; m < M; ++m) {
+          const Vec16 xv = reinterpret_cast<Vec16>(_mm512_set1_ps(x[m * k + i * 16 + j]));
+          for (int c = 0; c < G; ++c) acc[m][c] += xv * wv[c];
+        }
+      }
+      for (int m = 0; m < M; ++m)
+        for (int c = 0; c < G; ++c) Store16(part[m][c][j], acc[m][c]);
+    }
+    for (int m = 0; m < M; ++m) {
+      for (int c = 0; c < G; ++c) {
+        Vec16 h[8];
+        for (int j = 0; j < 8; ++j) h[j] = Load16(part[m][c][j]) + Load16(part[m][c][j + 8]);
+        Vec16 v = (h[0] + h[4] + (h[2] + h[6])) + (h[1] + h[5] + (h[3] + h[7]));
+        const int64_t n = (g + c) * 16;
+        if (bias) v += Load16(bias + n);
+        if (residual) v += Load16(residual + m * n_out + n);
+        Store16(y + m * n_out + n, v);
+      }
+    }
+  }
+}
+
+// Groups per tile for M rows: M * G accumulators, G panel vectors and a broadcast within the 32
+// zmm registers, the most that measured fastest (the bundled target's matmuls, one core).
+template <int M>
+constexpr int PackedGroups() {
+  return M <= 6 ? 4 : 3;
+}
+
+// Groups [g0, g1) for a block of M rows: whole tiles, then one narrower tile of what is left.
+template <int M>
+void PackedMatmulRowBlock(const float* x, const float* packed, const float* bias,
+                          const float* residual, float* y, int64_t g0, int64_t g1, int64_t n_out,
+                          int64_t k) {
+  constexpr int G = PackedGroups<M>();
+  const int64_t whole = g0 + (g1 - g0) / G * G;
+  PackedMatmulTile<M, G>(x, packed, bias, residual, y, g0, whole, n_out, k);
+  switch (g1 - whole) {
+    case 1:
+      return PackedMatmulTile<M, 1>(x, packed, bias, residual, y, whole, g1, n_out, k);
+    case 2:
+      return PackedMatmulTile<M, 2>(x, packed, bias, residual, y, whole, g1, n_out, k);
+    case 3:
+      if constexpr (G > 3) {
+        return PackedMatmulTile<M, 3>(x, packed, bias, residual, y, whole, g1, n_out, k);
+      }
+  }
+}
+
+void PackedMatmulRows(const float* x, int64_t rows, const float* packed, const float* bias,
+                      const float* residual, float* y, int64_t g0, int64_t g1, int64_t n_out,
+                      int64_t k) {
+  switch (rows) {
+    case 1:
+      return PackedMatmulRowBlock<1>(x, packed, bias, residual, y, g0, g1, n_out, k);
+    case 2:
+      return PackedMatmulRowBlock<2>(x, packed, bias, residual, y, g0, g1, n_out, k);
+    case 3:
+      return PackedMatmulRowBlock<3>(x, packed, bias, residual, y, g0, g1, n_out, k);
+    case 4:
+      return PackedMatmulRowBlock<4>(x, packed, bias, residual, y, g0, g1, n_out, k);
+    case 5:
+      return PackedMatmulRowBlock<5>(x, packed, bias, residual, y, g0, g1, n_out, k);
+    case 6:
+      return PackedMatmulRowBlock<6>(x, packed, bias, residual, y, g0, g1, n_out, k);
+    case 7:
+      return PackedMatmulRowBlock<7>(x, packed, bias, residual, y, g0, g1, n_out, k);
+    default:
+      return PackedMatmulRowBlock<8>(x, packed, bias, residual, y, g0, g1, n_out, k);
+  }
+}
+
+// Groups [g0, g1) for every row: up to 8 rows in one pass; more in blocks of 8 over tiles of
+// ~128 KB of panels, so that the panels come from memory once and from L2 for the other blocks.
+void PackedMatmul(const float* x, int64_t rows, const float* packed, const float* bias,
+                  const float* residual, float* y, int64_t g0, int64_t g1, int64_t n_out,
+                  int64_t k) {
+  if (rows <= 8) return PackedMatmulRows(x, rows, packed, bias, residual, y, g0, g1, n_out, k);
+  const int64_t tile = std::max<int64_t>(3, (int64_t{32} << 10) / (16 * k) / 3 * 3);
+  for (int64_t t0 = g0; t0 < g1; t0 += tile) {
+    const int64_t t1 = std::min(g1, t0 + tile);
+    for (int64_t m0 = 0; m0 < rows; m0 += 8) {
+      PackedMatmulRows(x + m0 * k, std::min<int64_t>(8, rows - m0), packed, bias,
+                       residual ? residual + m0 * n_out : nullptr, y + m0 * n_out, t0, t1, n_out,
+                       k);
+    }
+  }
+}
+
+#endif
+
+#ifdef SPECULA_X86_KERNELS
+
 // x's rows (count floats, a multiple of 32) rounded to bfloat16, nearest even.
 __attribute__((noinline, target("arch=x86-64-v4,avx512bf16"))) void RoundToBf16(const float* x,
                                                                                 int64_t count,
@@ -653,6 +778,42 @@ void SmallMatmulBf16Raw(const float* x, int64_t rows, int64_t k, const uint16_t*
   });
 #else
   (void)x, (void)weight, (void)n, (void)bias, (void)residual, (void)y;
+#endif
+}
+
+bool PackedMatmulRuns() { return TilesRun(); }
+
+void PackMatmulWeights(const float* weight, int64_t n, int64_t k, float* packed) {
+  TORCH_CHECK(n % 16 == 0 && k % 16 == 0, "PackMatmulWeights: ", n, " x ", k,
+              " is not in whole 16 x 16 blocks");
+  for (int64_t g = 0; g < n / 16; ++g) {
+    for (int j = 0; j < 16; ++j) {
+      float* panel = packed + (g * 16 + j) * k;
+      for (int64_t i = 0; i < k / 16; ++i) {
+        for (int c = 0; c < 16; ++c) panel[i * 16 + c] = weight[(g * 16 + c) * k + i * 16 + j];
+      }
+    }
+  }
+}
+
+void PackedMatmulRaw(const float* x, int64_t rows, int64_t k, const float* packed, int64_t n,
+                     const float* bias, const float* residual, float* y) {
+  TORCH_CHECK(rows >= 1 && rows <= kSmallMatmulMaxRows && k % 16 == 0 && n % 16 == 0,
+              "PackedMatmulRaw: ", rows, " rows of ", k, " to ", n);
+  TORCH_CHECK(PackedMatmulRuns(), "PackedMatmulRaw: this CPU or build has no AVX-512");
+#ifdef SPECULA_X86_KERNELS
+  // SmallMatmulRaw's split (~32K multiply-adds per range), in whole tiles of 16-output groups so
+  // that no range is left with a narrow tile.
+  const int64_t groups = n / 16;
+  const int64_t unit = rows <= 6 ? 4 : 3;  // PackedGroups of the widest row block
+  const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 15) / (k * rows));
+  ParallelRanges(0, (groups + unit - 1) / unit, (grain + 16 * unit - 1) / (16 * unit),
+                 KernelThreads(), [&](int64_t u0, int64_t u1) {
+                   PackedMatmul(x, rows, packed, bias, residual, y, u0 * unit,
+                                std::min(groups, u1 * unit), n, k);
+                 });
+#else
+  (void)x, (void)packed, (void)bias, (void)residual, (void)y;
 #endif
 }
 

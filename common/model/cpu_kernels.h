@@ -81,6 +81,21 @@ bool Bf16MatmulRuns();
 // Bf16MatmulRuns().
 void SmallMatmulBf16Raw(const float* x, int64_t rows, int64_t k, const uint16_t* weight, int64_t n,
                         const float* bias, const float* residual, float* y);
+// SmallMatmulRaw on weights packed once into panels (PackMatmulWeights): bitwise its results
+// (each output's products summed in the same order). The panels turn SmallMatmulRaw's 16-lane
+// dot products into outer products over 16 outputs, so a verified draft's rows share each weight
+// load without a shuffle per output: the bundled target's forward of 1-16 rows 1.1-1.3x faster,
+// its matmuls then reading the weights about as fast as one row does (docs/BENCHMARKS.md). Only
+// where PackedMatmulRuns() (AVX-512, as SmallMatmulRaw's tiles): it matches SmallMatmulRaw's
+// AVX-512 build, not the others'.
+bool PackedMatmulRuns();
+// weight [n, k] (n and k multiples of 16) -> packed, n * k floats: for output group g (outputs
+// 16 g ... 16 g + 15) and input lane j, the k / 16 vectors of w[16 g + c][16 i + j] over c.
+void PackMatmulWeights(const float* weight, int64_t n, int64_t k, float* packed);
+// y [rows, n] = x [rows, k] @ weight^T (+ bias [n]) (+ residual [rows, n]) from the packed
+// weight; rows in [1, kSmallMatmulMaxRows], n and k multiples of 16.
+void PackedMatmulRaw(const float* x, int64_t rows, int64_t k, const float* packed, int64_t n,
+                     const float* bias, const float* residual, float* y);
 void RmsNormRaw(const float* x, const float* weight, float* out, int64_t rows, int64_t d,
                 double eps);
 void SiluMulRaw(const float* gate_up, float* out, int64_t rows, int64_t f);

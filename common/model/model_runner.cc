@@ -164,6 +164,7 @@ StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::FromModule(std::shared_ptr<C
   if (options.cpu_forward && impl->device.is_cpu() && impl->dtype == torch::kFloat) {
     impl->cpu_forward = std::make_unique<CpuForward>(impl->config);
     impl->cpu_forward->UseBf16Weights(options.bf16_matmul);
+    impl->cpu_forward->UsePackedWeights(options.packed_weights);
   }
   impl->module = std::move(module);
   return std::unique_ptr<ModelRunner>(new ModelRunner(std::move(impl)));

@@ -30,6 +30,10 @@ struct ModelRunnerOptions {
   // (CpuForward::UseBf16Weights): faster, no longer the float32 model's exact results. For a
   // draft LM only; a target keeps false.
   bool bf16_matmul = false;
+  // CpuForward's float32 matmuls on packed copies of the weights where the CPU has AVX-512
+  // (CpuForward::UsePackedWeights): the same results, faster at several rows, a second copy of
+  // the weights in memory. false: the weights themselves (less memory; A/B checks).
+  bool packed_weights = true;
 };
 
 struct ForwardOutput {

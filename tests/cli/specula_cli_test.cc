@@ -111,6 +111,12 @@ TEST_F(SpeculaCliTest, GenerateJsonMatchesInProcessGreedyDecoding) {
   EXPECT_EQ(j["prompt_tokens"].get<size_t>(), req.prompt.size());
   EXPECT_EQ(j["token_ids"].get<std::vector<int32_t>>(), (*expected)[0].tokens);
   EXPECT_EQ(j["text"].get<std::string>(), (*tok)->Decode((*expected)[0].tokens, true).value());
+  // The weights themselves instead of their packed copy: the same tokens.
+  RunResult plain = Run("generate --model " + model() +
+                        " --prompt 'def f(x):' --max-new-tokens 12 --ignore-eos --json"
+                        " --cpu-packed-weights=false");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_EQ(nlohmann::json::parse(plain.out)["token_ids"], j["token_ids"]);
 }
 
 TEST_F(SpeculaCliTest, GenerateStreamsTextAndSamplingIsSeeded) {
@@ -138,6 +144,7 @@ TEST_F(SpeculaCliTest, BenchForwardWritesJson) {
   ASSERT_EQ(j["results"].size(), 4u);
   EXPECT_EQ(j["results"][3]["tokens"], 32);
   EXPECT_GT(j["results"][0]["median_ms"].get<double>(), 0.0);
+  EXPECT_EQ(j["cpu_packed_weights"], true);
   EXPECT_NE(r.out.find("tokens/s"), std::string::npos);
 }
 

@@ -209,6 +209,69 @@ TEST(CpuForwardTest, Bf16WeightsStayCloseAndFollowWeightUpdates) {
   }
 }
 
+// The packed copies are what the matmuls read, and they stay the weights: bitwise the product of
+// the weights themselves (SmallMatmulRaw) at 1-9 rows, again after the weight is changed in place
+// (a new version) and after it is given new storage; a write the copy cannot see (straight into
+// the storage: no new version) leaves it stale until UsePackedWeights drops the copies.
+TEST(CpuForwardTest, PackedWeightsAreTheWeightsAndFollowUpdates) {
+  if (!PackedMatmulRuns()) GTEST_SKIP() << "no AVX-512 on this CPU or build";
+  torch::manual_seed(6);
+  CpuForward forward(TinyModelConfig());
+  ASSERT_TRUE(forward.packed_weights());
+  const int64_t n = 64, k = 48;
+  torch::Tensor w = torch::randn({n, k});
+  auto x = torch::randn({9, k});
+  auto product = [&](int64_t rows, bool packed) {
+    at::Tensor y = torch::empty({rows, n});
+    if (packed) {
+      forward.Matmul(x.data_ptr<float>(), rows, k, w, n, nullptr, nullptr, y.data_ptr<float>());
+    } else {
+      SmallMatmulRaw(x.data_ptr<float>(), rows, k, w.data_ptr<float>(), n, nullptr, nullptr,
+                     y.data_ptr<float>());
+    }
+    return y;
+  };
+  auto expect_same = [&](const char* when) {
+    for (int64_t rows = 1; rows <= 9; ++rows) {
+      EXPECT_TRUE(torch::equal(product(rows, true), product(rows, false)))
+          << when << ", " << rows << " rows";
+    }
+  };
+  expect_same("first use");
+  w.mul_(1.5);
+  expect_same("scaled in place");
+  w.set_data(w * 2);
+  expect_same("new storage");
+  w.data_ptr<float>()[0] += 1.0f;  // not seen: the copy still has the old value
+  EXPECT_FALSE(torch::equal(product(1, true), product(1, false)));
+  forward.UsePackedWeights(true);  // drops the copies
+  expect_same("copies dropped");
+  forward.UsePackedWeights(false);
+  EXPECT_FALSE(forward.packed_weights());
+  expect_same("packing off");
+}
+
+// A product with the first n rows of a longer weight (SpecFormer's positional FFN gives the slots
+// a step wants): bitwise the plain kernel's for each n, from one packed copy of every row; a
+// weight whose rows are not whole groups of 16 is read as it is.
+TEST(CpuForwardTest, PackedWeightsServeProductsWithTheFirstRows) {
+  if (!PackedMatmulRuns()) GTEST_SKIP() << "no AVX-512 on this CPU or build";
+  torch::manual_seed(7);
+  CpuForward forward(TinyModelConfig());
+  const int64_t k = 32;
+  auto x = torch::randn({3, k});
+  for (int64_t all_rows : {96, 70}) {
+    torch::Tensor w = torch::randn({all_rows, k});
+    for (int64_t n : {16, 32, 64}) {
+      at::Tensor got = torch::empty({3, n}), want = torch::empty({3, n});
+      forward.Matmul(x.data_ptr<float>(), 3, k, w, n, nullptr, nullptr, got.data_ptr<float>());
+      SmallMatmulRaw(x.data_ptr<float>(), 3, k, w.data_ptr<float>(), n, nullptr, nullptr,
+                     want.data_ptr<float>());
+      EXPECT_TRUE(torch::equal(got, want)) << all_rows << " rows, first " << n;
+    }
+  }
+}
+
 TEST(CpuForwardTest, AppliesOnlyToFusedFloat32WeightsAndFewRows) {
   const ModelConfig config = TinyModelConfig();
   auto module = MakeVariedTinyModel(config, 3);

@@ -6,7 +6,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "common/kv/block_allocator.h"
 #include "common/model/cpu_kernels.h"
@@ -529,6 +532,51 @@ TEST(CpuKernelsTest, EachRowOfAProductIsBitwiseItsOneRowProduct) {
       }
     }
   }
+}
+
+// The packed weights' product is bitwise SmallMatmulRaw's (so bitwise each row's one-row
+// product): every row count up to kSmallMatmulMaxRows (the 1-8-row tiles, 8-row blocks and their
+// remainders), output groups that fill the 3- and 4-group tiles and ones that leave a tail (16,
+// 48, 80, 4096 outputs), inner dimensions of one to 48 panel steps, with and without bias and
+// residual, on one thread and on two.
+TEST(CpuKernelsTest, PackedMatmulIsBitwiseTheSmallMatmul) {
+  if (!PackedMatmulRuns()) GTEST_SKIP() << "no AVX-512 on this CPU or build";
+  torch::manual_seed(5);
+  for (int threads : {1, 2}) {
+    ConfigureCpuThreads(threads);
+    for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+             {16, 16}, {48, 256}, {80, 768}, {4096, 256}, {112, 48}}) {
+      auto w = torch::randn({n, k});
+      auto packed = torch::empty({n * k});
+      PackMatmulWeights(w.data_ptr<float>(), n, k, packed.data_ptr<float>());
+      auto b = torch::randn({n});
+      for (int64_t rows = 1; rows <= kSmallMatmulMaxRows; rows += (rows < 20 ? 1 : 13)) {
+        auto x = torch::randn({rows, k});
+        auto r = torch::randn({rows, n});
+        for (bool extras : {false, true}) {
+          const float* bias = extras ? b.data_ptr<float>() : nullptr;
+          const float* residual = extras ? r.data_ptr<float>() : nullptr;
+          auto want = torch::empty({rows, n});
+          auto got = torch::full({rows, n}, std::nanf(""));
+          SmallMatmulRaw(x.data_ptr<float>(), rows, k, w.data_ptr<float>(), n, bias, residual,
+                         want.data_ptr<float>());
+          PackedMatmulRaw(x.data_ptr<float>(), rows, k, packed.data_ptr<float>(), n, bias, residual,
+                          got.data_ptr<float>());
+          ASSERT_TRUE(torch::equal(got, want))
+              << n << " x " << k << ", " << rows << " rows, extras " << extras << ", " << threads
+              << " threads; max diff " << (got - want).abs().max().item<double>();
+        }
+      }
+    }
+  }
+  ConfigureCpuThreads(2);
+  float x[32] = {}, w[32 * 32] = {}, y[64];
+  EXPECT_THROW(PackedMatmulRaw(x, 1, 16, w, 8, nullptr, nullptr, y), c10::Error);  // n % 16
+  EXPECT_THROW(PackedMatmulRaw(x, 1, 8, w, 16, nullptr, nullptr, y), c10::Error);  // k % 16
+  EXPECT_THROW(PackedMatmulRaw(x, 0, 16, w, 16, nullptr, nullptr, y), c10::Error);
+  EXPECT_THROW(PackedMatmulRaw(x, kSmallMatmulMaxRows + 1, 16, w, 16, nullptr, nullptr, y),
+               c10::Error);
+  EXPECT_THROW(PackMatmulWeights(w, 24, 16, y), c10::Error);
 }
 
 }  // namespace

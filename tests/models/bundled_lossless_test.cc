@@ -158,6 +158,9 @@ class BundledLosslessTest : public ::testing::Test {
             (*requests_)[i], (*plain_)[i], (*out)[0].result.tokens,
             drafter + " k=" + std::to_string(k) + " batch 1 prompt " + std::to_string(i));
         accepted += (*out)[0].stats.accepted_tokens;
+        // A failed draft falls back to plain decoding, which would hide a broken drafter here.
+        EXPECT_EQ((*out)[0].stats.draft_errors, 0)
+            << drafter << " k=" << k << ": " << (*out)[0].stats.last_draft_error;
       }
       // Batch 8: all prompts, mixed lengths, each accepting its own number of tokens per step.
       for (int b = 0; b < kPrompts; b += 8) {
@@ -173,6 +176,8 @@ class BundledLosslessTest : public ::testing::Test {
               (*requests_)[i], (*plain_)[i], (*out)[i - b].result.tokens,
               drafter + " k=" + std::to_string(k) + " batch 8 prompt " + std::to_string(i));
           accepted += (*out)[i - b].stats.accepted_tokens;
+          EXPECT_EQ((*out)[i - b].stats.draft_errors, 0)
+              << drafter << " k=" << k << ": " << (*out)[i - b].stats.last_draft_error;
         }
       }
     }

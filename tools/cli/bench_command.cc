@@ -526,6 +526,7 @@ Status Run(const BenchFlags& f) {
     j["device"] = runner->device_name();
     j["dtype"] = f.model.dtype;
     j["threads"] = f.model.threads;
+    j["cpu_packed_weights"] = f.model.cpu_packed_weights;
     j["prompts"] = f.prompts.empty() ? f.prompt_dir : f.prompts;
     j["num_prompts"] = prompts.size();
     j["prompt_tokens"] = f.prompts.empty() ? f.prompt_tokens : 0;

@@ -269,10 +269,16 @@ Status Run(const BenchFlags& f) {
   }
   nlohmann::json drafter_rows = nlohmann::json::array();
   if (f.spec.drafter != "none") RETURN_IF_ERROR(RunDrafters(f, *runner, rng, drafter_rows));
-  nlohmann::json report = {{"model", f.model.model}, {"device", runner->device_name()},
-                           {"dtype", f.model.dtype}, {"contexts", f.contexts},
-                           {"repeats", f.repeats},   {"num_parameters", config.num_parameters()},
-                           {"results", rows},        {"drafters", drafter_rows}};
+  nlohmann::json report = {{"model", f.model.model},
+                           {"device", runner->device_name()},
+                           {"dtype", f.model.dtype},
+                           {"contexts", f.contexts},
+                           {"threads", f.model.threads},
+                           {"cpu_packed_weights", f.model.cpu_packed_weights},
+                           {"repeats", f.repeats},
+                           {"num_parameters", config.num_parameters()},
+                           {"results", rows},
+                           {"drafters", drafter_rows}};
   RETURN_IF_ERROR(WriteStringToFile(f.json_out, report.dump(2) + "\n"));
   std::fprintf(stderr, "wrote %s\n", f.json_out.c_str());
   return OkStatus();

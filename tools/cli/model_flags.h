@@ -19,6 +19,7 @@ struct ModelFlags {
   double kv_memory_mb = 512;
   int64_t kv_block_size = 16;
   int64_t threads = 0;
+  bool cpu_packed_weights = true;
 
   void Register(FlagSet& flags);
   // NOT_FOUND etc. from loading; INVALID_ARGUMENT if --model is missing.

@@ -49,7 +49,7 @@ constexpr char kCommand[] = "serve";
 const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSections = {
     {"flags for every role",
      {"role", "host", "port", "metrics-port", "shutdown-grace-s", "log-level", "model", "device",
-      "dtype", "threads"}},
+      "dtype", "threads", "cpu-packed-weights"}},
     {"router flags (--role router, all)",
      {"target-address", "connect-timeout-s", "target-step-deadline-s", "max-prompt-bytes",
       "max-request-bytes", "max-queue", "max-batch-size", "default-drafter", "verify", "beta",

@@ -94,7 +94,8 @@ StatusOr<std::vector<std::unique_ptr<Drafter>>> SpecFlags::LoadDrafters(
   const ModelRunnerOptions options{
       .device = model.device,
       .dtype = model.dtype,
-      .kv = {.block_size = model.kv_block_size, .memory_mb = model.kv_memory_mb}};
+      .kv = {.block_size = model.kv_block_size, .memory_mb = model.kv_memory_mb},
+      .packed_weights = model.cpu_packed_weights};
   if (!target_runner) {  // the drafter role: nothing set the process up for serving yet
     SetThreads(model.threads);
     ConfigureAllocatorForServing();
