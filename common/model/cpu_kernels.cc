@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "common/model/cpu_runtime.h"
 #include "common/model/paged_attention_layout.h"
@@ -414,27 +415,38 @@ __attribute__((always_inline)) inline void SmallMatmulT(const float* x, const fl
   }
 }
 
+// f(std::integral_constant<int, M>{}) with M = rows for 1-7 rows and 8 for more: a kernel
+// templated on its row count, picked at run time. Inlined (and so is f, which callers mark
+// always_inline), so that it compiles for the caller's ISA clone.
+template <typename F>
+__attribute__((always_inline)) inline void WithRowCount(int64_t rows, const F& f) {
+  switch (rows) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 5:
+      return f(std::integral_constant<int, 5>{});
+    case 6:
+      return f(std::integral_constant<int, 6>{});
+    case 7:
+      return f(std::integral_constant<int, 7>{});
+    default:
+      return f(std::integral_constant<int, 8>{});
+  }
+}
+
 SPECULA_VECTOR_CLONES
 void SmallMatmulBlock(const float* x, const float* w, const float* bias, const float* residual,
                       float* y, int64_t rows, int64_t n0, int64_t n1, int64_t n_out, int64_t k) {
-  switch (rows) {
-    case 1:
-      return SmallMatmulT<1>(x, w, bias, residual, y, n0, n1, n_out, k);
-    case 2:
-      return SmallMatmulT<2>(x, w, bias, residual, y, n0, n1, n_out, k);
-    case 3:
-      return SmallMatmulT<3>(x, w, bias, residual, y, n0, n1, n_out, k);
-    case 4:
-      return SmallMatmulT<4>(x, w, bias, residual, y, n0, n1, n_out, k);
-    case 5:
-      return SmallMatmulT<5>(x, w, bias, residual, y, n0, n1, n_out, k);
-    case 6:
-      return SmallMatmulT<6>(x, w, bias, residual, y, n0, n1, n_out, k);
-    case 7:
-      return SmallMatmulT<7>(x, w, bias, residual, y, n0, n1, n_out, k);
-    default:
-      return SmallMatmulT<8>(x, w, bias, residual, y, n0, n1, n_out, k);
-  }
+  WithRowCount(
+      rows, [&](auto m) __attribute__((always_inline)) {
+        SmallMatmulT<decltype(m)::value>(x, w, bias, residual, y, n0, n1, n_out, k);
+      });
 }
 
 #ifdef SPECULA_X86_KERNELS
@@ -610,24 +622,10 @@ void PackedMatmulRowBlock(const float* x, const float* packed, const float* bias
 void PackedMatmulRows(const float* x, int64_t rows, const float* packed, const float* bias,
                       const float* residual, float* y, int64_t g0, int64_t g1, int64_t n_out,
                       int64_t k) {
-  switch (rows) {
-    case 1:
-      return PackedMatmulRowBlock<1>(x, packed, bias, residual, y, g0, g1, n_out, k);
-    case 2:
-      return PackedMatmulRowBlock<2>(x, packed, bias, residual, y, g0, g1, n_out, k);
-    case 3:
-      return PackedMatmulRowBlock<3>(x, packed, bias, residual, y, g0, g1, n_out, k);
-    case 4:
-      return PackedMatmulRowBlock<4>(x, packed, bias, residual, y, g0, g1, n_out, k);
-    case 5:
-      return PackedMatmulRowBlock<5>(x, packed, bias, residual, y, g0, g1, n_out, k);
-    case 6:
-      return PackedMatmulRowBlock<6>(x, packed, bias, residual, y, g0, g1, n_out, k);
-    case 7:
-      return PackedMatmulRowBlock<7>(x, packed, bias, residual, y, g0, g1, n_out, k);
-    default:
-      return PackedMatmulRowBlock<8>(x, packed, bias, residual, y, g0, g1, n_out, k);
-  }
+  WithRowCount(
+      rows, [&](auto m) __attribute__((always_inline)) {
+        PackedMatmulRowBlock<decltype(m)::value>(x, packed, bias, residual, y, g0, g1, n_out, k);
+      });
 }
 
 // Groups [g0, g1) for every row: up to 8 rows in one pass; more in blocks of 8 over tiles of
