@@ -592,19 +592,17 @@ __attribute__((noinline, target("arch=x86-64-v4"))) void PackedMatmulTile(
   }
 }
 
-// Groups per tile for M rows: M * G accumulators, G panel vectors and a broadcast within the 32
-// zmm registers, the most that measured fastest (the bundled target's matmuls, one core).
-template <int M>
-constexpr int PackedGroups() {
-  return M <= 6 ? 4 : 3;
-}
+// Groups per tile for a block of `rows` (1-8) rows: rows * G accumulators, G panel vectors and a
+// broadcast within the 32 zmm registers, the most that measured fastest (the bundled target's
+// matmuls, one core).
+constexpr int PackedGroups(int64_t rows) { return rows <= 6 ? 4 : 3; }
 
 // Groups [g0, g1) for a block of M rows: whole tiles, then one narrower tile of what is left.
 template <int M>
 void PackedMatmulRowBlock(const float* x, const float* packed, const float* bias,
                           const float* residual, float* y, int64_t g0, int64_t g1, int64_t n_out,
                           int64_t k) {
-  constexpr int G = PackedGroups<M>();
+  constexpr int G = PackedGroups(M);
   const int64_t whole = g0 + (g1 - g0) / G * G;
   PackedMatmulTile<M, G>(x, packed, bias, residual, y, g0, whole, n_out, k);
   switch (g1 - whole) {
@@ -644,10 +642,6 @@ void PackedMatmul(const float* x, int64_t rows, const float* packed, const float
     }
   }
 }
-
-#endif
-
-#ifdef SPECULA_X86_KERNELS
 
 // x's rows (count floats, a multiple of 32) rounded to bfloat16, nearest even.
 __attribute__((noinline, target("arch=x86-64-v4,avx512bf16"))) void RoundToBf16(const float* x,
@@ -803,7 +797,7 @@ void PackedMatmulRaw(const float* x, int64_t rows, int64_t k, const float* packe
   // SmallMatmulRaw's split (~32K multiply-adds per range), in whole tiles of 16-output groups so
   // that no range is left with a narrow tile.
   const int64_t groups = n / 16;
-  const int64_t unit = rows <= 6 ? 4 : 3;  // PackedGroups of the widest row block
+  const int64_t unit = PackedGroups(std::min<int64_t>(rows, 8));  // the widest row block's
   const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 15) / (k * rows));
   ParallelRanges(0, (groups + unit - 1) / unit, (grain + 16 * unit - 1) / (16 * unit),
                  KernelThreads(), [&](int64_t u0, int64_t u1) {

@@ -339,9 +339,12 @@ TEST(SpecFormerDrafterTest, TheCpuForwardMatchesTheModuleBitwise) {
   const int64_t d = TinyModelConfig().hidden_size;
   for (bool causal : {false, true}) {
     for (bool pending : {false, true}) {
-      for (bool restricted : {false, true}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        // The whole and a restricted head; and the CPU forward without packed weights.
+        const bool restricted = variant == 1;
+        const bool packed = variant != 2;
         SCOPED_TRACE(testing::Message() << "causal " << causal << " pending " << pending
-                                        << " restricted " << restricted);
+                                        << " restricted " << restricted << " packed " << packed);
         std::unique_ptr<SpecFormerDrafter> drafters[2];
         for (int i = 0; i < 2; ++i) {
           auto module = SpecModule(5, causal, pending);
@@ -349,7 +352,8 @@ TEST(SpecFormerDrafterTest, TheCpuForwardMatchesTheModuleBitwise) {
           auto created = SpecFormerDrafter::Create(module, *target,
                                                    {.kv = {.block_size = 4, .num_blocks = 256},
                                                     .draft_vocab = restricted ? vocab : nullptr,
-                                                    .cpu_forward = i == 0});
+                                                    .cpu_forward = i == 0,
+                                                    .packed_weights = packed});
           ASSERT_TRUE(created.ok()) << created.status();
           drafters[i] = std::move(*created);
           ASSERT_TRUE(AddRoundSequences(*drafters[i]));

@@ -125,6 +125,7 @@ StatusOr<std::unique_ptr<ParallelSpecDrafter>> ParallelSpecDrafter::Create(
       c10::InferenceMode inference;
       cpu_forward = std::make_unique<CpuForward>(module->layer_config());
       cpu_forward->UseBf16Weights(options.bf16_matmul);
+      cpu_forward->UsePackedWeights(options.packed_weights);
       std::tie(rope_cos, rope_sin) = module->RopeFor(
           torch::arange(module->layer_config().max_position_embeddings, torch::kLong));
     } catch (const c10::Error& e) {

@@ -67,6 +67,9 @@ struct ParallelSpecDrafterOptions {
   // (CpuForward::UseBf16Weights; --drafter-matmul bfloat16): cheaper, no longer bitwise the
   // module's.
   bool bf16_matmul = false;
+  // Those forwards' float32 matmuls on packed copies of the weights (CpuForward::
+  // UsePackedWeights; --cpu-packed-weights): the same results, one more copy in memory.
+  bool packed_weights = true;
 
   // INVALID_ARGUMENT naming the option: a reserved name, a static shape without a tree.
   Status Validate() const;

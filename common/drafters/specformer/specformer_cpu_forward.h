@@ -42,6 +42,8 @@ class SpecFormerCpuForward {
   // Every matmul on bfloat16 copies of the weights (CpuForward::UseBf16Weights): results no
   // longer bitwise the module's.
   void UseBf16Weights(bool on) { layers_.UseBf16Weights(on); }
+  // Every float32 matmul on packed copies of the weights (CpuForward::UsePackedWeights).
+  void UsePackedWeights(bool on) { layers_.UsePackedWeights(on); }
 
  private:
   struct Scratch {

@@ -60,6 +60,9 @@ struct SpecFormerDrafterOptions {
   // (CpuForward::UseBf16Weights; --drafter-matmul bfloat16): cheaper, no longer bitwise the
   // module's.
   bool bf16_matmul = false;
+  // Those forwards' float32 matmuls on packed copies of the weights (CpuForward::
+  // UsePackedWeights; --cpu-packed-weights): the same results, one more copy in memory.
+  bool packed_weights = true;
 };
 
 class SpecFormerDrafter : public Drafter {

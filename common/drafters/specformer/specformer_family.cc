@@ -24,10 +24,12 @@ class SpecFormerFamily : public DrafterFamily {
       return InvalidArgumentError("--drafter specformer needs --specformer-model DIR");
     }
     ASSIGN_OR_RETURN(const ModelRunner* target, context.target(name));
-    auto drafter = SpecFormerDrafter::Load(dir_, *target,
-                                           {.tree = tree_,
-                                            .draft_vocab = context.draft_vocab(),
-                                            .bf16_matmul = context.bf16_matmul()});
+    auto drafter =
+        SpecFormerDrafter::Load(dir_, *target,
+                                {.tree = tree_,
+                                 .draft_vocab = context.draft_vocab(),
+                                 .bf16_matmul = context.bf16_matmul(),
+                                 .packed_weights = context.model_options().packed_weights});
     if (!drafter.ok()) return drafter.status().WithContext("--specformer-model");
     return std::unique_ptr<Drafter>(std::move(*drafter));
   }
