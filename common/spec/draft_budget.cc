@@ -27,6 +27,7 @@ void ForgettingLeastSquares::Reset(std::vector<double> prior) {
   b_.resize(n_);
   for (size_t i = 0; i < n_; ++i) b_[i] = prior_weight_ * prior_[i];
   theta_ = prior_;
+  solved_ = true;
   samples_ = 0;
 }
 
@@ -38,10 +39,12 @@ void ForgettingLeastSquares::Add(const std::vector<double>& x, double y) {
     b_[i] = keep * b_[i] + x[i] * y + anchor * prior_[i];
   }
   ++samples_;
-  Solve();
+  solved_ = false;
 }
 
-void ForgettingLeastSquares::Solve() {
+void ForgettingLeastSquares::Solve() const {
+  if (solved_) return;
+  solved_ = true;
   // Cholesky of the (symmetric positive definite: prior_weight > 0) normal matrix.
   std::vector<double> l(n_ * n_, 0.0);
   for (size_t j = 0; j < n_; ++j) {
@@ -79,6 +82,7 @@ double WithoutOutlier(double seconds, double predicted) {
 }  // namespace
 
 double ForgettingLeastSquares::Predict(std::span<const double> x) const {
+  Solve();
   double y = 0;
   for (size_t i = 0; i < n_; ++i) y += theta_[i] * x[i];
   return y;
@@ -145,7 +149,7 @@ void StepCostModel::WarmStart(const std::vector<std::pair<StepShape, double>>& p
     fit_.Reset(fit_.coefficients());
     warm_started_ = true;
   }
-  RefreshKnots();
+  knots_observed_ = -1;  // refreshed at the next prediction
 }
 
 void StepCostModel::Observe(const StepShape& shape, double seconds) {
@@ -166,7 +170,11 @@ void StepCostModel::Observe(const StepShape& shape, double seconds) {
   // kOutlierFactor times the prediction. One such step on a rarely visited knot priced drafts at
   // 2-3x their cost until the run ended; a real shift in cost still moves the fit, by up to that
   // factor a step. Not during the first steps, while the prediction is still the first guess.
-  if (observed_ >= kAnchorEvery) seconds = WithoutOutlier(seconds, Predict(shape));
+  if (observed_ >= kAnchorEvery) {
+    // The bound needs no fresher fit than a few steps old.
+    if (observed_ - knots_observed_ >= kOutlierRefreshEvery) RefreshKnots();
+    seconds = WithoutOutlier(seconds, PredictWith(KnotPartAsRefreshed(shape.tokens), shape));
+  }
   const std::vector<double> x = Features(shape);
   fit_.Add(x, seconds);
   bool went_stale = false;
@@ -181,8 +189,10 @@ void StepCostModel::Observe(const StepShape& shape, double seconds) {
   // (Anchor), instead of sliding back to the first guess. It is also taken when a knot's steps
   // leave the fit's memory, while its value is still theirs: what a rare probe measured is kept
   // instead of decaying back to the old anchor before the next refresh.
-  if (went_stale || observed_ % kAnchorEvery == 0) fit_.SetAnchor(Anchor());
-  RefreshKnots();
+  if (went_stale || observed_ % kAnchorEvery == 0) {
+    EnsureKnots();
+    fit_.SetAnchor(Anchor());
+  }
 }
 
 std::vector<double> StepCostModel::Anchor() const {
@@ -265,7 +275,8 @@ void StepCostModel::RelaxStale(std::span<double> knots) const {
   }
 }
 
-void StepCostModel::RefreshKnots() {
+void StepCostModel::RefreshKnots() const {
+  knots_observed_ = observed_;
   // Monotone in tokens: each knot at least the one before (noise must never make a bigger step
   // look cheaper), and the attention term at least 0.
   const std::vector<double>& theta = fit_.coefficients();
@@ -286,11 +297,17 @@ double StepCostModel::Predict(const StepShape& shape) const {
 }
 
 double StepCostModel::KnotPart(int64_t tokens) const {
+  EnsureKnots();
+  return KnotPartAsRefreshed(tokens);
+}
+
+double StepCostModel::KnotPartAsRefreshed(int64_t tokens) const {
   const auto [seg, f] = KnotSegment(tokens);
   return knots_[seg] * (1.0 - f) + knots_[seg + 1] * f;
 }
 
 double StepCostModel::PredictWith(double knot_part, const StepShape& shape) const {
+  // per_attention_ and chunk_step_ as refreshed with the knots that knot_part came from.
   const double y =
       knot_part + per_attention_ * shape.attention + (shape.chunk_tokens > 0 ? chunk_step_ : 0.0);
   return std::max(y, 0.0);
@@ -965,8 +982,93 @@ std::vector<int32_t> DraftBudgetPolicy::Greedy(const StepBase& base,
   return b;
 }
 
+bool DraftBudgetPolicy::ReuseQuietPlan(const StepBase& base,
+                                       const std::vector<BudgetCandidate>& candidates) {
+  if (quiet_.reusable <= 0 || base.chunks.tokens > 0 || base.max_nodes == 0 ||
+      base.decoding != quiet_.decoding || candidates.size() != quiet_.candidates.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i].id != quiet_.candidates[i].first || candidates[i].max_nodes <= 0 ||
+        candidates[i].drafter != quiet_.candidates[i].second) {
+      return false;
+    }
+  }
+  // A probe that waited for the share goes ahead as soon as the share allows it: planned in full
+  // from a little before (its cost moves with the models), as then it may fit.
+  if (quiet_.waiting_extra >= 0 && explored_seconds_ + kWaitingExtraShare * quiet_.waiting_extra <=
+                                       options_.exploration_share * measured_seconds_) {
+    return false;
+  }
+  --quiet_.reusable;
+  ++quiet_.reused;
+  ++plans_;
+  ++quiet_plans_;
+  return true;
+}
+
+void DraftBudgetPolicy::EndQuietPlans() {
+  // What each reusing plan would have done for a sequence at 0 (see Plan): one more idle plan,
+  // one more relaxation. A sequence that left meanwhile has no state to update.
+  for (const auto& [id, drafter] : quiet_.candidates) {
+    if (quiet_.reused == 0) break;
+    if (options_.probe_after > 0) {
+      auto idle = idle_plans_.find(id);
+      if (idle != idle_plans_.end()) idle->second += quiet_.reused;
+    }
+    if (options_.idle_relaxation > 0) {
+      for (int32_t r = 0; r < quiet_.reused; ++r) {
+        acceptance_.Relax(drafter, id, options_.idle_relaxation);
+      }
+    }
+  }
+  quiet_ = {};
+}
+
+void DraftBudgetPolicy::KeepIfQuiet(const StepBase& base,
+                                    const std::vector<BudgetCandidate>& candidates,
+                                    const BudgetDecision& decision, double waiting_extra) {
+  if (options_.quiet_replan_every <= 1 || candidates.empty() || !target_cost_.ready() ||
+      base.chunks.tokens > 0 || base.max_nodes == 0) {
+    return;
+  }
+  for (int32_t b : decision.budgets) {
+    if (b != 0) return;
+  }
+  int64_t reusable = options_.quiet_replan_every - 1;
+  if (options_.explore_every > 0) {  // the next plan that explores is a full one
+    const auto every = static_cast<uint64_t>(options_.explore_every);
+    // What waited here included the extra node's probe: the next plans' probes cost less.
+    if (waiting_extra >= 0 && plans_ % every == 0) return;
+    reusable = std::min(reusable, static_cast<int64_t>(every - plans_ % every) - 1);
+  }
+  for (const BudgetCandidate& c : candidates) {
+    if (trial_left_.count(c.id) > 0) return;
+    if (options_.probe_after <= 0) continue;
+    auto backoff = probe_backoff_.find(c.drafter);
+    const int64_t wait =
+        options_.probe_after * (backoff == probe_backoff_.end() ? 1 : backoff->second);
+    auto idle = idle_plans_.find(c.id);
+    const int64_t idle_plans = idle == idle_plans_.end() ? 0 : idle->second;
+    if (idle_plans >= wait) {
+      if (waiting_extra < 0) return;  // due, and not waiting for the share
+      continue;
+    }
+    reusable = std::min(reusable, wait - idle_plans - 1);  // the plans before its probe
+  }
+  if (reusable <= 0) return;
+  quiet_.candidates.reserve(candidates.size());
+  for (const BudgetCandidate& c : candidates) quiet_.candidates.emplace_back(c.id, c.drafter);
+  quiet_.decoding = base.decoding;
+  quiet_.reusable = static_cast<int32_t>(reusable);
+  quiet_.waiting_extra = waiting_extra;
+  quiet_.decision = decision;
+}
+
 BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
                                        const std::vector<BudgetCandidate>& candidates) {
+  if (ReuseQuietPlan(base, candidates)) return quiet_.decision;
+  EndQuietPlans();
   ++plans_;
   const size_t n = candidates.size();
   BudgetDecision decision;
@@ -1062,6 +1164,7 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   }
   const auto [optimum_seconds, optimum_tokens] = Evaluate(base, candidates, expected, optimum);
   pending_exploration_ = {};
+  double waiting_extra = -1;  // an exploration's extra seconds, when it waits for the share
   if (explored > 0) {
     // A drafter measured only a few times is explored whatever its calls cost so far
     // (DraftBudgetOptions::young_drafter_calls): its first calls are cold starts as often as not
@@ -1137,6 +1240,7 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       decision.budgets = continued;
     } else {
       explored = 0;  // waits (the idle counts keep growing) until the share and bound allow it
+      if (within_bound && !young) waiting_extra = extra;
     }
   }
   decision.explored_nodes = explored;
@@ -1172,6 +1276,7 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   for (size_t i = 0; i < n; ++i) {
     if (decision.budgets[i] > 0) decision.depth_reach[i] = DepthReach(candidates[i].drafter, price);
   }
+  KeepIfQuiet(base, candidates, decision, waiting_extra);
   return decision;
 }
 

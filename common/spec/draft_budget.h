@@ -79,6 +79,15 @@
 // drafter (whose catch-up Observe costs more than a step) is probed rarely. Between probes, an
 // idle sequence's acceptance estimate relaxes toward its drafter's average, so a paying drafter
 // resumes after a dip without waiting for one.
+//
+// Quiet plans: a plan that leaves every sequence at 0 with nothing to explore is reused by the
+// next plans of the same decode-only batch (up to `quiet_replan_every` - 1 of them) until a probe,
+// an extra node or a share that now allows a waiting probe is due; their idle counts and
+// relaxation are applied before the next full plan, so probes come when they would. Between full
+// plans only the models' drift (the target's cost, the relaxation) could start a draft, at most
+// that many plans late. Where no drafter pays (learned drafters at batch 1 on the CPU) planning
+// every step cost 2.3% of the engine thread (perf, ~8 us of a 0.46 ms step, most of it cache
+// misses after the forward), which is what kept them below the floor.
 #pragma once
 
 #include <algorithm>
@@ -108,11 +117,17 @@ class ForgettingLeastSquares {
   void Reset(std::vector<double> prior);
   // Moves the anchor that future forgetting pulls toward, keeping the data.
   void SetAnchor(std::vector<double> anchor) { prior_ = std::move(anchor); }
-  const std::vector<double>& coefficients() const { return theta_; }
+  // Solved when read (Add only accumulates: the engine observes every step, and reads the fit
+  // once per plan).
+  const std::vector<double>& coefficients() const {
+    Solve();
+    return theta_;
+  }
   int64_t samples() const { return samples_; }
 
  private:
-  void Solve();
+  // theta_ from A and b, if a sample came since the last solve.
+  void Solve() const;
 
   size_t n_;
   double prior_weight_;
@@ -120,7 +135,8 @@ class ForgettingLeastSquares {
   std::vector<double> prior_;
   std::vector<double> a_;  // n x n, row-major
   std::vector<double> b_;
-  std::vector<double> theta_;
+  mutable std::vector<double> theta_;
+  mutable bool solved_ = true;
   int64_t samples_ = 0;
 };
 
@@ -155,8 +171,16 @@ class StepCostModel {
   std::vector<double> Features(const StepShape& shape) const;
   // Caches the fit's knots, the attention coefficient and the chunk-step cost, for Predict:
   // each knot no recent step visited kept within what the recently visited ones imply (ClampStale),
-  // then all made monotone.
-  void RefreshKnots();
+  // then all made monotone. Done when a prediction needs them after new observations (the
+  // policy predicts once per plan, and reuses quiet plans), and by Observe's outlier bound when
+  // they are kOutlierRefreshEvery observations old.
+  void RefreshKnots() const;
+  void EnsureKnots() const {
+    if (knots_observed_ != observed_) RefreshKnots();
+  }
+  static constexpr int64_t kOutlierRefreshEvery = 8;
+  // KnotPart from the knots as last refreshed.
+  double KnotPartAsRefreshed(int64_t tokens) const;
   // A knot that the fit's memory still holds steps on (its recent visits, forgotten at the fit's
   // rate, weigh at least half a step).
   bool Fresh(size_t knot) const;
@@ -192,12 +216,13 @@ class StepCostModel {
   std::vector<double> Anchor() const;
 
   ForgettingLeastSquares fit_;
-  std::vector<double> knots_;
-  double per_attention_ = 0;
+  mutable std::vector<double> knots_;
+  mutable double per_attention_ = 0;
   // What a step with a prompt chunk costs beyond its rows (the chunk's first-token sampling, the
   // caches the prefill left cold): fitted apart, so that the few short steps that end a prompt
   // do not price the knots that drafts use.
-  double chunk_step_ = 0;
+  mutable double chunk_step_ = 0;
+  mutable int64_t knots_observed_ = -1;  // observed_ when knots_ were refreshed
   bool has_prior_ = false;
   bool warm_started_ = false;  // a measured curve anchors every knot: kept as the anchor
   double forgetting_;
@@ -390,6 +415,9 @@ struct DraftBudgetOptions {
   bool margin_hysteresis = true;
   // Decoding sequences from which node_margin applies in full (1: at every batch size).
   int32_t margin_full_batch = 16;
+  // A plan with every sequence at 0 and nothing explored is reused for up to this many plans in
+  // all (see "Quiet plans" above); 1: every plan in full.
+  int32_t quiet_replan_every = 16;
   uint64_t seed = 0x5eed;
 };
 
@@ -488,6 +516,8 @@ class DraftBudgetPolicy {
   double DraftedStepExcess(double rows) const;
   // Seconds of every step measured so far.
   double measured_seconds() const { return measured_seconds_; }
+  // Plans that reused a quiet plan (DraftBudgetOptions::quiet_replan_every).
+  uint64_t quiet_plans() const { return quiet_plans_; }
 
  private:
   // Each candidate's expected draft (tokens and rows) at every budget up to its max_nodes.
@@ -578,6 +608,28 @@ class DraftBudgetPolicy {
   std::unordered_set<int64_t> drafted_last_plan_;    // sequences whose last plan drafted
   // Per drafter: its sequences' probes wait probe_after x this many plans.
   std::map<std::string, int32_t> probe_backoff_;
+  // The last full plan, while later plans may reuse it: every candidate at 0, nothing explored.
+  struct QuietPlan {
+    std::vector<std::pair<int64_t, std::string>> candidates;  // id and drafter, in order
+    int32_t decoding = 0;
+    int32_t reusable = 0;  // plans that may still reuse it
+    int32_t reused = 0;    // plans that did (their idle counts and relaxation not applied yet)
+    // >= 0: the predicted extra seconds of an exploration that was due but did not fit the
+    // share; reused only while it still does not.
+    double waiting_extra = -1;
+    BudgetDecision decision;
+  };
+  // A waiting exploration's cost is re-planned in full once the share holds this much of it.
+  static constexpr double kWaitingExtraShare = 0.9;
+  // Whether this plan reuses quiet_ (and counts it); false ends the quiet stretch.
+  bool ReuseQuietPlan(const StepBase& base, const std::vector<BudgetCandidate>& candidates);
+  // Applies what the reusing plans left pending and forgets quiet_.
+  void EndQuietPlans();
+  // After a full plan: makes it reusable if it was quiet.
+  void KeepIfQuiet(const StepBase& base, const std::vector<BudgetCandidate>& candidates,
+                   const BudgetDecision& decision, double waiting_extra);
+  QuietPlan quiet_;
+  uint64_t quiet_plans_ = 0;
   uint64_t plans_ = 0;
   uint64_t rng_;
   double measured_seconds_ = 0;  // every measured step's seconds so far

@@ -246,6 +246,27 @@ TEST(StepCostModelTest, AColdWarmUpDoesNotPriceTheShapesLaterStepsOnlyProbe) {
             model.Predict({.tokens = 4, .attention = 600}));
 }
 
+// The fit is solved and its knots refreshed when read: a model read after every step and one read
+// only at the end predict the same.
+TEST(StepCostModelTest, ReadingTheFitRarelyPredictsTheSame) {
+  std::mt19937 rng(23);
+  const Curve curve{.base = 1e-3, .knee = 8, .per_token = 1e-4, .per_attention = 1e-8};
+  StepCostModel often, rarely;
+  std::uniform_int_distribution<int64_t> tokens(1, 64);
+  for (int i = 0; i < 500; ++i) {
+    StepShape s{.tokens = tokens(rng)};
+    s.attention = static_cast<double>(s.tokens) * 100;
+    often.Observe(s, curve(s));
+    rarely.Observe(s, curve(s));
+    EXPECT_GT(often.Predict(s), 0);
+  }
+  for (int64_t t : {1, 3, 8, 17, 64, 200}) {
+    const StepShape s{.tokens = t, .attention = static_cast<double>(t) * 100};
+    EXPECT_DOUBLE_EQ(often.Predict(s), rarely.Predict(s)) << t;
+    EXPECT_NEAR(rarely.Predict(s), curve(s), 0.1 * curve(s)) << t;
+  }
+}
+
 TEST(StepCostModelTest, PredictionIsMonotoneInTokens) {
   std::mt19937 rng(11);
   DraftBudgetPolicy policy;
@@ -855,6 +876,90 @@ TEST(DraftBudgetPolicyTest, ProbesBackOffWhileTheDrafterDoesNotPay) {
     if (policy.Plan(Decoding(1, 10), Candidates(1, "ngram", 8, 10)).budgets[0] > 0) first = plan;
   }
   EXPECT_EQ(first, 5) << "the backoff was not reset by drafting";
+}
+
+// Quiet plans (DraftBudgetOptions::quiet_replan_every) change no decision: a drafter that never
+// pays is probed on the same plans with the same nodes (its backoff, the extra node every 16th
+// plan, probes that wait for the exploration share, a sequence leaving), and most plans reuse a
+// quiet one.
+TEST(DraftBudgetPolicyTest, QuietPlansKeepEveryDecision) {
+  std::vector<std::vector<int32_t>> budgets[2];
+  uint64_t quiet[2];
+  for (int run = 0; run < 2; ++run) {
+    std::mt19937 rng(21);
+    DraftBudgetOptions options;
+    options.probe_after = 8;
+    options.max_probe_backoff = 4;
+    options.quiet_replan_every = run == 0 ? 1 : DraftBudgetOptions{}.quiet_replan_every;
+    DraftBudgetPolicy policy(options);
+    const Curve curve{.base = 1e-3, .knee = 0, .per_token = 2e-4};
+    Train(policy, curve, 300, rng);
+    TrainDrafter(policy, "slow", 5e-4, 1e-5);
+    for (int64_t id = 1; id <= 3; ++id) TrainAcceptance(policy, "slow", id, 0.1, 40, rng);
+    for (int step = 0; step < 1200; ++step) {
+      if (step == 600) policy.Forget(3);
+      const int32_t n = step < 600 ? 3 : 2;
+      const StepBase base = Decoding(n, 10 + step);
+      const auto c = Candidates(n, "slow", 8, 10 + step);
+      const BudgetDecision d = policy.Plan(base, c);
+      budgets[run].push_back(d.budgets);
+      StepMeasurement m{.shape = base.shape};
+      int32_t drafting = 0;
+      for (size_t i = 0; i < c.size(); ++i) {
+        m.shape.tokens += d.budgets[i];
+        if (d.budgets[i] > 0) ++drafting;
+        m.sequences.push_back({.id = c[i].id,
+                               .drafter = "slow",
+                               .nodes = d.budgets[i],
+                               .depth = d.budgets[i],
+                               .accepted = 0,
+                               .asked = d.budgets[i]});
+      }
+      m.target_seconds = curve(m.shape);
+      if (drafting > 0) {
+        m.drafter_calls = {{.drafter = "slow",
+                            .sequences = drafting,
+                            .nodes = m.shape.tokens - n,
+                            .max_depth = 2,
+                            .observed_tokens = drafting,
+                            .seconds = 5e-4}};
+      }
+      policy.Observe(m);
+    }
+    quiet[run] = policy.quiet_plans();
+  }
+  int probes = 0;
+  for (const auto& b : budgets[1])
+    probes += std::count_if(b.begin(), b.end(), [](int32_t x) { return x > 0; });
+  EXPECT_GT(probes, 5) << "the drafter must still be probed";
+  ASSERT_EQ(budgets[0].size(), budgets[1].size());
+  for (size_t i = 0; i < budgets[0].size(); ++i) {
+    ASSERT_EQ(budgets[0][i], budgets[1][i]) << "plan " << i;
+  }
+  EXPECT_EQ(quiet[0], 0u);
+  EXPECT_GT(quiet[1], 600u);
+}
+
+// A quiet plan is reused only by the same batch: a sequence whose drafter pays, joining it, drafts
+// at once.
+TEST(DraftBudgetPolicyTest, ASequenceJoiningAQuietBatchDraftsAtOnce) {
+  std::mt19937 rng(22);
+  DraftBudgetPolicy policy(NoExploration());
+  Train(policy, Curve{.base = 1e-3, .knee = 16, .per_token = 1e-4}, 300, rng);
+  TrainDrafter(policy, "bad", 2e-3, 1e-5);
+  TrainDrafter(policy, "good", 1e-5, 1e-6);
+  TrainAcceptance(policy, "bad", 1, 0.05, 40, rng);
+  TrainAcceptance(policy, "good", 2, 0.9, 40, rng);
+  for (int plan = 0; plan < 3; ++plan) {
+    EXPECT_EQ(policy.Plan(Decoding(1, 10), Candidates(1, "bad", 8, 10)).budgets[0], 0);
+  }
+  EXPECT_EQ(policy.quiet_plans(), 2u);
+  std::vector<BudgetCandidate> both = Candidates(1, "bad", 8, 10);
+  both.push_back({.id = 2, .drafter = "good", .max_nodes = 8, .context = 10});
+  const BudgetDecision d = policy.Plan(Decoding(2, 10), both);
+  EXPECT_EQ(d.budgets[0], 0);
+  EXPECT_GT(d.budgets[1], 0);
+  EXPECT_EQ(policy.quiet_plans(), 2u);
 }
 
 TEST(DraftBudgetPolicyTest, ExplorationStaysWithinItsShareOfMeasuredTime) {
