@@ -1035,13 +1035,18 @@ void DraftBudgetPolicy::KeepIfQuiet(const StepBase& base,
   for (int32_t b : decision.budgets) {
     if (b != 0) return;
   }
-  int64_t reusable = options_.quiet_replan_every - 1;
-  if (options_.explore_every > 0) {  // the next plan that explores is a full one
-    const auto every = static_cast<uint64_t>(options_.explore_every);
-    // What waited here included the extra node's probe: the next plans' probes cost less.
-    if (waiting_extra >= 0 && plans_ % every == 0) return;
-    reusable = std::min(reusable, static_cast<int64_t>(every - plans_ % every) - 1);
+  // Not while the models are young: a step cost fit of a few steps, or a drafter probed outside
+  // the share until its cost fit holds young_drafter_calls calls, can change the plan any step.
+  if (target_cost_.observed() < kQuietAfterSteps) return;
+  for (const BudgetCandidate& c : candidates) {
+    const DrafterCostModel* model = drafter_cost(c.drafter);
+    if (options_.young_drafter_calls > 0 &&
+        (model == nullptr || model->calls() < options_.young_drafter_calls)) {
+      return;
+    }
   }
+  int64_t reusable = options_.quiet_replan_every - 1;
+  bool probe_due = false;  // a sequence's probe is due (it waits for the share)
   for (const BudgetCandidate& c : candidates) {
     if (trial_left_.count(c.id) > 0) return;
     if (options_.probe_after <= 0) continue;
@@ -1052,11 +1057,48 @@ void DraftBudgetPolicy::KeepIfQuiet(const StepBase& base,
     const int64_t idle_plans = idle == idle_plans_.end() ? 0 : idle->second;
     if (idle_plans >= wait) {
       if (waiting_extra < 0) return;  // due, and not waiting for the share
+      probe_due = true;
       continue;
     }
     reusable = std::min(reusable, wait - idle_plans - 1);  // the plans before its probe
   }
+  if (options_.explore_every > 0) {  // the next plan that explores is a full one
+    const auto every = static_cast<uint64_t>(options_.explore_every);
+    if (plans_ % every == 0 && waiting_extra >= 0) {
+      // What waited here was this plan's extra node (with any due probes): the plans before the
+      // next such plan retry only the probes, which cost less than it did.
+      if (probe_due) return;
+      waiting_extra = -1;
+    }
+    reusable = std::min(reusable, static_cast<int64_t>(every - plans_ % every) - 1);
+  }
   if (reusable <= 0) return;
+  // Each reused plan relaxes the sequences' acceptance toward their drafters' averages
+  // (idle_relaxation): reused only if the plan leaves them at 0 on the way there too, valued at
+  // the better of each sequence's expected draft and its drafter's average (expected tokens grow
+  // with acceptance).
+  if (options_.idle_relaxation > 0) {
+    std::vector<AcceptanceModel::Tables> upper = ExpectedDrafts(candidates);
+    bool better = false;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const AcceptanceModel::Tables average =
+          acceptance_.ExpectedDraft(candidates[i].drafter, kDrafterAverage, candidates[i].max_nodes,
+                                    options_.acceptance_confidence);
+      AcceptanceModel::Tables& t = upper[i];
+      for (size_t k = 0; k < t.tokens.size() && k < average.tokens.size(); ++k) {
+        if (average.tokens[k] > t.tokens[k]) {
+          t.tokens[k] = average.tokens[k];
+          better = true;
+        }
+        t.rows[k] = std::min(t.rows[k], average.rows[k]);
+      }
+    }
+    if (better) {
+      for (int32_t b : Allocate(base, candidates, upper, StepLimit(decision.no_draft_seconds))) {
+        if (b != 0) return;
+      }
+    }
+  }
   quiet_.candidates.reserve(candidates.size());
   for (const BudgetCandidate& c : candidates) quiet_.candidates.emplace_back(c.id, c.drafter);
   quiet_.decoding = base.decoding;

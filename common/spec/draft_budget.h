@@ -92,6 +92,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <span>
 #include <string>
@@ -162,6 +163,7 @@ class StepCostModel {
   double KnotPart(int64_t tokens) const;
   double PredictWith(double knot_part, const StepShape& shape) const;
   bool ready() const { return observed_ > 0; }
+  int64_t observed() const { return observed_; }
 
   static const std::vector<int64_t>& Knots();
   // An observed step counts as at most this many times its predicted seconds (see Observe).
@@ -621,6 +623,10 @@ class DraftBudgetPolicy {
   };
   // A waiting exploration's cost is re-planned in full once the share holds this much of it.
   static constexpr double kWaitingExtraShare = 0.9;
+  // A sequence id the acceptance model holds nothing for: it reads its drafter's average.
+  static constexpr int64_t kDrafterAverage = std::numeric_limits<int64_t>::min();
+  // Steps the step cost fit must have observed before a quiet plan is reused.
+  static constexpr int64_t kQuietAfterSteps = 64;
   // Whether this plan reuses quiet_ (and counts it); false ends the quiet stretch.
   bool ReuseQuietPlan(const StepBase& base, const std::vector<BudgetCandidate>& candidates);
   // Applies what the reusing plans left pending and forgets quiet_.

@@ -940,6 +940,30 @@ TEST(DraftBudgetPolicyTest, QuietPlansKeepEveryDecision) {
   EXPECT_GT(quiet[1], 600u);
 }
 
+// A sequence left at 0 by a dip in its acceptance, whose drafter pays on average, resumes on the
+// plan where relaxation brings it back when every plan is made in full: quiet plans are not
+// reused while relaxation could start a draft.
+TEST(DraftBudgetPolicyTest, ARelaxingSequenceResumesWhenItWouldWithoutQuietPlans) {
+  int resumed[2] = {0, 0};
+  for (int run = 0; run < 2; ++run) {
+    std::mt19937 rng(24);
+    DraftBudgetOptions options = NoExploration();
+    options.quiet_replan_every = run == 0 ? 1 : DraftBudgetOptions{}.quiet_replan_every;
+    DraftBudgetPolicy policy(options);
+    Train(policy, Curve{.base = 1e-3, .knee = 16, .per_token = 1e-4}, 300, rng, 0.0);
+    TrainDrafter(policy, "lm", 2e-4, 1e-5);
+    TrainAcceptance(policy, "lm", 2, 0.8, 200, rng);  // the drafter's average: it pays
+    TrainAcceptance(policy, "lm", 1, 0.0, 30, rng);   // sequence 1's dip
+    for (int plan = 1; plan <= 60 && resumed[run] == 0; ++plan) {
+      if (policy.Plan(Decoding(1, 10), Candidates(1, "lm", 8, 10)).budgets[0] > 0) {
+        resumed[run] = plan;
+      }
+    }
+  }
+  EXPECT_GT(resumed[0], 1) << "the dip must leave it at 0 first";
+  EXPECT_EQ(resumed[1], resumed[0]);
+}
+
 // A quiet plan is reused only by the same batch: a sequence whose drafter pays, joining it, drafts
 // at once.
 TEST(DraftBudgetPolicyTest, ASequenceJoiningAQuietBatchDraftsAtOnce) {
