@@ -334,6 +334,40 @@ TEST_F(SpeculaCliTest, BenchComparesWithNoSpeculationAndWritesJson) {
   EXPECT_NE(r.err.find("line 1"), std::string::npos) << r.err;
 }
 
+// --interleave-requests: the settings take turns within each repeat; every run still covers all
+// its requests, checked against the same reference, and adds up its turns.
+TEST_F(SpeculaCliTest, BenchInterleavesSettingsInTurnsOfRequests) {
+  const std::string prompts = dir_->File("turn_prompts.jsonl");
+  ASSERT_TRUE(WriteStringToFile(prompts,
+                                "{\"prompt\": \"def f(x):\\n    return x\"}\n"
+                                "{\"prompt_ids\": [5, 6, 7, 8]}\n"
+                                "{\"prompt_ids\": [9, 10, 11]}\n")
+                  .ok());
+  const std::string base = "bench --model " + model() + " --drafter ngram --prompts " + prompts +
+                           " --batch-sizes 1,2 --draft-lens 2,adaptive --max-new-tokens 8 "
+                           "--repeats 2 --min-requests 5";
+  const std::string json_path = dir_->File("turns.json");
+  RunResult r = Run(base + " --interleave-requests 1 --json " + json_path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(ReadFileToString(json_path).value());
+  EXPECT_EQ(j["interleave_requests"], 1);
+  ASSERT_EQ(j["results"].size(), 2u * 3);
+  for (const auto& row : j["results"]) {
+    EXPECT_EQ(row["output_mismatches"], 0) << row.dump();
+    EXPECT_EQ(row["draft_errors"], 0) << row.dump();
+    for (const auto& rep : row["repeats"]) {
+      // 5 requests: batch 1 in 5 turns, batch 2 in turns of a whole wave (2, 2, 1).
+      EXPECT_EQ(rep["tokens"], 8 * 5) << row.dump();
+      EXPECT_GT(rep["seconds"].get<double>(), 0.0);
+      EXPECT_GE(rep["engine_steps"].get<int64_t>(), 8) << row.dump();
+    }
+  }
+  r = Run(base + " --interleave-requests -1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--interleave-requests must be 0 or positive, got -1"), std::string::npos)
+      << r.err;
+}
+
 TEST_F(SpeculaCliTest, BenchCountsOpsPerEngineStepWhenAsked) {
   const std::string prompts = dir_->File("ops_prompts.jsonl");
   ASSERT_TRUE(WriteStringToFile(prompts, "{\"prompt\": \"def f(x):\\n    return x\"}\n").ok());

@@ -3,7 +3,10 @@
 // draft length, in an order rotated between repeats) generates max_new_tokens for the same
 // prompts, checked against one untimed run without speculation: at least
 // --min-requests requests per run, in waves of batch-size concurrent ones (so batch 1 is measured
-// over many prompts, not one). Prints a table and writes every run to JSON.
+// over many prompts, not one). With --interleave-requests N the settings take turns every N
+// requests within each repeat instead of every run, so that a drift of the machine's speed (on a
+// shared VM, 10-20% between seconds-long runs) falls on every setting of a repeat alike. Prints a
+// table and writes every run to JSON.
 //
 // Whenever a LOSSY rule runs (--verify specdec/typical, --specdec-grid) the table adds what it cost
 // in quality, against the lossless outputs of that untimed run: the share of requests
@@ -50,6 +53,7 @@ struct BenchFlags {
   int64_t max_new_tokens = 128;
   int64_t repeats = 3;
   int64_t min_requests = 16;
+  int64_t interleave_requests = 0;  // 0: each setting's run whole, in turn
   double temperature = 0;
   int64_t seed = 1;
   std::string json;
@@ -170,6 +174,30 @@ double Min(const std::vector<double>& v) {
   return v.empty() ? 0 : *std::min_element(v.begin(), v.end());
 }
 
+// Adds a later part of the same run (interleaved turns) to `total`.
+void AddPart(RunResult& total, const RunResult& part) {
+  total.seconds += part.seconds;
+  total.tokens += part.tokens;
+  total.draft_seconds += part.draft_seconds;
+  total.verify_seconds += part.verify_seconds;
+  total.forward_seconds += part.forward_seconds;
+  total.steps += part.steps;
+  total.draft_steps += part.draft_steps;
+  total.draft_tokens += part.draft_tokens;
+  total.draft_depth += part.draft_depth;
+  total.accepted_tokens += part.accepted_tokens;
+  total.mismatches += part.mismatches;
+  total.draft_errors += part.draft_errors;
+  if (total.first_draft_error.empty()) total.first_draft_error = part.first_draft_error;
+  total.peak_drafter_state_bytes =
+      std::max(total.peak_drafter_state_bytes, part.peak_drafter_state_bytes);
+  total.engine_steps += part.engine_steps;
+  total.budget_nodes += part.budget_nodes;
+  total.budgeted_sequence_steps += part.budgeted_sequence_steps;
+  total.ops += part.ops;
+  for (const auto& [name, n] : part.ops_by_name) total.ops_by_name[name] += n;
+}
+
 // Runs `requests` in consecutive waves of `batch_size` concurrent requests.
 StatusOr<RunResult> RunOnce(SpecEngine& engine, const std::vector<SpecRequest>& requests,
                             size_t batch_size, const std::vector<std::vector<int32_t>>* baseline,
@@ -218,6 +246,10 @@ Status Run(const BenchFlags& f) {
   if (f.repeats < 1) return InvalidArgumentError("--repeats must be at least 1");
   if (f.max_new_tokens < 1) return InvalidArgumentError("--max-new-tokens must be positive");
   if (f.min_requests < 1) return InvalidArgumentError("--min-requests must be at least 1");
+  if (f.interleave_requests < 0) {
+    return InvalidArgumentError(
+        StrCat("--interleave-requests must be 0 or positive, got ", f.interleave_requests));
+  }
   for (int64_t b : f.batch_sizes) {
     if (b < 1) return InvalidArgumentError(StrCat("--batch-sizes: ", b, " is not positive"));
   }
@@ -325,22 +357,44 @@ Status Run(const BenchFlags& f) {
       // setting always runs first (the baseline used to) or right after another.
       std::vector<size_t> order;
       for (size_t i = 0; i < settings.size(); ++i) order.push_back((i + rep) % settings.size());
+      std::vector<std::vector<SpecRequest>> requests(settings.size());
       for (size_t s : order) {
-        ASSIGN_OR_RETURN(std::vector<SpecRequest> requests, requests_for(s));
-        std::vector<std::vector<int32_t>> outputs;
-        ASSIGN_OR_RETURN(RunResult run,
-                         RunOnce(engine, requests, static_cast<size_t>(bs), &reference, &outputs,
-                                 planners[s].get(), f.count_ops));
+        ASSIGN_OR_RETURN(requests[s], requests_for(s));
+      }
+      const size_t total = reference.size();
+      // Turns of whole waves: every setting runs requests [start, start + turn) before the next
+      // turn; without interleaving a turn is the whole run.
+      const size_t turn = f.interleave_requests > 0
+                              ? static_cast<size_t>((f.interleave_requests + bs - 1) / bs * bs)
+                              : total;
+      std::vector<RunResult> rep_runs(settings.size());
+      std::vector<std::vector<std::vector<int32_t>>> outputs(settings.size());
+      for (size_t start = 0; start < total; start += turn) {
+        const size_t end = std::min(total, start + turn);
+        const std::vector<std::vector<int32_t>> expected(reference.begin() + start,
+                                                         reference.begin() + end);
+        for (size_t s : order) {
+          const std::vector<SpecRequest> part(requests[s].begin() + start,
+                                              requests[s].begin() + end);
+          std::vector<std::vector<int32_t>> part_outputs;
+          ASSIGN_OR_RETURN(RunResult run, RunOnce(engine, part, static_cast<size_t>(bs), &expected,
+                                                  &part_outputs, planners[s].get(), f.count_ops));
+          AddPart(rep_runs[s], run);
+          outputs[s].insert(outputs[s].end(), part_outputs.begin(), part_outputs.end());
+        }
+      }
+      for (size_t s : order) {
+        RunResult& run = rep_runs[s];
         // Quality is measured outside the timed run, with the engine idle.
-        if (any_lossy && (s == 0 || requests[0].speculation.verify.lossy())) {
+        if (any_lossy && (s == 0 || requests[s][0].speculation.verify.lossy())) {
           std::vector<std::vector<int32_t>> request_prompts;
-          for (const SpecRequest& r : requests) request_prompts.push_back(r.generation.prompt);
+          for (const SpecRequest& r : requests[s]) request_prompts.push_back(r.generation.prompt);
           Quality q;
-          q.agreement = CompareOutputs(outputs, reference);
-          ASSIGN_OR_RETURN(q.log_probs, TargetLogProbs(*runner, request_prompts, outputs));
+          q.agreement = CompareOutputs(outputs[s], reference);
+          ASSIGN_OR_RETURN(q.log_probs, TargetLogProbs(*runner, request_prompts, outputs[s]));
           run.quality = q;
         }
-        runs[s].push_back(run);
+        runs[s].push_back(std::move(run));
       }
     }
     for (size_t s = 0; s < settings.size(); ++s) {
@@ -536,6 +590,7 @@ Status Run(const BenchFlags& f) {
     j["specdec_grid"] = f.specdec_grid;
     j["repeats"] = f.repeats;
     j["min_requests"] = f.min_requests;
+    j["interleave_requests"] = f.interleave_requests;
     j["results"] = results;
     std::ofstream out(f.json);
     out << j.dump(2) << "\n";
@@ -568,6 +623,9 @@ int RunBench(const std::vector<std::string>& args) {
   flags.AddInt("repeats", &f.repeats, "runs of every setting (min and median reported)");
   flags.AddInt("min-requests", &f.min_requests,
                "requests per run at least (in waves of batch-size concurrent requests)");
+  flags.AddInt("interleave-requests", &f.interleave_requests,
+               "settings take turns every this many requests (rounded up to whole waves) within "
+               "each repeat, so that the machine's drift falls on all alike; 0 = each run whole");
   flags.AddDouble("temperature", &f.temperature, "0 = greedy");
   flags.AddInt("seed", &f.seed, "sampling seed of request 0 (request i uses seed + i)");
   flags.AddString("json", &f.json, "write every run and the summary here");
