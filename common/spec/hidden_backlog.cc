@@ -54,6 +54,7 @@ void HiddenBacklog::AppendRange(const std::vector<at::Tensor>& step_layers, int6
                                 int64_t row_end) {
   if (step_layers.empty() || row_end <= row0) return;
   TORCH_CHECK(store_ == nullptr, "HiddenBacklog: rows appended to slots");
+  MaterializeShared();
   const std::vector<at::Tensor> layers = HostRows(step_layers);
   const int64_t n = row_end - row0;
   Reserve(layers, rows_ + n);
@@ -69,6 +70,7 @@ void HiddenBacklog::AppendRows(const std::vector<at::Tensor>& step_layers,
                                const std::vector<int64_t>& rows) {
   if (step_layers.empty() || rows.empty()) return;
   TORCH_CHECK(store_ == nullptr, "HiddenBacklog: rows appended to slots");
+  MaterializeShared();
   const std::vector<at::Tensor> layers = HostRows(step_layers);
   const int64_t n = static_cast<int64_t>(rows.size());
   Reserve(layers, rows_ + n);
@@ -83,6 +85,42 @@ void HiddenBacklog::AppendRows(const std::vector<at::Tensor>& step_layers,
     }
   }
   rows_ += n;
+}
+
+void HiddenBacklog::MaterializeShared() {
+  if (shared_.empty()) return;
+  const std::vector<SharedRow> rows = std::move(shared_);
+  shared_.clear();
+  const int64_t n = static_cast<int64_t>(rows.size());
+  rows_ -= n;  // the buffers' rows
+  const std::vector<at::Tensor>& first = *rows.front().layers;
+  Reserve(first, rows_ + n);
+  for (size_t k = 0; k < first.size(); ++k) {
+    const size_t row_bytes = first[k].size(1) * first[k].element_size();
+    char* dst = static_cast<char*>(buffers_[k].data_ptr()) + rows_ * row_bytes;
+    for (const SharedRow& r : rows) {
+      std::memcpy(dst, static_cast<const char*>((*r.layers)[k].data_ptr()) + r.row * row_bytes,
+                  row_bytes);
+      dst += row_bytes;
+    }
+  }
+  rows_ += n;
+}
+
+void HiddenBacklog::AppendShared(SharedLayers layers, const std::vector<int64_t>& rows) {
+  if (!layers || layers->empty() || rows.empty()) return;
+  TORCH_CHECK(store_ == nullptr, "HiddenBacklog: rows appended to slots");
+  TORCH_CHECK(buffers_.empty() || buffers_.size() == layers->size(),
+              "HiddenBacklog: shared rows of ", layers->size(), " layers after ", buffers_.size());
+  for (const at::Tensor& t : *layers) {
+    TORCH_CHECK(t.device().is_cpu() && t.dim() == 2 && t.is_contiguous(),
+                "HiddenBacklog: shared rows are kept from contiguous CPU [rows, hidden] tensors");
+  }
+  for (int64_t r : rows) {
+    TORCH_CHECK(r >= 0 && r < (*layers)[0].size(0), "HiddenBacklog: row ", r, " outside the step");
+    shared_.push_back({layers, r});
+  }
+  rows_ += static_cast<int64_t>(rows.size());
 }
 
 void HiddenBacklog::AppendSlots(HiddenRowStore* store, const std::vector<int64_t>& layer_ids,
@@ -105,6 +143,35 @@ std::vector<at::Tensor> HiddenBacklog::Take() {
       throw;
     }
     Clear();
+  } else if (!shared_.empty()) {
+    // The buffer's rows, then each shared row, into one fresh tensor per layer.
+    const std::vector<at::Tensor>& first = *shared_.front().layers;
+    const int64_t copied = rows_ - static_cast<int64_t>(shared_.size());
+    for (size_t k = 0; k < first.size(); ++k) {
+      const int64_t hidden = first[k].size(1);
+      at::Tensor t = at::empty({rows_, hidden}, first[k].options());
+      const size_t row_bytes = hidden * first[k].element_size();
+      char* dst = static_cast<char*>(t.data_ptr());
+      if (copied > 0) {
+        TORCH_CHECK(buffers_[k].size(1) == hidden, "HiddenBacklog: rows of another width");
+        std::memcpy(dst, buffers_[k].data_ptr(), copied * row_bytes);
+        dst += copied * row_bytes;
+      }
+      for (const SharedRow& r : shared_) {
+        const at::Tensor& from = (*r.layers)[k];
+        TORCH_CHECK(from.size(1) == hidden, "HiddenBacklog: rows of another width");
+        std::memcpy(dst, static_cast<const char*>(from.data_ptr()) + r.row * row_bytes, row_bytes);
+        dst += row_bytes;
+      }
+      out.push_back(std::move(t));
+    }
+    shared_.clear();
+    for (at::Tensor& buf : buffers_) {
+      if (buf.defined() && buf.size(0) > 2 * std::max<int64_t>(expected_later_, 16)) {
+        buf = at::Tensor();
+      }
+    }
+    rows_ = 0;  // taken_ stays: views a drafter got from an earlier Take may still be held
   } else {
     if (rows_ > 0) {
       for (at::Tensor& buf : buffers_) out.push_back(buf.narrow(0, 0, rows_));
@@ -126,6 +193,7 @@ void HiddenBacklog::Clear() {
   store_ = nullptr;
   store_layers_.clear();
   slots_.clear();
+  shared_.clear();
   rows_ = 0;
   buffers_.clear();
   taken_ = false;

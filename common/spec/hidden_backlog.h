@@ -17,6 +17,7 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "common/spec/hidden_row_store.h"
@@ -35,6 +36,15 @@ class HiddenBacklog {
   void AppendRange(const std::vector<at::Tensor>& layers, int64_t row0, int64_t row_end);
   // Appends the given rows of each layer's packed step tensor, in order.
   void AppendRows(const std::vector<at::Tensor>& layers, const std::vector<int64_t>& rows);
+  // The same rows without copying them: the backlog keeps the step's tensors (which nothing may
+  // write again; the target's captured states are fresh each step, and the sequences of a step
+  // share one set) until it is taken, and copies its rows out then. A decode step's rows were
+  // copied into each sequence's buffer right after the forward had streamed the weights through
+  // the caches: 2.8% of the engine thread at batch 4 for SpecFormer's four layers (perf), mostly
+  // those copies' misses, for rows a sequence at 0 nodes reads only at its next probe. A later
+  // AppendRange or AppendRows copies the shared rows into the buffers first (order is kept).
+  using SharedLayers = std::shared_ptr<const std::vector<at::Tensor>>;
+  void AppendShared(SharedLayers layers, const std::vector<int64_t>& rows);
   // Appends rows held in `store` (which must outlive the backlog's rows): `slots`, of the model
   // layers `layer_ids` (the drafter's, in its order). Not mixed with the other appends between
   // Takes. The backlog frees the slots when it is taken, cleared or destroyed.
@@ -50,13 +60,15 @@ class HiddenBacklog {
     expected_later_ = later;
   }
   // Every row appended since the last Take, one [rows, hidden] tensor per layer (empty if no
-  // rows), and a fresh start.
+  // rows), and a fresh start. Shared rows are copied out here (with the buffer's before them).
   std::vector<at::Tensor> Take();
   void Clear();
   int64_t rows() const { return rows_; }
 
  private:
   void Reserve(const std::vector<at::Tensor>& layers, int64_t rows);
+  // Copies the shared rows into the buffers (before rows are copied after them).
+  void MaterializeShared();
 
   int64_t rows_ = 0;
   int64_t expected_first_ = 0;
@@ -67,6 +79,12 @@ class HiddenBacklog {
   std::vector<at::Tensor> buffers_;
   bool taken_ = false;      // buffers_ were handed over by the last Take
   bool allocated_ = false;  // buffers were allocated since the last Clear (`first` applied)
+  // AppendShared: rows of steps' tensors, after the buffers' rows_ - shared_.size().
+  struct SharedRow {
+    SharedLayers layers;
+    int64_t row = 0;
+  };
+  std::vector<SharedRow> shared_;
   // AppendSlots: rows in a shared store.
   HiddenRowStore* store_ = nullptr;
   std::vector<int64_t> store_layers_;

@@ -330,9 +330,16 @@ struct SpecEngine::ForwardGroup {
   // the commits (FlushHiddenRows).
   std::vector<RequestId> hidden_owners;
   std::vector<std::vector<int64_t>> hidden_rows;
+  // Per drafter, the step's hidden-state tensors of its layers, shared by the members' backlogs
+  // (HiddenBacklog::AppendShared), made at the first member that keeps rows.
+  std::map<const Drafter*, HiddenBacklog::SharedLayers> shared_hidden;
 };
 
 namespace {
+
+// A step's hidden-state tensors with at most this many rows are kept by the backlogs of its
+// sequences (HiddenBacklog::AppendShared) rather than copied into them.
+constexpr int64_t kMaxSharedStepRows = 16;
 
 // The step's packed hidden-state tensors of the layers `drafter` reads, in its order.
 std::vector<at::Tensor> DrafterLayers(const ForwardBatch& batch, const ForwardOutput& out,
@@ -1005,8 +1012,21 @@ void SpecEngine::QueueObservation(ForwardGroup& group, size_t b, bool was_prefil
       group.hidden_owners.push_back(s.id);
       group.hidden_rows.push_back(hidden_rows);
     } else {
-      s.unobserved_hidden.AppendRows(DrafterLayers(group.batch, group.out, *s.drafter),
-                                     hidden_rows);
+      std::vector<at::Tensor> step_layers = DrafterLayers(group.batch, group.out, *s.drafter);
+      // A small step's tensors are kept, shared, instead of copied: what an idle sequence holds
+      // alive is then at most kMaxSharedStepRows rows a step, whoever else's they are.
+      if (!step_layers.empty() && step_layers[0].size(0) <= kMaxSharedStepRows) {
+        HiddenBacklog::SharedLayers& layers = group.shared_hidden[s.drafter];
+        if (!layers) {
+          for (at::Tensor& t : step_layers) {
+            if (!t.is_contiguous()) t = t.contiguous();
+          }
+          layers = std::make_shared<const std::vector<at::Tensor>>(std::move(step_layers));
+        }
+        s.unobserved_hidden.AppendShared(layers, hidden_rows);
+      } else {
+        s.unobserved_hidden.AppendRows(step_layers, hidden_rows);
+      }
     }
   }
   s.unobserved_tokens.insert(s.unobserved_tokens.end(), emitted.begin(), emitted.end());

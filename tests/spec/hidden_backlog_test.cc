@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <memory>
+
 namespace specula {
 namespace {
 
@@ -50,6 +52,42 @@ TEST(HiddenBacklogTest, KeepsRangesAndRowsInOrderAcrossGrowth) {
   EXPECT_EQ(ids[1], want);
   EXPECT_EQ(backlog.rows(), 0);
   EXPECT_TRUE(backlog.Take().empty());
+}
+
+// Shared rows (kept, not copied) mixed with copied ones, in any order between Takes: a prompt
+// chunk, shared decode rows, a copied step (which copies the shared rows first), shared again.
+TEST(HiddenBacklogTest, SharedRowsComeBackInOrderWithCopiedOnes) {
+  HiddenBacklog backlog;
+  auto shared = [](int64_t rows, int64_t first) {
+    return std::make_shared<const std::vector<at::Tensor>>(StepLayers(rows, 8, first));
+  };
+  backlog.AppendRange(StepLayers(40, 8), 3, 13);  // rows 3..12
+  for (int step = 0; step < 5; ++step) backlog.AppendShared(shared(4, 1000 + 10 * step), {1, 3});
+  backlog.AppendRows(StepLayers(6, 8, 2000), {0, 5});
+  const auto kept = shared(3, 3000);
+  backlog.AppendShared(kept, {2});
+  backlog.AppendShared(kept, {0});
+  EXPECT_EQ(backlog.rows(), 10 + 10 + 2 + 2);
+  std::vector<float> want;
+  for (int r = 3; r < 13; ++r) want.push_back(r);
+  for (int step = 0; step < 5; ++step) {
+    for (int r : {1, 3}) want.push_back(1000 + 10 * step + r);
+  }
+  for (float r : {2000, 2005, 3002, 3000}) want.push_back(r);
+  const auto ids = RowIds(backlog.Take());
+  ASSERT_EQ(ids.size(), 2u);
+  EXPECT_EQ(ids[0], want);
+  for (float& w : want) w += 100;
+  EXPECT_EQ(ids[1], want);
+  EXPECT_EQ(backlog.rows(), 0);
+  // Only shared rows; then a fresh start that a Clear also gives.
+  backlog.AppendShared(shared(2, 7), {1, 0});
+  EXPECT_EQ(RowIds(backlog.Take())[0], (std::vector<float>{8, 7}));
+  backlog.AppendShared(shared(2, 7), {1});
+  backlog.Clear();
+  EXPECT_EQ(backlog.rows(), 0);
+  EXPECT_TRUE(backlog.Take().empty());
+  EXPECT_THROW(backlog.AppendShared(shared(2, 0), {2}), c10::Error);  // outside the step
 }
 
 TEST(HiddenBacklogTest, TakenRowsStayValidAfterNewAppends) {
