@@ -982,6 +982,11 @@ std::vector<int32_t> DraftBudgetPolicy::Greedy(const StepBase& base,
   return b;
 }
 
+int32_t DraftBudgetPolicy::ProbeWait(const std::string& drafter) const {
+  auto backoff = probe_backoff_.find(drafter);
+  return options_.probe_after * (backoff == probe_backoff_.end() ? 1 : backoff->second);
+}
+
 bool DraftBudgetPolicy::ReuseQuietPlan(const StepBase& base,
                                        const std::vector<BudgetCandidate>& candidates) {
   if (quiet_.reusable <= 0 || base.chunks.tokens > 0 || base.max_nodes == 0 ||
@@ -1050,9 +1055,7 @@ void DraftBudgetPolicy::KeepIfQuiet(const StepBase& base,
   for (const BudgetCandidate& c : candidates) {
     if (trial_left_.count(c.id) > 0) return;
     if (options_.probe_after <= 0) continue;
-    auto backoff = probe_backoff_.find(c.drafter);
-    const int64_t wait =
-        options_.probe_after * (backoff == probe_backoff_.end() ? 1 : backoff->second);
+    const int64_t wait = ProbeWait(c.drafter);
     auto idle = idle_plans_.find(c.id);
     const int64_t idle_plans = idle == idle_plans_.end() ? 0 : idle->second;
     if (idle_plans >= wait) {
@@ -1178,10 +1181,7 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       continue;
     }
     if (options_.probe_after <= 0) continue;
-    auto backoff = probe_backoff_.find(candidates[i].drafter);
-    const int32_t wait =
-        options_.probe_after * (backoff == probe_backoff_.end() ? 1 : backoff->second);
-    if (++idle < wait || !probe(i)) continue;
+    if (++idle < ProbeWait(candidates[i].drafter) || !probe(i)) continue;
     probed.push_back(i);
     started.push_back(i);
   }

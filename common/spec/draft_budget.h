@@ -622,6 +622,8 @@ class DraftBudgetPolicy {
     double waiting_extra = -1;
     BudgetDecision decision;
   };
+  // The plans a sequence of `drafter` waits at 0 nodes before its probe (probe_after x backoff).
+  int32_t ProbeWait(const std::string& drafter) const;
   // A waiting exploration's cost is re-planned in full once the share holds this much of it.
   static constexpr double kWaitingExtraShare = 0.9;
   // A sequence id the acceptance model holds nothing for: it reads its drafter's average.

@@ -134,6 +134,7 @@ void HiddenBacklog::AppendSlots(HiddenRowStore* store, const std::vector<int64_t
 }
 
 std::vector<at::Tensor> HiddenBacklog::Take() {
+  MaterializeShared();  // shared rows go out with the buffers' (one copy, as appended rows had)
   std::vector<at::Tensor> out;
   if (store_) {
     try {
@@ -143,35 +144,6 @@ std::vector<at::Tensor> HiddenBacklog::Take() {
       throw;
     }
     Clear();
-  } else if (!shared_.empty()) {
-    // The buffer's rows, then each shared row, into one fresh tensor per layer.
-    const std::vector<at::Tensor>& first = *shared_.front().layers;
-    const int64_t copied = rows_ - static_cast<int64_t>(shared_.size());
-    for (size_t k = 0; k < first.size(); ++k) {
-      const int64_t hidden = first[k].size(1);
-      at::Tensor t = at::empty({rows_, hidden}, first[k].options());
-      const size_t row_bytes = hidden * first[k].element_size();
-      char* dst = static_cast<char*>(t.data_ptr());
-      if (copied > 0) {
-        TORCH_CHECK(buffers_[k].size(1) == hidden, "HiddenBacklog: rows of another width");
-        std::memcpy(dst, buffers_[k].data_ptr(), copied * row_bytes);
-        dst += copied * row_bytes;
-      }
-      for (const SharedRow& r : shared_) {
-        const at::Tensor& from = (*r.layers)[k];
-        TORCH_CHECK(from.size(1) == hidden, "HiddenBacklog: rows of another width");
-        std::memcpy(dst, static_cast<const char*>(from.data_ptr()) + r.row * row_bytes, row_bytes);
-        dst += row_bytes;
-      }
-      out.push_back(std::move(t));
-    }
-    shared_.clear();
-    for (at::Tensor& buf : buffers_) {
-      if (buf.defined() && buf.size(0) > 2 * std::max<int64_t>(expected_later_, 16)) {
-        buf = at::Tensor();
-      }
-    }
-    rows_ = 0;  // taken_ stays: views a drafter got from an earlier Take may still be held
   } else {
     if (rows_ > 0) {
       for (at::Tensor& buf : buffers_) out.push_back(buf.narrow(0, 0, rows_));

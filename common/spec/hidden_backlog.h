@@ -60,14 +60,14 @@ class HiddenBacklog {
     expected_later_ = later;
   }
   // Every row appended since the last Take, one [rows, hidden] tensor per layer (empty if no
-  // rows), and a fresh start. Shared rows are copied out here (with the buffer's before them).
+  // rows), and a fresh start. Shared rows are copied into the buffers here.
   std::vector<at::Tensor> Take();
   void Clear();
   int64_t rows() const { return rows_; }
 
  private:
   void Reserve(const std::vector<at::Tensor>& layers, int64_t rows);
-  // Copies the shared rows into the buffers (before rows are copied after them).
+  // Copies the shared rows into the buffers (before rows are copied after them, and at a Take).
   void MaterializeShared();
 
   int64_t rows_ = 0;

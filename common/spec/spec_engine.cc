@@ -1011,22 +1011,21 @@ void SpecEngine::QueueObservation(ForwardGroup& group, size_t b, bool was_prefil
     if (StoresHiddenRows(group)) {  // one store for the whole group after the commits
       group.hidden_owners.push_back(s.id);
       group.hidden_rows.push_back(hidden_rows);
-    } else {
-      std::vector<at::Tensor> step_layers = DrafterLayers(group.batch, group.out, *s.drafter);
+    } else if (!group.out.hidden.empty() && group.out.hidden[0].size(0) <= kMaxSharedStepRows) {
       // A small step's tensors are kept, shared, instead of copied: what an idle sequence holds
       // alive is then at most kMaxSharedStepRows rows a step, whoever else's they are.
-      if (!step_layers.empty() && step_layers[0].size(0) <= kMaxSharedStepRows) {
-        HiddenBacklog::SharedLayers& layers = group.shared_hidden[s.drafter];
-        if (!layers) {
-          for (at::Tensor& t : step_layers) {
-            if (!t.is_contiguous()) t = t.contiguous();
-          }
-          layers = std::make_shared<const std::vector<at::Tensor>>(std::move(step_layers));
+      HiddenBacklog::SharedLayers& layers = group.shared_hidden[s.drafter];
+      if (!layers) {  // once per drafter per step
+        std::vector<at::Tensor> kept = DrafterLayers(group.batch, group.out, *s.drafter);
+        for (at::Tensor& t : kept) {
+          if (!t.is_contiguous()) t = t.contiguous();
         }
-        s.unobserved_hidden.AppendShared(layers, hidden_rows);
-      } else {
-        s.unobserved_hidden.AppendRows(step_layers, hidden_rows);
+        layers = std::make_shared<const std::vector<at::Tensor>>(std::move(kept));
       }
+      s.unobserved_hidden.AppendShared(layers, hidden_rows);
+    } else {
+      s.unobserved_hidden.AppendRows(DrafterLayers(group.batch, group.out, *s.drafter),
+                                     hidden_rows);
     }
   }
   s.unobserved_tokens.insert(s.unobserved_tokens.end(), emitted.begin(), emitted.end());

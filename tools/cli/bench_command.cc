@@ -174,42 +174,18 @@ double Min(const std::vector<double>& v) {
   return v.empty() ? 0 : *std::min_element(v.begin(), v.end());
 }
 
-// Adds a later part of the same run (interleaved turns) to `total`.
-void AddPart(RunResult& total, const RunResult& part) {
-  total.seconds += part.seconds;
-  total.tokens += part.tokens;
-  total.draft_seconds += part.draft_seconds;
-  total.verify_seconds += part.verify_seconds;
-  total.forward_seconds += part.forward_seconds;
-  total.steps += part.steps;
-  total.draft_steps += part.draft_steps;
-  total.draft_tokens += part.draft_tokens;
-  total.draft_depth += part.draft_depth;
-  total.accepted_tokens += part.accepted_tokens;
-  total.mismatches += part.mismatches;
-  total.draft_errors += part.draft_errors;
-  if (total.first_draft_error.empty()) total.first_draft_error = part.first_draft_error;
-  total.peak_drafter_state_bytes =
-      std::max(total.peak_drafter_state_bytes, part.peak_drafter_state_bytes);
-  total.engine_steps += part.engine_steps;
-  total.budget_nodes += part.budget_nodes;
-  total.budgeted_sequence_steps += part.budgeted_sequence_steps;
-  total.ops += part.ops;
-  for (const auto& [name, n] : part.ops_by_name) total.ops_by_name[name] += n;
-}
-
-// Runs `requests` in consecutive waves of `batch_size` concurrent requests.
-StatusOr<RunResult> RunOnce(SpecEngine& engine, const std::vector<SpecRequest>& requests,
-                            size_t batch_size, const std::vector<std::vector<int32_t>>* baseline,
-                            std::vector<std::vector<int32_t>>* outputs, BudgetPlanner* planner,
-                            bool count_ops = false) {
-  RunResult r;
-  outputs->clear();
+// Runs requests [begin, end) in consecutive waves of `batch_size` concurrent requests, adding to
+// `r` and appending to `outputs` (request i's output at index i when they start together:
+// `baseline` is indexed by request).
+Status RunWaves(SpecEngine& engine, const std::vector<SpecRequest>& requests, size_t begin,
+                size_t end, size_t batch_size, const std::vector<std::vector<int32_t>>* baseline,
+                std::vector<std::vector<int32_t>>* outputs, BudgetPlanner* planner, bool count_ops,
+                RunResult& r) {
   std::optional<OpCounter> counter;  // GenerateAll steps the engine on this thread
   if (count_ops) counter.emplace();
-  for (size_t start = 0; start < requests.size(); start += batch_size) {
-    const std::vector<SpecRequest> wave(
-        requests.begin() + start, requests.begin() + std::min(requests.size(), start + batch_size));
+  for (size_t start = begin; start < end; start += batch_size) {
+    const std::vector<SpecRequest> wave(requests.begin() + start,
+                                        requests.begin() + std::min(end, start + batch_size));
     SpecRunStats stats;
     ASSIGN_OR_RETURN(auto results, GenerateAll(engine, wave, nullptr, &stats, planner));
     r.budget_nodes += stats.budget_nodes;
@@ -236,9 +212,20 @@ StatusOr<RunResult> RunOnce(SpecEngine& engine, const std::vector<SpecRequest>& 
     }
   }
   if (counter) {
-    r.ops = counter->count();
-    r.ops_by_name = counter->by_name();
+    r.ops += counter->count();
+    for (const auto& [name, n] : counter->by_name()) r.ops_by_name[name] += n;
   }
+  return OkStatus();
+}
+
+// All of `requests` as one run.
+StatusOr<RunResult> RunOnce(SpecEngine& engine, const std::vector<SpecRequest>& requests,
+                            size_t batch_size, const std::vector<std::vector<int32_t>>* baseline,
+                            std::vector<std::vector<int32_t>>* outputs, BudgetPlanner* planner) {
+  RunResult r;
+  outputs->clear();
+  RETURN_IF_ERROR(RunWaves(engine, requests, 0, requests.size(), batch_size, baseline, outputs,
+                           planner, /*count_ops=*/false, r));
   return r;
 }
 
@@ -371,16 +358,10 @@ Status Run(const BenchFlags& f) {
       std::vector<std::vector<std::vector<int32_t>>> outputs(settings.size());
       for (size_t start = 0; start < total; start += turn) {
         const size_t end = std::min(total, start + turn);
-        const std::vector<std::vector<int32_t>> expected(reference.begin() + start,
-                                                         reference.begin() + end);
         for (size_t s : order) {
-          const std::vector<SpecRequest> part(requests[s].begin() + start,
-                                              requests[s].begin() + end);
-          std::vector<std::vector<int32_t>> part_outputs;
-          ASSIGN_OR_RETURN(RunResult run, RunOnce(engine, part, static_cast<size_t>(bs), &expected,
-                                                  &part_outputs, planners[s].get(), f.count_ops));
-          AddPart(rep_runs[s], run);
-          outputs[s].insert(outputs[s].end(), part_outputs.begin(), part_outputs.end());
+          RETURN_IF_ERROR(RunWaves(engine, requests[s], start, end, static_cast<size_t>(bs),
+                                   &reference, &outputs[s], planners[s].get(), f.count_ops,
+                                   rep_runs[s]));
         }
       }
       for (size_t s : order) {
