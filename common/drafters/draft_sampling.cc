@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/model/cpu_kernels.h"
+
 namespace specula {
 namespace {
 
@@ -20,38 +22,21 @@ uint64_t DraftSeed(uint64_t seed) {
   return x ^ (x >> 31);
 }
 
-namespace {
-
-// sum(exp(l - max)) over the row; -inf entries add nothing and skip the exponential.
-double SumExp(std::span<const float> row, float max_logit) {
-  double total = 0.0;
-  for (float l : row) {
-    if (l != -INFINITY) total += std::exp(l - max_logit);
-  }
-  return total;
-}
-
-}  // namespace
-
 std::vector<float> Softmax(std::span<const float> row) {
   std::vector<float> probs(row.size(), 0.0f);
   if (row.empty()) return probs;
-  const float max_logit = *std::max_element(row.begin(), row.end());
-  double total = 0.0;
-  for (size_t i = 0; i < row.size(); ++i) {
-    if (row[i] == -INFINITY) continue;
-    probs[i] = std::exp(row[i] - max_logit);
-    total += probs[i];
-  }
-  const double inv = 1.0 / total;
-  for (float& p : probs) p = static_cast<float>(p * inv);
+  const float max_logit = row[Argmax(row)];
+  const float total =
+      ExpBelowRaw(row.data(), static_cast<int64_t>(row.size()), max_logit, probs.data());
+  const float inv = 1.0f / total;
+  for (float& p : probs) p *= inv;
   return probs;
 }
 
 TopToken ArgmaxWithProbability(std::span<const float> row) {
   if (row.empty()) return {};
   const int32_t token = Argmax(row);
-  return {token, static_cast<float>(1.0 / SumExp(row, row[token]))};
+  return {token, 1.0f / SumExpBelow(row.data(), static_cast<int64_t>(row.size()), row[token])};
 }
 
 std::vector<float> DraftProbabilities(std::span<const float> row, const SamplingParams& sampling) {

@@ -14,8 +14,8 @@ namespace specula {
 // independent of the target's.
 uint64_t DraftSeed(uint64_t seed);
 
-// softmax(row): float exponentials summed in double. Entries at -inf (outside a draft
-// vocabulary) cost no exponential.
+// softmax(row): lane-parallel float exponentials and sums (ExpBelowRaw, ~1e-6 relative). Entries
+// at -inf (outside a draft vocabulary) get exactly 0.
 std::vector<float> Softmax(std::span<const float> row);
 
 // A greedy chain's next node: the row's argmax (ties to the lower id) and its softmax probability,

@@ -825,6 +825,40 @@ at::Tensor SmallMatmulCpu(const at::Tensor& x_in, const at::Tensor& weight, cons
   return y;
 }
 
+SPECULA_VECTOR_CLONES
+float SumExpBelow(const float* x, int64_t n, float shift) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int t = 0; t < kLanes; ++t) acc[t] += ExpNonPositive(x[i + t] - shift);
+  }
+  float s = 0;
+  for (int t = 0; t < kLanes; ++t) s += acc[t];
+  for (; i < n; ++i) s += ExpNonPositive(x[i] - shift);
+  return s;
+}
+
+SPECULA_VECTOR_CLONES
+float ExpBelowRaw(const float* x, int64_t n, float shift, float* out) {
+  constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int t = 0; t < kLanes; ++t) {
+      const float e = x[i + t] == kMinusInf ? 0.0f : ExpNonPositive(x[i + t] - shift);
+      out[i + t] = e;
+      acc[t] += e;
+    }
+  }
+  float s = 0;
+  for (int t = 0; t < kLanes; ++t) s += acc[t];
+  for (; i < n; ++i) {
+    out[i] = x[i] == kMinusInf ? 0.0f : ExpNonPositive(x[i] - shift);
+    s += out[i];
+  }
+  return s;
+}
+
 void RmsNormRaw(const float* x, const float* weight, float* out, int64_t rows, int64_t d,
                 double eps) {
   RmsNormRows(x, weight, out, rows, d, static_cast<float>(eps));

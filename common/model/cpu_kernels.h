@@ -96,6 +96,13 @@ void PackMatmulWeights(const float* weight, int64_t n, int64_t k, float* packed)
 // weight; rows in [1, kSmallMatmulMaxRows], n and k multiples of 16.
 void PackedMatmulRaw(const float* x, int64_t rows, int64_t k, const float* packed, int64_t n,
                      const float* bias, const float* residual, float* y);
+// sum_i exp(x[i] - shift) for x[i] <= shift (a row's largest value), in lane-parallel float
+// sums of a ~2-ulp exponential: the softmax denominators drafters take over a 4,096-token row at
+// every depth (std::exp per logit, summed in double, was ~14% of a draft LM's step). -inf adds
+// ~1e-38 (the exponential's floor at exp(-87)); NaN propagates.
+float SumExpBelow(const float* x, int64_t n, float shift);
+// out[i] = exp(x[i] - shift), exactly 0 where x[i] is -inf; returns their sum as SumExpBelow.
+float ExpBelowRaw(const float* x, int64_t n, float shift, float* out);
 void RmsNormRaw(const float* x, const float* weight, float* out, int64_t rows, int64_t d,
                 double eps);
 void SiluMulRaw(const float* gate_up, float* out, int64_t rows, int64_t f);

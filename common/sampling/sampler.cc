@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace specula {
@@ -21,7 +22,46 @@ Status SamplingParams::Validate() const {
 double SequenceRng::Uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(engine_); }
 
 int32_t Argmax(std::span<const float> logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  // 16 lanes, each keeping its largest value and where it first saw it, so the loop vectorises
+  // (std::max_element's compare-and-branch per logit was 16% of a draft LM's step over the
+  // 4,096 logits of its depth); then the largest of the lanes, the lowest index among equals.
+  constexpr int kLanes = 16;
+  const float* x = logits.data();
+  const auto n = static_cast<int64_t>(logits.size());
+  if (n < 2 * kLanes) {
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  // As std::max_element: a NaN first stays the answer, a NaN later never is.
+  if (std::isnan(x[0])) return 0;
+  float best[kLanes];
+  int32_t at[kLanes];
+  for (int t = 0; t < kLanes; ++t) {
+    best[t] = -std::numeric_limits<float>::infinity();
+    at[t] = t;
+  }
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int t = 0; t < kLanes; ++t) {
+      const bool greater = x[i + t] > best[t];
+      best[t] = greater ? x[i + t] : best[t];
+      at[t] = greater ? static_cast<int32_t>(i + t) : at[t];
+    }
+  }
+  float top = best[0];
+  int32_t token = at[0];
+  for (int t = 1; t < kLanes; ++t) {
+    if (best[t] > top || (best[t] == top && at[t] < token)) {
+      top = best[t];
+      token = at[t];
+    }
+  }
+  for (; i < n; ++i) {
+    if (x[i] > top) {
+      top = x[i];
+      token = static_cast<int32_t>(i);
+    }
+  }
+  return token;
 }
 
 std::vector<float> Probabilities(std::span<const float> logits, const SamplingParams& params) {

@@ -645,3 +645,29 @@ TEST(CpuKernelsTest, HeadSplitAttentionOfOneSequenceMatchesOneThread) {
 
 }  // namespace
 }  // namespace specula
+
+namespace specula {
+namespace {
+
+// The drafters' softmax pieces: sum and values of exp(x - max) within float rounding of the
+// double reference, over rows as long as a vocabulary with a tail past the 16 lanes; -inf
+// entries are exactly 0 in ExpBelowRaw and next to nothing in the sums.
+TEST(CpuKernelsTest, ExponentialsBelowAShiftMatchTheReference) {
+  torch::manual_seed(9);
+  for (int64_t n : {1, 15, 16, 1000, 4096, 4101}) {
+    auto x = torch::randn({n}) * 4;
+    if (n > 3) x.narrow(0, 0, n / 3).fill_(-std::numeric_limits<float>::infinity());
+    const float shift = x.max().item<float>();
+    auto want = (x.to(torch::kDouble) - shift).exp();
+    const double want_sum = want.sum().item<double>();
+    EXPECT_NEAR(SumExpBelow(x.data_ptr<float>(), n, shift), want_sum, 1e-5 * want_sum) << n;
+    auto out = torch::full({n}, std::nanf(""));
+    const float sum = ExpBelowRaw(x.data_ptr<float>(), n, shift, out.data_ptr<float>());
+    EXPECT_NEAR(sum, want_sum, 1e-5 * want_sum) << n;
+    EXPECT_LT((out.to(torch::kDouble) - want).abs().max().item<double>(), 1e-6) << n;
+    if (n > 3) EXPECT_TRUE(torch::all(out.narrow(0, 0, n / 3) == 0).item<bool>()) << n;
+  }
+}
+
+}  // namespace
+}  // namespace specula

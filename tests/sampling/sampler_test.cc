@@ -3,7 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <vector>
 
 namespace specula {
@@ -45,6 +47,31 @@ TEST(ArgmaxTest, TiesGoToLowestIndex) {
   EXPECT_EQ(Argmax(std::vector<float>{-4.0f, -2.0f, -3.0f, -2.0f}), 1);
   EXPECT_EQ(Argmax(std::vector<float>{0.0f, 0.0f, 0.5f}), 2);
   EXPECT_EQ(Argmax(std::vector<float>{-INFINITY, 7.0f}), 1);
+}
+
+// Rows as long as a vocabulary (the lane-parallel loop and its tail): the first index of the
+// largest value, as std::max_element gives it, with ties across and within lanes, rows of
+// -inf, a restricted head's row (-inf outside a few tokens) and NaNs first or later.
+TEST(ArgmaxTest, LongRowsAgreeWithMaxElement) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> level(0, 6);
+  auto reference = [](const std::vector<float>& row) {
+    return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+  };
+  for (size_t n : {31u, 32u, 33u, 47u, 100u, 1024u, 4099u}) {
+    for (int trial = 0; trial < 50; ++trial) {
+      std::vector<float> row(n);
+      for (float& v : row) v = static_cast<float>(level(rng));  // many ties
+      if (trial % 5 == 1) std::fill(row.begin(), row.end(), -INFINITY);
+      if (trial % 5 == 2) {
+        std::fill(row.begin(), row.end(), -INFINITY);
+        for (int j = 0; j < 3; ++j) row[rng() % n] = static_cast<float>(level(rng));
+      }
+      if (trial % 5 == 3) row[rng() % n] = NAN;
+      if (trial % 5 == 4) row[0] = NAN;
+      ASSERT_EQ(Argmax(row), reference(row)) << n << " logits, trial " << trial;
+    }
+  }
 }
 
 TEST(ProbabilitiesTest, GreedyIsOneHotAtArgmax) {
