@@ -30,7 +30,7 @@ class DraftModelFamily : public DrafterFamily {
       return InvalidArgumentError("--draft-model-context must be at least 0 (0 = all)");
     }
     ModelRunnerOptions options = context.model_options();
-    options.bf16_matmul = context.bf16_matmul();
+    options.draft_matmul = context.draft_matmul();
     auto runner = ModelRunner::Load(dir_, options);
     if (!runner.ok()) return runner.status().WithContext("--drafter-model");
     ASSIGN_OR_RETURN(auto drafter, DraftModelDrafter::Create(

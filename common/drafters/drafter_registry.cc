@@ -40,10 +40,11 @@ void DrafterRegistry::RegisterFlags(FlagSet& flags) {
       "rank only these tokens (a cheaper head; lossless); empty = the whole vocabulary");
   flags.AddString(
       "drafter-matmul", &matmul_,
-      "float32, or bfloat16: the float32 CPU forwards of draft-model, specformer and "
-      "parallelspec multiply bfloat16 copies of their weights where the CPU has AVX512-BF16 "
-      "(cheaper drafts, still lossless; drafts, and so sampled outputs for a seed, then depend "
-      "on the CPU)");
+      "int8, bfloat16 or float32: the float32 CPU forwards of draft-model, specformer and "
+      "parallelspec multiply int8 copies of their weights scaled per output where the CPU has "
+      "AVX-512, or bfloat16 copies where it has AVX512-BF16, else the weights themselves "
+      "(cheaper drafts, still lossless; the drafts, and so which random numbers a seeded "
+      "sampled request consumes, depend on the CPU; float32: the drafters' own results)");
 }
 
 std::vector<std::string> DrafterRegistry::Names() const {
@@ -83,11 +84,12 @@ StatusOr<std::unique_ptr<Drafter>> DrafterRegistry::Load(const std::string& name
     for (const std::string& n : Names()) known += (known.empty() ? "" : ", ") + n;
     return InvalidArgumentError(StrCat("unknown drafter '", name, "' (", known, ")"));
   }
-  if (matmul_ != "float32" && matmul_ != "bfloat16") {
+  const std::optional<DraftMatmul> matmul = ParseDraftMatmul(matmul_);
+  if (!matmul) {
     return InvalidArgumentError(
-        StrCat("--drafter-matmul must be float32 or bfloat16, got '", matmul_, "'"));
+        StrCat("--drafter-matmul must be float32, bfloat16 or int8, got '", matmul_, "'"));
   }
-  context.set_bf16_matmul(matmul_ == "bfloat16");
+  context.set_draft_matmul(*matmul);
   if (!draft_vocab_path_.empty() && !draft_vocab_) {
     auto vocab = DraftVocab::FromFile(draft_vocab_path_);
     if (!vocab.ok()) return vocab.status().WithContext("--draft-vocab");

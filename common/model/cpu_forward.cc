@@ -35,7 +35,17 @@ float* CpuForward::Scratch::Get(int64_t floats) {
 
 CpuForward::CpuForward(const ModelConfig& config) : config_(config) {}
 
-bool CpuForward::bf16_weights() const { return bf16_requested_ && Bf16MatmulRuns(); }
+DraftMatmul CpuForward::draft_matmul() const {
+  switch (draft_matmul_requested_) {
+    case DraftMatmul::kBfloat16:
+      return Bf16MatmulRuns() ? DraftMatmul::kBfloat16 : DraftMatmul::kFloat32;
+    case DraftMatmul::kInt8:
+      return Int8MatmulRuns() ? DraftMatmul::kInt8 : DraftMatmul::kFloat32;
+    case DraftMatmul::kFloat32:
+      break;
+  }
+  return DraftMatmul::kFloat32;
+}
 
 bool CpuForward::packed_weights() const { return packed_requested_ && PackedMatmulRuns(); }
 
@@ -61,6 +71,23 @@ const uint16_t* CpuForward::Bf16WeightsOf(const at::Tensor& weight) {
   return reinterpret_cast<const uint16_t*>(copy.data_ptr<at::BFloat16>());
 }
 
+const uint8_t* CpuForward::Int8WeightsOf(const at::Tensor& weight, int64_t n, int64_t k) {
+  // Every row, as PackedWeightsOf: a group of 16 outputs never mixes rows of two groups.
+  const int64_t all_rows = weight.numel() / k;
+  if (weight.numel() % k != 0 || all_rows % 16 != 0) return nullptr;
+  TORCH_CHECK(all_rows >= n, "CpuForward: a weight of ", all_rows, " rows for ", n, " outputs");
+  const at::Tensor& copy = CopyOf(int8_copies_, weight, [&] {
+    // The scales first: all_rows floats, a multiple of 64 bytes, so the panels stay aligned.
+    at::Tensor bytes = at::empty({all_rows * 4 + all_rows * k}, at::kByte);
+    uint8_t* base = bytes.data_ptr<uint8_t>();
+    PackInt8MatmulWeights(weight.data_ptr<float>(), all_rows, k,
+                          reinterpret_cast<int8_t*>(base + all_rows * 4),
+                          reinterpret_cast<float*>(base));
+    return bytes;
+  });
+  return copy.data_ptr<uint8_t>();
+}
+
 const float* CpuForward::PackedWeightsOf(const at::Tensor& weight, int64_t n, int64_t k) {
   // Every row of the weight is packed, so that callers reading only its first n (SpecFormer's
   // positional FFN: the slots a step wants) share one copy; a group of 16 outputs never mixes
@@ -78,7 +105,16 @@ const float* CpuForward::PackedWeightsOf(const at::Tensor& weight, int64_t n, in
 
 void CpuForward::Matmul(const float* x, int64_t rows, int64_t k, const at::Tensor& weight,
                         int64_t n, const float* bias, const float* residual, float* y) {
-  if (k % 32 == 0 && bf16_weights()) {
+  const DraftMatmul draft = draft_matmul();
+  if (draft == DraftMatmul::kInt8 && n % 16 == 0 && k % 4 == 0) {
+    if (const uint8_t* copy = Int8WeightsOf(weight, n, k)) {
+      const int64_t all_rows = weight.numel() / k;
+      Int8MatmulRaw(x, rows, k, reinterpret_cast<const int8_t*>(copy + all_rows * 4),
+                    reinterpret_cast<const float*>(copy), n, bias, residual, y);
+      return;
+    }
+  }
+  if (k % 32 == 0 && draft == DraftMatmul::kBfloat16) {
     SmallMatmulBf16Raw(x, rows, k, Bf16WeightsOf(weight), n, bias, residual, y);
     return;
   }

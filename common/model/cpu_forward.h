@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/model/attention_inputs.h"
+#include "common/model/draft_matmul.h"
 #include "common/model/model_config.h"
 
 namespace specula {
@@ -75,20 +76,23 @@ class CpuForward {
   void Head(const DraftHead& head, const at::Tensor& full_weight, const float* rows, int64_t R,
             float* logits);
 
-  // Drafters' forwards: every matmul whose inner dimension is a multiple of 32 reads a bfloat16
-  // copy of its weights and rounds its input rows to bfloat16 (SmallMatmulBf16Raw), where the CPU
-  // has AVX512-BF16; elsewhere nothing changes. Results are then no longer the module's (within
-  // bfloat16 rounding): only for a model whose outputs are proposals the target verifies. A copy
-  // is made at a weight's first use and made again when the tensor changes (new storage, or an
-  // in-place op on it: its version). A write through another tensor that shares its storage (a
-  // fused projection's q/k/v parameters) is not seen: call this again after one (it drops
-  // every copy).
-  void UseBf16Weights(bool on) {
-    bf16_requested_ = on;
+  // Drafters' forwards (DraftMatmul, --drafter-matmul): kBfloat16: every matmul whose inner
+  // dimension is a multiple of 32 reads a bfloat16 copy of its weights and rounds its input rows
+  // to bfloat16 (SmallMatmulBf16Raw), where the CPU has AVX512-BF16. kInt8: every matmul whose
+  // outputs are whole groups of 16 reads an int8 copy scaled per output (Int8MatmulRaw), where
+  // the CPU has AVX-512. Elsewhere nothing changes. Results are then no longer the module's
+  // (within the copies' rounding): only for a model whose outputs are proposals the target
+  // verifies. A copy is made at a weight's first use and made again when the tensor changes
+  // (new storage, or an in-place op on it: its version). A write through another tensor that
+  // shares its storage (a fused projection's q/k/v parameters) is not seen: call this again
+  // after one (it drops every copy).
+  void UseDraftMatmul(DraftMatmul matmul) {
+    draft_matmul_requested_ = matmul;
     bf16_copies_.clear();
+    int8_copies_.clear();
   }
-  // Whether the bfloat16 matmuls run: asked for, and this CPU and build have them.
-  bool bf16_weights() const;
+  // The products that run: as asked, or kFloat32 where this CPU or build has not got them.
+  DraftMatmul draft_matmul() const;
 
   // Float32 matmuls on a packed copy of each weight (PackedMatmulRaw) where the CPU has AVX-512:
   // the same results, bitwise, 1.1-1.3x faster forwards of the 1-16 rows of decode steps and
@@ -102,9 +106,9 @@ class CpuForward {
   bool packed_weights() const;
 
   // y [rows, n] = x [rows, k] @ weight[:n]^T (+ bias) (+ residual): the first n rows of k values
-  // of `weight` (it may have more). SmallMatmulBf16Raw on a bfloat16 copy (see UseBf16Weights),
-  // else PackedMatmulRaw on a packed copy (UsePackedWeights), else SmallMatmulRaw on the weights
-  // themselves.
+  // of `weight` (it may have more). Int8MatmulRaw or SmallMatmulBf16Raw on a copy (see
+  // UseDraftMatmul), else PackedMatmulRaw on a packed copy (UsePackedWeights), else SmallMatmulRaw
+  // on the weights themselves.
   void Matmul(const float* x, int64_t rows, int64_t k, const at::Tensor& weight, int64_t n,
               const float* bias, const float* residual, float* y);
 
@@ -121,12 +125,16 @@ class CpuForward {
   template <typename Make>
   const at::Tensor& CopyOf(WeightCopies& copies, const at::Tensor& weight, const Make& make);
   const uint16_t* Bf16WeightsOf(const at::Tensor& weight);
+  // The int8 copy of all of `weight`'s rows (scales, then panels); nullptr when its rows are
+  // not whole groups of 16.
+  const uint8_t* Int8WeightsOf(const at::Tensor& weight, int64_t n, int64_t k);
   // The packed copy of all of `weight`'s rows, for a product with its first n; nullptr when
   // its rows are not whole groups of 16 (the caller then reads the weight itself).
   const float* PackedWeightsOf(const at::Tensor& weight, int64_t n, int64_t k);
 
-  bool bf16_requested_ = false;
+  DraftMatmul draft_matmul_requested_ = DraftMatmul::kFloat32;
   WeightCopies bf16_copies_;  // [n, k] bfloat16
+  WeightCopies int8_copies_;  // rows float32 scales, then n * k int8 (PackInt8MatmulWeights)
   bool packed_requested_ = true;
   WeightCopies packed_copies_;  // n * k float32 panels (PackMatmulWeights)
   ModelConfig config_;

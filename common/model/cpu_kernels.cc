@@ -643,6 +643,88 @@ void PackedMatmul(const float* x, int64_t rows, const float* packed, const float
   }
 }
 
+// The int8 panels (PackInt8MatmulWeights): group g's k vectors of 16 outputs' weights, one per
+// input, contiguous.
+inline const int8_t* Int8PanelOf(const int8_t* packed, int64_t g, int64_t k) {
+  return packed + g * k * 16;
+}
+
+// M rows against G groups of 16 outputs, as PackedMatmulTile's outer products but each input's
+// 16 weights widened from int8 once for all M rows, and the sums scaled per output at the end.
+// Four inputs (one cache line of a panel) per pass of the loop.
+template <int M, int G>
+__attribute__((noinline, target("arch=x86-64-v4"))) void Int8MatmulTile(
+    const float* x, const int8_t* packed, const float* scales, const float* bias,
+    const float* residual, float* y, int64_t g0, int64_t g1, int64_t n_out, int64_t k) {
+  constexpr int64_t kAheadBytes = kWeightPrefetchFloats * 4;
+  for (int64_t g = g0; g + G <= g1; g += G) {
+    __m512 acc[M][G];
+    for (int m = 0; m < M; ++m)
+      for (int c = 0; c < G; ++c) acc[m][c] = _mm512_setzero_ps();
+    const int8_t* panel[G];
+    for (int c = 0; c < G; ++c) panel[c] = Int8PanelOf(packed, g + c, k);
+    for (int64_t p = 0; p < k; p += 4) {
+      for (int c = 0; c < G; ++c) __builtin_prefetch(panel[c] + p * 16 + kAheadBytes);
+      for (int u = 0; u < 4; ++u) {
+        __m512 wv[G];
+        for (int c = 0; c < G; ++c) {
+          const __m128i q =
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(panel[c] + (p + u) * 16));
+          wv[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+        }
+        for (int m = 0; m < M; ++m) {
+          const __m512 xv = _mm512_set1_ps(x[m * k + p + u]);
+          for (int c = 0; c < G; ++c) acc[m][c] = _mm512_fmadd_ps(xv, wv[c], acc[m][c]);
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      for (int c = 0; c < G; ++c) {
+        const int64_t n = (g + c) * 16;
+        __m512 v = _mm512_mul_ps(acc[m][c], _mm512_loadu_ps(scales + n));
+        if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + n));
+        if (residual) v = _mm512_add_ps(v, _mm512_loadu_ps(residual + m * n_out + n));
+        _mm512_storeu_ps(y + m * n_out + n, v);
+      }
+    }
+  }
+}
+
+// Groups per tile for a block of M rows: M * G accumulators, G widened weight vectors and a
+// broadcast within the 32 zmm registers; one row gets eight chains to hide the FMA latency.
+constexpr int Int8Groups(int m) { return m == 1 ? 8 : m == 2 ? 6 : m <= 4 ? 4 : 3; }
+
+void Int8MatmulRows(const float* x, int64_t rows, const int8_t* packed, const float* scales,
+                    const float* bias, const float* residual, float* y, int64_t g0, int64_t g1,
+                    int64_t n_out, int64_t k) {
+  WithRowCount(
+      rows, [&](auto mc) __attribute__((always_inline)) {
+        constexpr int M = decltype(mc)::value;
+        constexpr int G = Int8Groups(M);
+        const int64_t whole = g0 + (g1 - g0) / G * G;
+        Int8MatmulTile<M, G>(x, packed, scales, bias, residual, y, g0, whole, n_out, k);
+        Int8MatmulTile<M, 1>(x, packed, scales, bias, residual, y, whole, g1, n_out, k);
+      });
+}
+
+// Groups [g0, g1) for every row: up to 8 rows in one pass; more in blocks of 8 over tiles of
+// ~32 KB of panels, which stay in L1/L2 for the later blocks.
+void Int8Matmul(const float* x, int64_t rows, const int8_t* packed, const float* scales,
+                const float* bias, const float* residual, float* y, int64_t g0, int64_t g1,
+                int64_t n_out, int64_t k) {
+  if (rows <= 8) {
+    return Int8MatmulRows(x, rows, packed, scales, bias, residual, y, g0, g1, n_out, k);
+  }
+  const int64_t tile = std::max<int64_t>(1, (int64_t{32} << 10) / (16 * k));
+  for (int64_t t0 = g0; t0 < g1; t0 += tile) {
+    const int64_t t1 = std::min(g1, t0 + tile);
+    for (int64_t m0 = 0; m0 < rows; m0 += 8) {
+      Int8MatmulRows(x + m0 * k, std::min<int64_t>(8, rows - m0), packed, scales, bias,
+                     residual ? residual + m0 * n_out : nullptr, y + m0 * n_out, t0, t1, n_out, k);
+    }
+  }
+}
+
 // x's rows (count floats, a multiple of 32) rounded to bfloat16, nearest even.
 __attribute__((noinline, target("arch=x86-64-v4,avx512bf16"))) void RoundToBf16(const float* x,
                                                                                 int64_t count,
@@ -806,6 +888,47 @@ void PackedMatmulRaw(const float* x, int64_t rows, int64_t k, const float* packe
                  });
 #else
   (void)x, (void)packed, (void)bias, (void)residual, (void)y;
+#endif
+}
+
+bool Int8MatmulRuns() { return TilesRun(); }
+
+void PackInt8MatmulWeights(const float* weight, int64_t n, int64_t k, int8_t* packed,
+                           float* scales) {
+  TORCH_CHECK(n % 16 == 0 && k % 4 == 0, "PackInt8MatmulWeights: ", n, " x ", k,
+              " is not in whole groups of 16 outputs and 4 inputs");
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = weight + r * k;
+    float amax = 0;
+    for (int64_t p = 0; p < k; ++p) amax = std::max(amax, std::fabs(row[p]));
+    // A row of zeros (or one that is not finite) gets scale 0: its outputs are 0 (+ bias).
+    const bool usable = amax > 0 && std::isfinite(amax);
+    scales[r] = usable ? amax / 127.0f : 0.0f;
+    const float inverse = usable ? 127.0f / amax : 0.0f;
+    int8_t* out = packed + (r / 16) * k * 16 + r % 16;
+    for (int64_t p = 0; p < k; ++p) {
+      const float q = std::nearbyint(row[p] * inverse);
+      out[p * 16] = static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
+    }
+  }
+}
+
+void Int8MatmulRaw(const float* x, int64_t rows, int64_t k, const int8_t* packed,
+                   const float* scales, int64_t n, const float* bias, const float* residual,
+                   float* y) {
+  TORCH_CHECK(rows >= 1 && rows <= kSmallMatmulMaxRows && k % 4 == 0 && n % 16 == 0,
+              "Int8MatmulRaw: ", rows, " rows of ", k, " to ", n);
+  TORCH_CHECK(Int8MatmulRuns(), "Int8MatmulRaw: this CPU or build has no AVX-512");
+#ifdef SPECULA_X86_KERNELS
+  // A quarter of the float32 weights' bytes and the widening per weight vector: ~64K
+  // multiply-adds per range, so that the small products of a draft LM's step stay on one thread.
+  const int64_t groups = n / 16;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (k * rows * 16));
+  ParallelRanges(0, groups, grain, KernelThreads(), [&](int64_t g0, int64_t g1) {
+    Int8Matmul(x, rows, packed, scales, bias, residual, y, g0, g1, n, k);
+  });
+#else
+  (void)x, (void)packed, (void)scales, (void)bias, (void)residual, (void)y;
 #endif
 }
 

@@ -96,6 +96,22 @@ void PackMatmulWeights(const float* weight, int64_t n, int64_t k, float* packed)
 // weight; rows in [1, kSmallMatmulMaxRows], n and k multiples of 16.
 void PackedMatmulRaw(const float* x, int64_t rows, int64_t k, const float* packed, int64_t n,
                      const float* bias, const float* residual, float* y);
+// Weight-only int8 for drafters: each output row of the weight scaled by its largest magnitude
+// to [-127, 127] (symmetric, per output), packed into outer-product panels of 16 outputs, and
+// multiplied as float32 (x is not quantised). A quarter of float32's weight bytes: a draft LM's
+// one-row step, bound by streaming its weights from L3 after the target's forward evicted them
+// from L2, costs about what its multiply-adds do. Not the float32 product (~8 bits per weight):
+// for drafters, whose outputs the target verifies. Only where Int8MatmulRuns() (AVX-512).
+bool Int8MatmulRuns();
+// weight [n, k] (n a multiple of 16, k of 4) -> packed (n * k int8: group g's k vectors of
+// q[16 g + c][p] over c, contiguous in p) and scales [n] (w ~= q * scale; 0 for a zero row).
+void PackInt8MatmulWeights(const float* weight, int64_t n, int64_t k, int8_t* packed,
+                           float* scales);
+// y [rows, n] = x [rows, k] @ (q * scale)^T (+ bias [n]) (+ residual [rows, n]) from
+// PackInt8MatmulWeights' output (its first n rows); rows in [1, kSmallMatmulMaxRows].
+void Int8MatmulRaw(const float* x, int64_t rows, int64_t k, const int8_t* packed,
+                   const float* scales, int64_t n, const float* bias, const float* residual,
+                   float* y);
 // sum_i exp(x[i] - shift) for x[i] <= shift (a row's largest value), in lane-parallel float
 // sums of a ~2-ulp exponential: the softmax denominators drafters take over a 4,096-token row at
 // every depth (std::exp per logit, summed in double, was ~14% of a draft LM's step). -inf adds

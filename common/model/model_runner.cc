@@ -163,7 +163,7 @@ StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::FromModule(std::shared_ptr<C
   }
   if (options.cpu_forward && impl->device.is_cpu() && impl->dtype == torch::kFloat) {
     impl->cpu_forward = std::make_unique<CpuForward>(impl->config);
-    impl->cpu_forward->UseBf16Weights(options.bf16_matmul);
+    impl->cpu_forward->UseDraftMatmul(options.draft_matmul);
     impl->cpu_forward->UsePackedWeights(options.packed_weights);
   }
   impl->module = std::move(module);
@@ -187,8 +187,8 @@ void ModelRunner::Synchronize() const {
 }
 std::shared_ptr<CausalLMImpl> ModelRunner::module() const { return impl_->module; }
 
-bool ModelRunner::bf16_matmul() const {
-  return impl_->cpu_forward && impl_->cpu_forward->bf16_weights();
+DraftMatmul ModelRunner::draft_matmul() const {
+  return impl_->cpu_forward ? impl_->cpu_forward->draft_matmul() : DraftMatmul::kFloat32;
 }
 
 Status ModelRunner::AddSequence(SeqId seq) { return impl_->kv->allocator().AddSequence(seq); }

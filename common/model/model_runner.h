@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/kv/paged_kv_cache.h"
+#include "common/model/draft_matmul.h"
 #include "common/model/forward_batch.h"
 #include "common/model/model_config.h"
 #include "common/util/status.h"
@@ -26,10 +27,10 @@ struct ModelRunnerOptions {
   // float32 CPU forwards of up to kSmallMatmulMaxRows rows run CpuForward (the module's kernels
   // without LibTorch ops; the same results). false: always the module's forward (A/B checks).
   bool cpu_forward = true;
-  // CpuForward's matmuls on bfloat16 copies of the weights where the CPU has AVX512-BF16
-  // (CpuForward::UseBf16Weights): faster, no longer the float32 model's exact results. For a
-  // draft LM only; a target keeps false.
-  bool bf16_matmul = false;
+  // CpuForward's matmuls on bfloat16 or int8 copies of the weights where the CPU has them
+  // (CpuForward::UseDraftMatmul): faster, no longer the float32 model's exact results. For a
+  // draft LM only; a target keeps kFloat32.
+  DraftMatmul draft_matmul = DraftMatmul::kFloat32;
   // CpuForward's float32 matmuls on packed copies of the weights where the CPU has AVX-512
   // (CpuForward::UsePackedWeights): the same results, faster at several rows, a second copy of
   // the weights in memory. false: the weights themselves (less memory; A/B checks).
@@ -100,9 +101,9 @@ class ModelRunner {
 
   // The underlying module (tests, training). Do not run it concurrently with Forward.
   std::shared_ptr<CausalLMImpl> module() const;
-  // Whether its CPU forwards multiply bfloat16 copies of the weights (options.bf16_matmul, on a
-  // CPU that has AVX512-BF16).
-  bool bf16_matmul() const;
+  // How its CPU forwards multiply: options.draft_matmul where this CPU has it, else kFloat32
+  // (also without a CPU forward).
+  DraftMatmul draft_matmul() const;
 
  private:
   struct Impl;

@@ -175,6 +175,13 @@ std::vector<ConformanceCase> Cases() {
       {"specformer tree, bfloat16 matmuls",
        "specformer",
        {draft_vocab, "--drafter-matmul=bfloat16"}},
+      // The cases above multiply int8 copies (the default, where the CPU has AVX-512); the
+      // drafters' own float32 products:
+      {"draft-model chain, float32 matmuls", "draft-model", {"--drafter-matmul=float32"}},
+      {"specformer tree, float32 matmuls", "specformer", {draft_vocab, "--drafter-matmul=float32"}},
+      {"parallelspec-chain, float32 matmuls",
+       "parallelspec-chain",
+       {draft_vocab, "--drafter-matmul=float32"}},
   };
 }
 

@@ -117,9 +117,11 @@ TEST_F(DrafterRegistryTest, LoadsWithTheFlagsAndReportsThemInSettings) {
                     {"--drafter-model", target_dir_, "--tree-width=2", "--draft-model-context=64"});
   ASSERT_TRUE(draft.ok()) << draft.status();
   EXPECT_EQ((*draft)->name(), "draft-model");
-  EXPECT_FALSE(static_cast<DraftModelDrafter&>(**draft).model().bf16_matmul());
+  // int8 by default, where the CPU has AVX-512.
+  EXPECT_EQ(static_cast<DraftModelDrafter&>(**draft).model().draft_matmul(),
+            Int8MatmulRuns() ? DraftMatmul::kInt8 : DraftMatmul::kFloat32);
   const nlohmann::json s = registry_.Settings();
-  EXPECT_EQ(s["matmul"], "float32");
+  EXPECT_EQ(s["matmul"], "int8");
   EXPECT_EQ(s["ngram"]["max"], 6);
   EXPECT_EQ(s["draft-model"]["tree_width"], 2);
   EXPECT_EQ(s["draft-model"]["context"], 64);
@@ -128,13 +130,21 @@ TEST_F(DrafterRegistryTest, LoadsWithTheFlagsAndReportsThemInSettings) {
   EXPECT_TRUE(s.contains("specdec") && s.contains("parallelspec") && s.contains("specformer"));
 }
 
-// --drafter-matmul bfloat16 reaches the draft LM's runner (where the CPU can run it) and the
-// settings.
+// --drafter-matmul bfloat16 and float32 reach the draft LM's runner (where the CPU can run them)
+// and the settings.
 TEST_F(DrafterRegistryTest, DrafterMatmulReachesTheDraftLm) {
   auto draft = Load("draft-model", {"--drafter-model", target_dir_, "--drafter-matmul=bfloat16"});
   ASSERT_TRUE(draft.ok()) << draft.status();
-  EXPECT_EQ(static_cast<DraftModelDrafter&>(**draft).model().bf16_matmul(), Bf16MatmulRuns());
+  EXPECT_EQ(static_cast<DraftModelDrafter&>(**draft).model().draft_matmul(),
+            Bf16MatmulRuns() ? DraftMatmul::kBfloat16 : DraftMatmul::kFloat32);
   EXPECT_EQ(registry_.Settings()["matmul"], "bfloat16");
+}
+
+TEST_F(DrafterRegistryTest, Float32DrafterMatmulReachesTheDraftLm) {
+  auto draft = Load("draft-model", {"--drafter-model", target_dir_, "--drafter-matmul=float32"});
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  EXPECT_EQ(static_cast<DraftModelDrafter&>(**draft).model().draft_matmul(), DraftMatmul::kFloat32);
+  EXPECT_EQ(registry_.Settings()["matmul"], "float32");
 }
 
 TEST_F(DrafterRegistryTest, ContextLoadsTheTargetOnceAndOnlyWhenAsked) {

@@ -17,12 +17,12 @@ namespace specula {
 namespace {
 
 std::unique_ptr<ModelRunner> Runner(const ModelConfig& config, bool cpu_forward,
-                                    bool bf16_matmul = false) {
+                                    DraftMatmul draft_matmul = DraftMatmul::kFloat32) {
   ModelRunnerOptions options;
   options.kv.block_size = 4;
   options.kv.num_blocks = 64;
   options.cpu_forward = cpu_forward;
-  options.bf16_matmul = bf16_matmul;
+  options.draft_matmul = draft_matmul;
   auto runner = ModelRunner::FromModule(MakeVariedTinyModel(config, 7), options);
   EXPECT_TRUE(runner.ok()) << runner.status().ToString();
   return std::move(runner).value();
@@ -161,12 +161,13 @@ TEST(CpuForwardTest, ADecodeStepDispatchesAlmostNoLibTorchOps) {
   EXPECT_GT(reference_ops, 40);
 }
 
-// A draft LM's bfloat16 matmuls: close to the float32 model (bfloat16 rounding of weights and
-// inputs, float32 sums), not equal to it, and a weight changed in place is read again.
-TEST(CpuForwardTest, Bf16WeightsStayCloseAndFollowWeightUpdates) {
-  if (!Bf16MatmulRuns()) GTEST_SKIP() << "no AVX512-BF16 on this CPU or build";
+// A draft LM's bfloat16 or int8 matmuls: close to the float32 model (bfloat16 rounding of
+// weights and inputs, or int8 weights scaled per output; float32 sums), not equal to it, and a
+// weight changed in place is read again.
+void ExpectCopiesStayCloseAndFollowWeightUpdates(DraftMatmul matmul) {
   const ModelConfig config = TinyModelConfig();
-  auto bf16 = Runner(config, /*cpu_forward=*/true, /*bf16_matmul=*/true);
+  auto bf16 = Runner(config, /*cpu_forward=*/true, matmul);
+  ASSERT_EQ(bf16->draft_matmul(), matmul);
   auto reference = Runner(config, /*cpu_forward=*/true);
   ASSERT_TRUE(bf16 && reference);
   SequenceChunk prompt{.seq = 1, .logits = LogitsRows::kAll};
@@ -182,7 +183,8 @@ TEST(CpuForwardTest, Bf16WeightsStayCloseAndFollowWeightUpdates) {
     const double scale = b->logits.abs().max().item<double>();
     const double diff = (a->logits - b->logits).abs().max().item<double>();
     EXPECT_LT(diff, 0.05 * scale) << "step " << i;
-    EXPECT_GT(diff, 0.0) << "step " << i << ": the bfloat16 path did not run";
+    EXPECT_GT(diff, 0.0) << "step " << i << ": the " << DraftMatmulName(matmul)
+                         << " path did not run";
   }
   // The head scaled in place (a new version), then given new storage: each time the copy is
   // made again, so the next forward agrees with the float32 model to the same tolerance (a stale
@@ -207,6 +209,26 @@ TEST(CpuForwardTest, Bf16WeightsStayCloseAndFollowWeightUpdates) {
               0.05 * b->logits.abs().max().item<double>())
         << "change " << change;
   }
+}
+
+TEST(CpuForwardTest, Bf16WeightsStayCloseAndFollowWeightUpdates) {
+  if (!Bf16MatmulRuns()) GTEST_SKIP() << "no AVX512-BF16 on this CPU or build";
+  ExpectCopiesStayCloseAndFollowWeightUpdates(DraftMatmul::kBfloat16);
+}
+
+TEST(CpuForwardTest, Int8WeightsStayCloseAndFollowWeightUpdates) {
+  if (!Int8MatmulRuns()) GTEST_SKIP() << "no AVX-512 on this CPU or build";
+  ExpectCopiesStayCloseAndFollowWeightUpdates(DraftMatmul::kInt8);
+}
+
+// Where the CPU has not got a product, the runner says it multiplies in float32.
+TEST(CpuForwardTest, AProductTheCpuLacksIsReportedAsFloat32) {
+  const ModelConfig config = TinyModelConfig();
+  EXPECT_EQ(Runner(config, true, DraftMatmul::kInt8)->draft_matmul(),
+            Int8MatmulRuns() ? DraftMatmul::kInt8 : DraftMatmul::kFloat32);
+  EXPECT_EQ(Runner(config, true, DraftMatmul::kBfloat16)->draft_matmul(),
+            Bf16MatmulRuns() ? DraftMatmul::kBfloat16 : DraftMatmul::kFloat32);
+  EXPECT_EQ(Runner(config, false, DraftMatmul::kInt8)->draft_matmul(), DraftMatmul::kFloat32);
 }
 
 // The packed copies are what the matmuls read, and they stay the weights: bitwise the product of

@@ -579,6 +579,77 @@ TEST(CpuKernelsTest, PackedMatmulIsBitwiseTheSmallMatmul) {
   EXPECT_THROW(PackMatmulWeights(w, 24, 16, y), c10::Error);
 }
 
+// The int8 weights are each output row's weights scaled by its largest magnitude to [-127, 127]
+// and rounded (a zero row: scale 0, outputs bias + residual only), and the product is x times
+// those dequantised weights in float32: against that reference (in double) within float32
+// summation error for every row count up to kSmallMatmulMaxRows (1-8-row tiles, 8-row blocks
+// over group tiles), group counts that fill the 3/4/6/8-group tiles and ones that leave a tail,
+// with and without bias and residual, on one thread and on two. Not the float32 product (the
+// rounding is real), but within the quantisation's bound of it.
+TEST(CpuKernelsTest, Int8MatmulIsTheProductOfTheScaledWeights) {
+  if (!Int8MatmulRuns()) GTEST_SKIP() << "no AVX-512 on this CPU or build";
+  torch::manual_seed(8);
+  for (int threads : {1, 2}) {
+    ConfigureCpuThreads(threads);
+    for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+             {16, 4}, {48, 128}, {112, 384}, {1024, 128}, {208, 36}}) {
+      auto w = torch::randn({n, k});
+      w[n / 2].zero_();
+      std::vector<int8_t> packed(n * k);
+      auto scales = torch::full({n}, -1.0f);
+      PackInt8MatmulWeights(w.data_ptr<float>(), n, k, packed.data(), scales.data_ptr<float>());
+      // The reference unpacks the panels: q[r][p] = packed[(r / 16) k 16 + p 16 + r % 16].
+      auto q = torch::empty({n, k}, torch::kDouble);
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t p = 0; p < k; ++p) q[r][p] = packed[(r / 16) * k * 16 + p * 16 + r % 16];
+      }
+      const auto amax = std::get<0>(w.abs().max(1));
+      ASSERT_TRUE(torch::allclose(scales, amax / 127.0f)) << n << " x " << k;
+      EXPECT_EQ(scales[n / 2].item<float>(), 0.0f);
+      EXPECT_EQ(q.abs().max().item<double>(), 127.0);  // every non-zero row reaches +-127
+      // Each weight rounded to its nearest step (ties may go either way in float32).
+      const auto steps =
+          (w.to(torch::kDouble) / scales.to(torch::kDouble).unsqueeze(1)).nan_to_num(0.0);
+      ASSERT_LE((q - steps).abs().max().item<double>(), 0.5 + 1e-4) << n << " x " << k;
+      auto dequantised = q * scales.to(torch::kDouble).unsqueeze(1);
+      auto b = torch::randn({n});
+      for (int64_t rows = 1; rows <= kSmallMatmulMaxRows; rows += (rows < 20 ? 1 : 13)) {
+        auto x = torch::randn({rows, k});
+        auto r = torch::randn({rows, n});
+        for (bool extras : {false, true}) {
+          const float* bias = extras ? b.data_ptr<float>() : nullptr;
+          const float* residual = extras ? r.data_ptr<float>() : nullptr;
+          auto got = torch::full({rows, n}, std::nanf(""));
+          Int8MatmulRaw(x.data_ptr<float>(), rows, k, packed.data(), scales.data_ptr<float>(), n,
+                        bias, residual, got.data_ptr<float>());
+          auto want = torch::matmul(x.to(torch::kDouble), dequantised.t());
+          if (extras) want = want + b.to(torch::kDouble) + r.to(torch::kDouble);
+          ASSERT_LT((got.to(torch::kDouble) - want).abs().max().item<double>(), 1e-4 * k)
+              << n << " x " << k << ", " << rows << " rows, extras " << extras << ", " << threads
+              << " threads";
+          // Rounding each weight moves it by at most half a step: scale / 2 per weight.
+          auto exact = torch::matmul(x, w.t());
+          if (extras) exact = exact + b + r;
+          const double bound = (x.abs().sum(1).to(torch::kDouble).unsqueeze(1) *
+                                (scales.to(torch::kDouble).unsqueeze(0) / 2))
+                                   .max()
+                                   .item<double>();
+          const double off = (got - exact).abs().max().item<double>();
+          EXPECT_GT(off, 1e-5);
+          EXPECT_LE(off, bound + 1e-3);
+        }
+      }
+    }
+  }
+  ConfigureCpuThreads(2);
+  float x[32] = {}, s[32] = {}, y[64];
+  int8_t w[32 * 32] = {};
+  EXPECT_THROW(Int8MatmulRaw(x, 1, 16, w, s, 8, nullptr, nullptr, y), c10::Error);  // n % 16
+  EXPECT_THROW(Int8MatmulRaw(x, 1, 6, w, s, 16, nullptr, nullptr, y), c10::Error);  // k % 4
+  EXPECT_THROW(Int8MatmulRaw(x, 0, 16, w, s, 16, nullptr, nullptr, y), c10::Error);
+  EXPECT_THROW(PackInt8MatmulWeights(x, 24, 4, w, s), c10::Error);
+}
+
 }  // namespace
 }  // namespace specula
 

@@ -124,7 +124,7 @@ StatusOr<std::unique_ptr<ParallelSpecDrafter>> ParallelSpecDrafter::Create(
     try {
       c10::InferenceMode inference;
       cpu_forward = std::make_unique<CpuForward>(module->layer_config());
-      cpu_forward->UseBf16Weights(options.bf16_matmul);
+      cpu_forward->UseDraftMatmul(options.matmul);
       cpu_forward->UsePackedWeights(options.packed_weights);
       std::tie(rope_cos, rope_sin) = module->RopeFor(
           torch::arange(module->layer_config().max_position_embeddings, torch::kLong));

@@ -31,7 +31,7 @@ class ParallelSpecFamily : public DrafterFamily {
     }
     ParallelSpecDrafterOptions options{.name = name};
     options.draft_vocab = context.draft_vocab();
-    options.bf16_matmul = context.bf16_matmul();
+    options.matmul = context.draft_matmul();
     options.packed_weights = context.model_options().packed_weights;
     if (name == "parallelspec-chain") options.shape = ParallelSpecShape::kChain;
     if (name == "parallelspec-ar") options.shape = ParallelSpecShape::kAutoregressive;

@@ -39,9 +39,9 @@ class SpecFormerCpuForward {
   // Slots + Logits: c [M, d] (each sequence's last context output) -> logits [M, n, V] float32 of
   // its first n = min(slots, l_d) slots.
   at::Tensor DraftLogits(SpecFormerImpl& module, const std::vector<const float*>& c, int64_t slots);
-  // Every matmul on bfloat16 copies of the weights (CpuForward::UseBf16Weights): results no
-  // longer bitwise the module's.
-  void UseBf16Weights(bool on) { layers_.UseBf16Weights(on); }
+  // Every matmul on bfloat16 or int8 copies of the weights (CpuForward::UseDraftMatmul):
+  // results no longer bitwise the module's.
+  void UseDraftMatmul(DraftMatmul matmul) { layers_.UseDraftMatmul(matmul); }
   // Every float32 matmul on packed copies of the weights (CpuForward::UsePackedWeights).
   void UsePackedWeights(bool on) { layers_.UsePackedWeights(on); }
 

@@ -69,7 +69,7 @@ StatusOr<std::unique_ptr<SpecFormerDrafter>> SpecFormerDrafter::Create(
   if (options.cpu_forward && head.device().is_cpu() && head.scalar_type() == torch::kFloat) {
     try {
       cpu_forward = std::make_unique<SpecFormerCpuForward>(*module);
-      cpu_forward->UseBf16Weights(options.bf16_matmul);
+      cpu_forward->UseDraftMatmul(options.matmul);
       cpu_forward->UsePackedWeights(options.packed_weights);
     } catch (const c10::Error& e) {
       return InternalError(StrCat("SpecFormer RoPE tables: ", e.what_without_backtrace()));

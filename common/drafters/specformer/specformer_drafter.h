@@ -56,10 +56,9 @@ struct SpecFormerDrafterOptions {
   // float32 on the CPU: steps of up to 32 rows run SpecFormerCpuForward (the module's kernels
   // without LibTorch ops; the same results). false: always the module (A/B checks).
   bool cpu_forward = true;
-  // Those forwards multiply bfloat16 copies of the weights where the CPU has AVX512-BF16
-  // (CpuForward::UseBf16Weights; --drafter-matmul bfloat16): cheaper, no longer bitwise the
-  // module's.
-  bool bf16_matmul = false;
+  // Those forwards' products on bfloat16 or int8 copies of the weights where the CPU has them
+  // (CpuForward::UseDraftMatmul; --drafter-matmul): cheaper, no longer bitwise the module's.
+  DraftMatmul matmul = DraftMatmul::kFloat32;
   // Those forwards' float32 matmuls on packed copies of the weights (CpuForward::
   // UsePackedWeights; --cpu-packed-weights): the same results, one more copy in memory.
   bool packed_weights = true;

@@ -28,7 +28,7 @@ class SpecFormerFamily : public DrafterFamily {
         SpecFormerDrafter::Load(dir_, *target,
                                 {.tree = tree_,
                                  .draft_vocab = context.draft_vocab(),
-                                 .bf16_matmul = context.bf16_matmul(),
+                                 .matmul = context.draft_matmul(),
                                  .packed_weights = context.model_options().packed_weights});
     if (!drafter.ok()) return drafter.status().WithContext("--specformer-model");
     return std::unique_ptr<Drafter>(std::move(*drafter));
