@@ -534,6 +534,31 @@ TEST(CpuKernelsTest, EachRowOfAProductIsBitwiseItsOneRowProduct) {
   }
 }
 
+// g(rows, x, r, bias, residual, extras) for 1-kSmallMatmulMaxRows rows of random x [rows, k]
+// (every count to 20, then every 13th), without and with bias (b [n]) and residual r [rows, n].
+template <typename G>
+void ForRowCountsWithAndWithoutExtras(int64_t n, int64_t k, const at::Tensor& b, const G& g) {
+  for (int64_t rows = 1; rows <= kSmallMatmulMaxRows; rows += (rows < 20 ? 1 : 13)) {
+    auto x = torch::randn({rows, k});
+    auto r = torch::randn({rows, n});
+    for (bool extras : {false, true}) {
+      g(rows, x, r, extras ? b.data_ptr<float>() : nullptr, extras ? r.data_ptr<float>() : nullptr,
+        extras);
+    }
+  }
+}
+
+// f(n, k, threads) for each [n, k] weight shape, on one kernel thread and on two (two after).
+template <typename F>
+void ForShapesOnOneAndTwoThreads(const std::vector<std::pair<int64_t, int64_t>>& shapes,
+                                 const F& f) {
+  for (int threads : {1, 2}) {
+    ConfigureCpuThreads(threads);
+    for (auto [n, k] : shapes) f(n, k, threads);
+  }
+  ConfigureCpuThreads(2);
+}
+
 // The packed weights' product is bitwise SmallMatmulRaw's (so bitwise each row's one-row
 // product): every row count up to kSmallMatmulMaxRows (the 1-8-row tiles, 8-row blocks and their
 // remainders), output groups that fill the 3- and 4-group tiles and ones that leave a tail (16,
@@ -542,34 +567,28 @@ TEST(CpuKernelsTest, EachRowOfAProductIsBitwiseItsOneRowProduct) {
 TEST(CpuKernelsTest, PackedMatmulIsBitwiseTheSmallMatmul) {
   if (!PackedMatmulRuns()) GTEST_SKIP() << "no AVX-512 on this CPU or build";
   torch::manual_seed(5);
-  for (int threads : {1, 2}) {
-    ConfigureCpuThreads(threads);
-    for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
-             {16, 16}, {48, 256}, {80, 768}, {4096, 256}, {112, 48}}) {
-      auto w = torch::randn({n, k});
-      auto packed = torch::empty({n * k});
-      PackMatmulWeights(w.data_ptr<float>(), n, k, packed.data_ptr<float>());
-      auto b = torch::randn({n});
-      for (int64_t rows = 1; rows <= kSmallMatmulMaxRows; rows += (rows < 20 ? 1 : 13)) {
-        auto x = torch::randn({rows, k});
-        auto r = torch::randn({rows, n});
-        for (bool extras : {false, true}) {
-          const float* bias = extras ? b.data_ptr<float>() : nullptr;
-          const float* residual = extras ? r.data_ptr<float>() : nullptr;
-          auto want = torch::empty({rows, n});
-          auto got = torch::full({rows, n}, std::nanf(""));
-          SmallMatmulRaw(x.data_ptr<float>(), rows, k, w.data_ptr<float>(), n, bias, residual,
-                         want.data_ptr<float>());
-          PackedMatmulRaw(x.data_ptr<float>(), rows, k, packed.data_ptr<float>(), n, bias, residual,
-                          got.data_ptr<float>());
-          ASSERT_TRUE(torch::equal(got, want))
-              << n << " x " << k << ", " << rows << " rows, extras " << extras << ", " << threads
-              << " threads; max diff " << (got - want).abs().max().item<double>();
-        }
-      }
-    }
-  }
-  ConfigureCpuThreads(2);
+  ForShapesOnOneAndTwoThreads(
+      {{16, 16}, {48, 256}, {80, 768}, {4096, 256}, {112, 48}},
+      [](int64_t n, int64_t k, int threads) {
+        auto w = torch::randn({n, k});
+        auto packed = torch::empty({n * k});
+        PackMatmulWeights(w.data_ptr<float>(), n, k, packed.data_ptr<float>());
+        auto b = torch::randn({n});
+        ForRowCountsWithAndWithoutExtras(
+            n, k, b,
+            [&](int64_t rows, const at::Tensor& x, const at::Tensor& r, const float* bias,
+                const float* residual, bool extras) {
+              auto want = torch::empty({rows, n});
+              auto got = torch::full({rows, n}, std::nanf(""));
+              SmallMatmulRaw(x.data_ptr<float>(), rows, k, w.data_ptr<float>(), n, bias, residual,
+                             want.data_ptr<float>());
+              PackedMatmulRaw(x.data_ptr<float>(), rows, k, packed.data_ptr<float>(), n, bias,
+                              residual, got.data_ptr<float>());
+              ASSERT_TRUE(torch::equal(got, want))
+                  << n << " x " << k << ", " << rows << " rows, extras " << extras << ", "
+                  << threads << " threads; max diff " << (got - want).abs().max().item<double>();
+            });
+      });
   float x[32] = {}, w[32 * 32] = {}, y[64];
   EXPECT_THROW(PackedMatmulRaw(x, 1, 16, w, 8, nullptr, nullptr, y), c10::Error);  // n % 16
   EXPECT_THROW(PackedMatmulRaw(x, 1, 8, w, 16, nullptr, nullptr, y), c10::Error);  // k % 16
@@ -589,59 +608,53 @@ TEST(CpuKernelsTest, PackedMatmulIsBitwiseTheSmallMatmul) {
 TEST(CpuKernelsTest, Int8MatmulIsTheProductOfTheScaledWeights) {
   if (!Int8MatmulRuns()) GTEST_SKIP() << "no AVX-512 on this CPU or build";
   torch::manual_seed(8);
-  for (int threads : {1, 2}) {
-    ConfigureCpuThreads(threads);
-    for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
-             {16, 4}, {48, 128}, {112, 384}, {1024, 128}, {208, 36}}) {
-      auto w = torch::randn({n, k});
-      w[n / 2].zero_();
-      std::vector<int8_t> packed(n * k);
-      auto scales = torch::full({n}, -1.0f);
-      PackInt8MatmulWeights(w.data_ptr<float>(), n, k, packed.data(), scales.data_ptr<float>());
-      // The reference unpacks the panels: q[r][p] = packed[(r / 16) k 16 + p 16 + r % 16].
-      auto q = torch::empty({n, k}, torch::kDouble);
-      for (int64_t r = 0; r < n; ++r) {
-        for (int64_t p = 0; p < k; ++p) q[r][p] = packed[(r / 16) * k * 16 + p * 16 + r % 16];
-      }
-      const auto amax = std::get<0>(w.abs().max(1));
-      ASSERT_TRUE(torch::allclose(scales, amax / 127.0f)) << n << " x " << k;
-      EXPECT_EQ(scales[n / 2].item<float>(), 0.0f);
-      EXPECT_EQ(q.abs().max().item<double>(), 127.0);  // every non-zero row reaches +-127
-      // Each weight rounded to its nearest step (ties may go either way in float32).
-      const auto steps =
-          (w.to(torch::kDouble) / scales.to(torch::kDouble).unsqueeze(1)).nan_to_num(0.0);
-      ASSERT_LE((q - steps).abs().max().item<double>(), 0.5 + 1e-4) << n << " x " << k;
-      auto dequantised = q * scales.to(torch::kDouble).unsqueeze(1);
-      auto b = torch::randn({n});
-      for (int64_t rows = 1; rows <= kSmallMatmulMaxRows; rows += (rows < 20 ? 1 : 13)) {
-        auto x = torch::randn({rows, k});
-        auto r = torch::randn({rows, n});
-        for (bool extras : {false, true}) {
-          const float* bias = extras ? b.data_ptr<float>() : nullptr;
-          const float* residual = extras ? r.data_ptr<float>() : nullptr;
-          auto got = torch::full({rows, n}, std::nanf(""));
-          Int8MatmulRaw(x.data_ptr<float>(), rows, k, packed.data(), scales.data_ptr<float>(), n,
-                        bias, residual, got.data_ptr<float>());
-          auto want = torch::matmul(x.to(torch::kDouble), dequantised.t());
-          if (extras) want = want + b.to(torch::kDouble) + r.to(torch::kDouble);
-          ASSERT_LT((got.to(torch::kDouble) - want).abs().max().item<double>(), 1e-4 * k)
-              << n << " x " << k << ", " << rows << " rows, extras " << extras << ", " << threads
-              << " threads";
-          // Rounding each weight moves it by at most half a step: scale / 2 per weight.
-          auto exact = torch::matmul(x, w.t());
-          if (extras) exact = exact + b + r;
-          const double bound = (x.abs().sum(1).to(torch::kDouble).unsqueeze(1) *
-                                (scales.to(torch::kDouble).unsqueeze(0) / 2))
-                                   .max()
-                                   .item<double>();
-          const double off = (got - exact).abs().max().item<double>();
-          EXPECT_GT(off, 1e-5);
-          EXPECT_LE(off, bound + 1e-3);
+  ForShapesOnOneAndTwoThreads(
+      {{16, 4}, {48, 128}, {112, 384}, {1024, 128}, {208, 36}},
+      [](int64_t n, int64_t k, int threads) {
+        auto w = torch::randn({n, k});
+        w[n / 2].zero_();
+        std::vector<int8_t> packed(n * k);
+        auto scales = torch::full({n}, -1.0f);
+        PackInt8MatmulWeights(w.data_ptr<float>(), n, k, packed.data(), scales.data_ptr<float>());
+        // The reference unpacks the panels: q[r][p] = packed[(r / 16) k 16 + p 16 + r % 16].
+        auto q = torch::empty({n, k}, torch::kDouble);
+        for (int64_t r = 0; r < n; ++r) {
+          for (int64_t p = 0; p < k; ++p) q[r][p] = packed[(r / 16) * k * 16 + p * 16 + r % 16];
         }
-      }
-    }
-  }
-  ConfigureCpuThreads(2);
+        const auto amax = std::get<0>(w.abs().max(1));
+        ASSERT_TRUE(torch::allclose(scales, amax / 127.0f)) << n << " x " << k;
+        EXPECT_EQ(scales[n / 2].item<float>(), 0.0f);
+        EXPECT_EQ(q.abs().max().item<double>(), 127.0);  // every non-zero row reaches +-127
+        // Each weight rounded to its nearest step (ties may go either way in float32).
+        const auto steps =
+            (w.to(torch::kDouble) / scales.to(torch::kDouble).unsqueeze(1)).nan_to_num(0.0);
+        ASSERT_LE((q - steps).abs().max().item<double>(), 0.5 + 1e-4) << n << " x " << k;
+        auto dequantised = q * scales.to(torch::kDouble).unsqueeze(1);
+        auto b = torch::randn({n});
+        ForRowCountsWithAndWithoutExtras(
+            n, k, b,
+            [&](int64_t rows, const at::Tensor& x, const at::Tensor& r, const float* bias,
+                const float* residual, bool extras) {
+              auto got = torch::full({rows, n}, std::nanf(""));
+              Int8MatmulRaw(x.data_ptr<float>(), rows, k, packed.data(), scales.data_ptr<float>(),
+                            n, bias, residual, got.data_ptr<float>());
+              auto want = torch::matmul(x.to(torch::kDouble), dequantised.t());
+              if (extras) want = want + b.to(torch::kDouble) + r.to(torch::kDouble);
+              ASSERT_LT((got.to(torch::kDouble) - want).abs().max().item<double>(), 1e-4 * k)
+                  << n << " x " << k << ", " << rows << " rows, extras " << extras << ", "
+                  << threads << " threads";
+              // Rounding each weight moves it by at most half a step: scale / 2 per weight.
+              auto exact = torch::matmul(x, w.t());
+              if (extras) exact = exact + b + r;
+              const double bound = (x.abs().sum(1).to(torch::kDouble).unsqueeze(1) *
+                                    (scales.to(torch::kDouble).unsqueeze(0) / 2))
+                                       .max()
+                                       .item<double>();
+              const double off = (got - exact).abs().max().item<double>();
+              EXPECT_GT(off, 1e-5);
+              EXPECT_LE(off, bound + 1e-3);
+            });
+      });
   float x[32] = {}, s[32] = {}, y[64];
   int8_t w[32 * 32] = {};
   EXPECT_THROW(Int8MatmulRaw(x, 1, 16, w, s, 8, nullptr, nullptr, y), c10::Error);  // n % 16
@@ -736,7 +749,9 @@ TEST(CpuKernelsTest, ExponentialsBelowAShiftMatchTheReference) {
     const float sum = ExpBelowRaw(x.data_ptr<float>(), n, shift, out.data_ptr<float>());
     EXPECT_NEAR(sum, want_sum, 1e-5 * want_sum) << n;
     EXPECT_LT((out.to(torch::kDouble) - want).abs().max().item<double>(), 1e-6) << n;
-    if (n > 3) EXPECT_TRUE(torch::all(out.narrow(0, 0, n / 3) == 0).item<bool>()) << n;
+    if (n > 3) {
+      EXPECT_TRUE(torch::all(out.narrow(0, 0, n / 3) == 0).item<bool>()) << n;
+    }
   }
 }
 
