@@ -71,11 +71,19 @@ const uint16_t* CpuForward::Bf16WeightsOf(const at::Tensor& weight) {
   return reinterpret_cast<const uint16_t*>(copy.data_ptr<at::BFloat16>());
 }
 
-const uint8_t* CpuForward::Int8WeightsOf(const at::Tensor& weight, int64_t n, int64_t k) {
-  // Every row, as PackedWeightsOf: a group of 16 outputs never mixes rows of two groups.
+int64_t CpuForward::GroupedRows(const at::Tensor& weight, int64_t n, int64_t k) {
+  // Every row of the weight is copied, so that callers reading only its first n (SpecFormer's
+  // positional FFN: the slots a step wants) share one copy; a group of 16 outputs never mixes
+  // rows of two groups, so the first n / 16 groups are the first n rows.
   const int64_t all_rows = weight.numel() / k;
-  if (weight.numel() % k != 0 || all_rows % 16 != 0) return nullptr;
+  if (weight.numel() % k != 0 || all_rows % 16 != 0) return 0;
   TORCH_CHECK(all_rows >= n, "CpuForward: a weight of ", all_rows, " rows for ", n, " outputs");
+  return all_rows;
+}
+
+CpuForward::Int8Weights CpuForward::Int8WeightsOf(const at::Tensor& weight, int64_t n, int64_t k) {
+  const int64_t all_rows = GroupedRows(weight, n, k);
+  if (all_rows == 0) return {};
   const at::Tensor& copy = CopyOf(int8_copies_, weight, [&] {
     // The scales first: all_rows floats, a multiple of 64 bytes, so the panels stay aligned.
     at::Tensor bytes = at::empty({all_rows * 4 + all_rows * k}, at::kByte);
@@ -85,16 +93,14 @@ const uint8_t* CpuForward::Int8WeightsOf(const at::Tensor& weight, int64_t n, in
                           reinterpret_cast<float*>(base));
     return bytes;
   });
-  return copy.data_ptr<uint8_t>();
+  const uint8_t* base = copy.data_ptr<uint8_t>();
+  return {reinterpret_cast<const int8_t*>(base + all_rows * 4),
+          reinterpret_cast<const float*>(base)};
 }
 
 const float* CpuForward::PackedWeightsOf(const at::Tensor& weight, int64_t n, int64_t k) {
-  // Every row of the weight is packed, so that callers reading only its first n (SpecFormer's
-  // positional FFN: the slots a step wants) share one copy; a group of 16 outputs never mixes
-  // rows of two groups, so the first n / 16 groups are the first n rows.
-  const int64_t all_rows = weight.numel() / k;
-  if (weight.numel() % k != 0 || all_rows % 16 != 0) return nullptr;
-  TORCH_CHECK(all_rows >= n, "CpuForward: a weight of ", all_rows, " rows for ", n, " outputs");
+  const int64_t all_rows = GroupedRows(weight, n, k);
+  if (all_rows == 0) return nullptr;
   const at::Tensor& copy = CopyOf(packed_copies_, weight, [&] {
     at::Tensor packed = at::empty({all_rows * k}, at::kFloat);  // 64-byte aligned
     PackMatmulWeights(weight.data_ptr<float>(), all_rows, k, packed.data_ptr<float>());
@@ -107,10 +113,8 @@ void CpuForward::Matmul(const float* x, int64_t rows, int64_t k, const at::Tenso
                         int64_t n, const float* bias, const float* residual, float* y) {
   const DraftMatmul draft = draft_matmul();
   if (draft == DraftMatmul::kInt8 && n % 16 == 0 && k % 4 == 0) {
-    if (const uint8_t* copy = Int8WeightsOf(weight, n, k)) {
-      const int64_t all_rows = weight.numel() / k;
-      Int8MatmulRaw(x, rows, k, reinterpret_cast<const int8_t*>(copy + all_rows * 4),
-                    reinterpret_cast<const float*>(copy), n, bias, residual, y);
+    if (const Int8Weights q = Int8WeightsOf(weight, n, k); q.panels) {
+      Int8MatmulRaw(x, rows, k, q.panels, q.scales, n, bias, residual, y);
       return;
     }
   }

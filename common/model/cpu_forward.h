@@ -125,11 +125,18 @@ class CpuForward {
   template <typename Make>
   const at::Tensor& CopyOf(WeightCopies& copies, const at::Tensor& weight, const Make& make);
   const uint16_t* Bf16WeightsOf(const at::Tensor& weight);
-  // The int8 copy of all of `weight`'s rows (scales, then panels); nullptr when its rows are
-  // not whole groups of 16.
-  const uint8_t* Int8WeightsOf(const at::Tensor& weight, int64_t n, int64_t k);
+  // The rows of `weight` as [rows, k] when they are whole groups of 16 outputs (so a copy of all
+  // of them serves a product with its first n), else 0 (the caller reads the weight itself).
+  static int64_t GroupedRows(const at::Tensor& weight, int64_t n, int64_t k);
+  // The int8 copy of all of `weight`'s rows, for a product with its first n; null panels when
+  // its rows are not whole groups of 16.
+  struct Int8Weights {
+    const int8_t* panels = nullptr;  // PackInt8MatmulWeights' layout
+    const float* scales = nullptr;   // one per row
+  };
+  Int8Weights Int8WeightsOf(const at::Tensor& weight, int64_t n, int64_t k);
   // The packed copy of all of `weight`'s rows, for a product with its first n; nullptr when
-  // its rows are not whole groups of 16 (the caller then reads the weight itself).
+  // its rows are not whole groups of 16.
   const float* PackedWeightsOf(const at::Tensor& weight, int64_t n, int64_t k);
 
   DraftMatmul draft_matmul_requested_ = DraftMatmul::kFloat32;
