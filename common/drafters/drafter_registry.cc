@@ -40,8 +40,9 @@ void DrafterRegistry::RegisterFlags(FlagSet& flags) {
       "rank only these tokens (a cheaper head; lossless); empty = the whole vocabulary");
   flags.AddString(
       "drafter-matmul", &matmul_,
-      "int8, bfloat16 or float32: the float32 CPU forwards of draft-model, specformer and "
-      "parallelspec multiply int8 copies of their weights scaled per output where the CPU has "
+      "int8, bfloat16 or float32: the float32 CPU forwards of draft-model, specformer, "
+      "parallelspec and beagle multiply int8 copies of their weights scaled per output where the "
+      "CPU has "
       "AVX-512, or bfloat16 copies where it has AVX512-BF16, else the weights themselves "
       "(cheaper drafts, still lossless; the drafts, and so which random numbers a seeded "
       "sampled request consumes, depend on the CPU; float32: the drafters' own results)");

@@ -26,7 +26,7 @@ DecoderLayerImpl& LayerOf(CausalLMImpl& module, int64_t i) {
 
 }  // namespace
 
-float* CpuForward::Scratch::Get(int64_t floats) {
+float* CpuScratch::Get(int64_t floats) {
   if (!storage.defined() || storage.numel() < floats) {
     storage = at::empty({std::max<int64_t>(floats, 1)}, at::kFloat);
   }

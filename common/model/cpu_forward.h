@@ -31,6 +31,14 @@ class MlpImpl;
 class PagedAttentionLayout;
 class SelfAttentionImpl;
 
+// A float32 scratch buffer kept between forwards, allocated once at its largest size: 64-byte
+// aligned as LibTorch's (the kernels' row loads straddled cache lines in std::vector's
+// 16-byte-aligned rows: 10% slower at 32 rows).
+struct CpuScratch {
+  at::Tensor storage;
+  float* Get(int64_t floats);  // at least that many floats
+};
+
 class CpuForward {
  public:
   explicit CpuForward(const ModelConfig& config);
@@ -145,12 +153,7 @@ class CpuForward {
   bool packed_requested_ = true;
   WeightCopies packed_copies_;  // n * k float32 panels (PackMatmulWeights)
   ModelConfig config_;
-  // A scratch buffer, allocated once: 64-byte aligned as LibTorch's (the kernels' row loads
-  // straddled cache lines in std::vector's 16-byte-aligned rows: 10% slower at 32 rows).
-  struct Scratch {
-    at::Tensor storage;
-    float* Get(int64_t floats);  // at least that many floats
-  };
+  using Scratch = CpuScratch;
   // For kSmallMatmulMaxRows rows: the residual stream before and after attention, a normed copy,
   // the fused projections' outputs, rotated queries, attention output, activation, the logit
   // rows and a restricted head's scores.

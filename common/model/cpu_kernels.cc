@@ -1032,8 +1032,10 @@ void RopeAndCacheRaw(const RopeRows& rows, int64_t num_slots, float* key_cache, 
     TORCH_CHECK(slot >= 0 && slot < num_slots, "write slot ", slot, " outside the cache");
     const float* cos = rows.cos + rows.cos_row[i] * hd;
     const float* sin = rows.sin + rows.cos_row[i] * hd;
-    RotateRow(rows.q + i * rows.q_stride, cos, sin, q_out + i * nh * hd, nh, rows.q_head_stride,
-              hd);
+    if (nh > 0) {
+      RotateRow(rows.q + i * rows.q_stride, cos, sin, q_out + i * nh * hd, nh, rows.q_head_stride,
+                hd);
+    }
     RotateRow(rows.k + i * rows.k_stride, cos, sin, key_cache + slot * slot_floats, nkv,
               rows.k_head_stride, hd);
     float* vdst = value_cache + slot * slot_floats;
@@ -1041,6 +1043,15 @@ void RopeAndCacheRaw(const RopeRows& rows, int64_t num_slots, float* key_cache, 
       std::memcpy(vdst + h * hd, rows.v + i * rows.v_stride + h * rows.v_head_stride,
                   hd * sizeof(float));
     }
+  }
+}
+
+void RopeRaw(const float* x, int64_t rows, int64_t stride, int64_t heads, int64_t head_stride,
+             int64_t head_dim, const float* cos, const float* sin, const int64_t* cos_row,
+             float* out) {
+  for (int64_t i = 0; i < rows; ++i) {
+    RotateRow(x + i * stride, cos + cos_row[i] * head_dim, sin + cos_row[i] * head_dim,
+              out + i * heads * head_dim, heads, head_stride, head_dim);
   }
 }
 
@@ -1089,16 +1100,9 @@ at::Tensor RopeAndCacheCpu(const at::Tensor& q, const at::Tensor& k, const at::T
 namespace {
 
 // Own keys per row for PagedAttentionInto (see RowKeys): [rows, row_keys, nkv, hd].
-struct RawRowKeys {
-  const float* keys;
-  const float* values;
-  int64_t row_keys;
-  const int32_t* counts;
-};
-
 void PagedAttentionInto(const float* qp, int64_t N, int64_t nh, int64_t hd, int64_t nkv,
                         const float* kc, const float* vc, const PagedAttentionLayout& layout,
-                        const RawRowKeys* row_keys, float* op) {
+                        const RowKeysRaw* row_keys, float* op) {
   TORCH_CHECK(N == layout.num_rows(), "q has ", N, " rows, the layout ", layout.num_rows());
   TORCH_CHECK(nkv > 0 && nh % nkv == 0 && nh <= kMaxHeads, "unsupported heads ", nh, "/", nkv);
   if (N == 0) return;
@@ -1187,9 +1191,9 @@ void PagedAttentionInto(const float* qp, int64_t N, int64_t nh, int64_t hd, int6
 
 void PagedAttentionRaw(const float* q, int64_t rows, int64_t num_heads, int64_t head_dim,
                        int64_t num_kv_heads, const float* key_cache, const float* value_cache,
-                       const PagedAttentionLayout& layout, float* out) {
+                       const PagedAttentionLayout& layout, float* out, const RowKeysRaw* row_keys) {
   PagedAttentionInto(q, rows, num_heads, head_dim, num_kv_heads, key_cache, value_cache, layout,
-                     nullptr, out);
+                     row_keys, out);
 }
 
 at::Tensor PagedAttentionCpu(const at::Tensor& q_in, const at::Tensor& key_cache,
@@ -1202,7 +1206,7 @@ at::Tensor PagedAttentionCpu(const at::Tensor& q_in, const at::Tensor& key_cache
   const int64_t N = q.size(0), nh = q.size(1), hd = q.size(2), nkv = key_cache.size(1);
   TORCH_CHECK(N == layout.num_rows(), "q has ", N, " rows, the layout ", layout.num_rows());
   at::Tensor rk, rv;
-  RawRowKeys raw_keys{};
+  RowKeysRaw raw_keys{};
   if (row_keys != nullptr) {
     rk = row_keys->keys.contiguous();
     rv = row_keys->values.contiguous();

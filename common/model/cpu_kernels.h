@@ -138,13 +138,30 @@ struct RopeRows {
   const int64_t* write_slots;  // [rows], each in [0, num_slots)
 };
 // Writes the rotated keys and the values to their slots of the [num_slots, nkv, hd] caches and
-// the rotated queries to q_out [rows, nh, hd].
+// the rotated queries to q_out [rows, nh, hd]. With num_heads 0 only the keys and values (q and
+// q_out are not read).
 void RopeAndCacheRaw(const RopeRows& rows, int64_t num_slots, float* key_cache, float* value_cache,
                      float* q_out);
+// Rotates `rows` rows of `heads` heads by RoPE (HF's rotate_half, as RopeAndCacheRaw): row i's
+// head h at x + i * stride + h * head_stride (head_dim contiguous floats), by the table rows
+// cos_row[i] of cos/sin [table rows, head_dim], into out [rows, heads, head_dim].
+void RopeRaw(const float* x, int64_t rows, int64_t stride, int64_t heads, int64_t head_stride,
+             int64_t head_dim, const float* cos, const float* sin, const int64_t* cos_row,
+             float* out);
 
-// PagedAttentionCpu without row keys: q [rows, nh, hd] contiguous, out [rows, nh * hd].
+// RowKeys as raw rows: keys and values [rows, row_keys, nkv, hd], of which row r sees the first
+// counts[r] (each in [0, row_keys]).
+struct RowKeysRaw {
+  const float* keys;
+  const float* values;
+  int64_t row_keys;
+  const int32_t* counts;
+};
+// PagedAttentionCpu on raw rows: q [rows, nh, hd] contiguous, out [rows, nh * hd]; row_keys may
+// be null.
 void PagedAttentionRaw(const float* q, int64_t rows, int64_t num_heads, int64_t head_dim,
                        int64_t num_kv_heads, const float* key_cache, const float* value_cache,
-                       const PagedAttentionLayout& layout, float* out);
+                       const PagedAttentionLayout& layout, float* out,
+                       const RowKeysRaw* row_keys = nullptr);
 
 }  // namespace specula

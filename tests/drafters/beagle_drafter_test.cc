@@ -15,8 +15,10 @@
 
 #include "common/drafters/beagle/beagle_model.h"
 #include "common/engine/plain_decoder.h"
+#include "common/model/cpu_kernels.h"
 #include "common/model/transformer.h"
 #include "common/spec/spec_engine.h"
+#include "tests/drafters/cpu_forward_checks.h"
 #include "tests/testing/tiny_model.h"
 
 namespace specula {
@@ -373,6 +375,99 @@ TEST(BeagleDrafterTest, CheckpointRoundTripsAndRefusesAnotherKind) {
   EXPECT_THAT(LoadBeagleDir(dir.string(), TinyModelConfig()).status().message(),
               HasSubstr("expected \"beagle\""));
   fs::remove_all(dir);
+}
+
+// The same tree, node for node, with probabilities within float rounding.
+void ExpectSameTree(const CandidateTree& a, const CandidateTree& b, double tolerance,
+                    const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (int32_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a.token(i), b.token(i)) << what << " node " << i;
+    EXPECT_EQ(a.parent(i), b.parent(i)) << what << " node " << i;
+    EXPECT_NEAR(a.draft_prob(i), b.draft_prob(i), tolerance) << what << " node " << i;
+  }
+}
+
+// On a float32 CPU target Observe and Propose run BeagleCpuForward (no LibTorch ops, RoPE and
+// log-softmax in the kernels' own float order): the true-state cache and every tree must be the
+// module's (trees node for node), with and without "concate" and a draft vocabulary, through a
+// catch-up of 50 rows, batched and single observations, and frontiers of one and many rows.
+TEST(BeagleDrafterTest, TheCpuForwardMatchesTheModule) {
+  auto target = Runner(TargetModule());
+  const auto vocab = EveryNthToken(kVocab, 3, 0);
+  const int64_t d = TinyModelConfig().hidden_size;
+  for (bool concat : {true, false}) {
+    for (bool restricted : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "concat " << concat << " restricted " << restricted);
+      std::unique_ptr<BeagleDrafter> drafters[2];
+      for (int i = 0; i < 2; ++i) {
+        auto created = BeagleDrafter::Create(BeagleModule(), *target,
+                                             {.depth = 5,
+                                              .top_k = 4,
+                                              .concat = concat,
+                                              .kv = {.block_size = 4, .num_blocks = 256},
+                                              .draft_vocab = restricted ? vocab : nullptr,
+                                              .cpu_forward = i == 0});
+        ASSERT_TRUE(created.ok()) << created.status();
+        drafters[i] = std::move(*created);
+        ASSERT_TRUE(AddRoundSequences(*drafters[i]));
+      }
+      ObserveRoundsAndCheck(
+          *drafters[0], *drafters[1], CpuForwardRounds(1, d, kVocab),
+          [&](SeqId seq, const std::string& where) {
+            auto fast = drafters[0]->TrueCache(seq), reference = drafters[1]->TrueCache(seq);
+            ASSERT_TRUE(fast.ok() && reference.ok()) << where;
+            EXPECT_TRUE(torch::allclose(fast->first, reference->first, 1e-5, 1e-5)) << where;
+            EXPECT_TRUE(torch::allclose(fast->second, reference->second, 1e-5, 1e-5)) << where;
+          });
+      // Both sequences in one call (a tree of 24 nodes and a chain-like one of 3), then each.
+      const std::vector<std::vector<DraftRequest>> calls = {
+          {{.seq = 1, .max_nodes = 24, .max_depth = 5}, {.seq = 2, .max_nodes = 3, .max_depth = 3}},
+          {{.seq = 2, .max_nodes = 40, .max_depth = 5}},
+          {{.seq = 1, .max_nodes = 1, .max_depth = 1}}};
+      for (size_t c = 0; c < calls.size(); ++c) {
+        auto fast = drafters[0]->Propose(calls[c]), reference = drafters[1]->Propose(calls[c]);
+        ASSERT_TRUE(fast.ok() && reference.ok()) << "call " << c;
+        for (size_t r = 0; r < calls[c].size(); ++r) {
+          EXPECT_FALSE((*fast)[r].empty());
+          ExpectSameTree((*fast)[r], (*reference)[r], 1e-5,
+                         "call " + std::to_string(c) + " request " + std::to_string(r));
+        }
+      }
+    }
+  }
+}
+
+// --drafter-matmul int8 / bfloat16 reach Beagle's forward where the CPU has them: its cache and
+// trees stay within the copies' rounding of float32's (a sampled request's chain too).
+TEST(BeagleDrafterTest, ReducedPrecisionWeightsStayCloseToFloat32) {
+  auto target = Runner(TargetModule());
+  const int64_t d = TinyModelConfig().hidden_size;
+  for (DraftMatmul matmul : {DraftMatmul::kInt8, DraftMatmul::kBfloat16}) {
+    const bool runs = matmul == DraftMatmul::kInt8 ? Int8MatmulRuns() : Bf16MatmulRuns();
+    SCOPED_TRACE(testing::Message() << DraftMatmulName(matmul) << (runs ? "" : " (not here)"));
+    std::unique_ptr<BeagleDrafter> drafters[2];
+    for (int i = 0; i < 2; ++i) {
+      auto created = BeagleDrafter::Create(BeagleModule(), *target,
+                                           {.kv = {.block_size = 4, .num_blocks = 256},
+                                            .matmul = i == 0 ? matmul : DraftMatmul::kFloat32});
+      ASSERT_TRUE(created.ok()) << created.status();
+      drafters[i] = std::move(*created);
+      ASSERT_TRUE(AddRoundSequences(*drafters[i]));
+    }
+    EXPECT_EQ(drafters[0]->draft_matmul(), runs ? matmul : DraftMatmul::kFloat32);
+    ObserveRoundsAndCheck(*drafters[0], *drafters[1], CpuForwardRounds(1, d, kVocab),
+                          [&](SeqId seq, const std::string& where) {
+                            auto a = drafters[0]->TrueCache(seq), b = drafters[1]->TrueCache(seq);
+                            ASSERT_TRUE(a.ok() && b.ok()) << where;
+                            EXPECT_TRUE(torch::allclose(a->first, b->first, 0.05, 0.05)) << where;
+                            EXPECT_TRUE(torch::allclose(a->second, b->second, 0.05, 0.05)) << where;
+                          });
+    auto trees = drafters[0]->Propose({{.seq = 1, .max_nodes = 16, .max_depth = 5}});
+    ASSERT_TRUE(trees.ok()) << trees.status();
+    EXPECT_TRUE((*trees)[0].Validate(kVocab, 16, 5).ok());
+    EXPECT_EQ((*trees)[0].size(), 16);
+  }
 }
 
 }  // namespace

@@ -182,6 +182,7 @@ std::vector<ConformanceCase> Cases() {
       {"parallelspec-chain, float32 matmuls",
        "parallelspec-chain",
        {draft_vocab, "--drafter-matmul=float32"}},
+      {"beagle, float32 matmuls", "beagle", {draft_vocab, "--drafter-matmul=float32"}},
   };
 }
 

@@ -3,8 +3,12 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <optional>
 
+#include "common/drafters/beagle/beagle_cpu_forward.h"
 #include "common/drafters/beagle/beagle_model.h"
 #include "common/drafters/beagle/dynamic_tree.h"
 #include "common/drafters/draft_sampling.h"
@@ -20,6 +24,34 @@ namespace {
 
 torch::Tensor LongTensor(const std::vector<int64_t>& v, const torch::Device& device) {
   return torch::tensor(v, torch::kLong).to(device);
+}
+
+// The best `k` children of a row of head logits `x` [n] (ids[i] the token of entry i; null: i),
+// best first (the first entry wins a tie, as a stable top-k), each with its log-softmax of
+// x / temperature (the tree's ranking, as the module's log_softmax(logits / temperature));
+// `scaled` holds n floats of scratch.
+void BestChildren(const float* x, int64_t n, int64_t k, float temperature, const int64_t* ids,
+                  float* scaled, std::vector<DraftChild>* children) {
+  std::vector<std::pair<float, int64_t>> best;  // descending value, ascending index among equals
+  best.reserve(k + 1);
+  float largest = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    largest = std::max(largest, v);
+    if (static_cast<int64_t>(best.size()) == k && !(v > best.back().first)) continue;
+    auto at =
+        std::upper_bound(best.begin(), best.end(), v,
+                         [](float a, const std::pair<float, int64_t>& b) { return a > b.first; });
+    best.insert(at, {v, i});
+    if (static_cast<int64_t>(best.size()) > k) best.pop_back();
+  }
+  for (int64_t i = 0; i < n; ++i) scaled[i] = x[i] / temperature;
+  const float shift = largest / temperature;
+  const float log_sum = shift + std::log(SumExpBelow(scaled, n, shift));
+  for (const auto& [v, i] : best) {
+    children->push_back(
+        {static_cast<int32_t>(ids != nullptr ? ids[i] : i), v / temperature - log_sum});
+  }
 }
 
 }  // namespace
@@ -84,10 +116,22 @@ StatusOr<std::unique_ptr<BeagleDrafter>> BeagleDrafter::Create(std::shared_ptr<B
     return InternalError(
         StrCat("cannot place Beagle on ", head.device().str(), ": ", e.what_without_backtrace()));
   }
+  std::unique_ptr<BeagleCpuForward> cpu_forward;
+  if (options.cpu_forward && head.device().is_cpu() && head.scalar_type() == torch::kFloat) {
+    try {
+      module->mlp->FuseProjections();  // one gate/up matmul (CpuForward::MlpBlock)
+      cpu_forward = std::make_unique<BeagleCpuForward>(*module);
+      cpu_forward->UseDraftMatmul(options.matmul);
+      cpu_forward->UsePackedWeights(options.packed_weights);
+    } catch (const c10::Error& e) {
+      return InternalError(StrCat("Beagle CPU forward: ", e.what_without_backtrace()));
+    }
+  }
   auto drafter = std::unique_ptr<BeagleDrafter>(
       new BeagleDrafter(std::move(module), std::move(kv), std::move(options)));
   drafter->target_module_ = std::move(target_module);
   drafter->target_layers_ = target.config().num_hidden_layers;
+  drafter->cpu_forward_ = std::move(cpu_forward);
   return drafter;
 }
 
@@ -110,6 +154,29 @@ DrafterCapacity BeagleDrafter::capacity() const {
   return {.blocks = kv_->allocator().num_blocks(), .block_size = kv_->allocator().block_size()};
 }
 
+DraftMatmul BeagleDrafter::draft_matmul() const {
+  return cpu_forward_ ? cpu_forward_->draft_matmul() : DraftMatmul::kFloat32;
+}
+
+bool BeagleDrafter::CpuForwardApplies(int64_t last_position) const {
+  return cpu_forward_ && last_position < cpu_forward_->max_positions() &&
+         cpu_forward_->Applies(*module_) && CpuKernelsApply(kv_->keys(0)) &&
+         kv_->keys(0).is_contiguous() && kv_->values(0).is_contiguous();
+}
+
+void BeagleDrafter::ObserveOnCpu(const std::vector<DrafterObservation>& observations,
+                                 const CachedSequences<State>::Reserved& reserved) {
+  at::Tensor& keys = kv_->keys(0);
+  for (size_t r = 0; r < reserved.observations.size(); ++r) {
+    const at::Tensor& states = observations[reserved.observations[r]].hidden[0];
+    std::vector<int64_t> positions(reserved.rows[r]);
+    for (int64_t j = 0; j < reserved.rows[r]; ++j) positions[j] = reserved.start[r] + j;
+    cpu_forward_->KeysValues(*module_, states.data_ptr<float>(), reserved.rows[r], positions.data(),
+                             reserved.slots[r].data(), keys.data_ptr<float>(),
+                             kv_->values(0).data_ptr<float>(), keys.size(0));
+  }
+}
+
 Status BeagleDrafter::AddSequence(SeqId seq, const SamplingParams& sampling) {
   return states_.Add(seq, sampling);
 }
@@ -129,6 +196,25 @@ Status BeagleDrafter::Observe(const std::vector<DrafterObservation>& observation
       writes.insert(writes.end(), reserved.slots[r].begin(), reserved.slots[r].end());
       for (int64_t j = 0; j < reserved.rows[r]; ++j) positions.push_back(reserved.start[r] + j);
       hidden.push_back(observations[reserved.observations[r]].hidden[0]);
+    }
+    // The rows as the kernels read them (the target's float32 CPU output is).
+    int64_t last = 0;
+    bool raw = true;
+    for (size_t r = 0; r < reserved.observations.size(); ++r) {
+      const at::Tensor& h = observations[reserved.observations[r]].hidden[0];
+      raw = raw && CpuKernelsApply(h) && h.is_contiguous();
+      last = std::max(last, reserved.start[r] + reserved.rows[r] - 1);
+    }
+    if (raw && CpuForwardApplies(last)) {
+      try {
+        ObserveOnCpu(observations, reserved);
+      } catch (const c10::Error& e) {
+        states_.Unreserve(reserved);
+        return InternalError(
+            StrCat("Beagle key/value forward failed: ", e.what_without_backtrace()));
+      }
+      states_.AppendTokens(observations);
+      return OkStatus();
     }
     try {
       torch::NoGradGuard no_grad;
@@ -182,6 +268,23 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
     chains.emplace_back();
   }
   if (work.empty()) return trees;
+
+  int64_t last_position = 0;  // the deepest node's
+  for (size_t s = 0; s < work.size(); ++s) {
+    last_position = std::max<int64_t>(
+        last_position, alloc.Length(states[s]->kv_seq) + builders[s].max_depth() - 1);
+  }
+  if (CpuForwardApplies(last_position)) {
+    try {
+      DraftOnCpu(requests, work, states, builders, sampled, chains);
+    } catch (const c10::Error& e) {
+      return InternalError(StrCat("Beagle draft forward failed: ", e.what_without_backtrace()));
+    }
+    for (size_t w = 0; w < work.size(); ++w) {
+      trees[work[w]] = sampled[w] ? std::move(chains[w]) : builders[w].Build();
+    }
+    return trees;
+  }
 
   try {
     c10::InferenceMode inference;  // cheaper than NoGradGuard: no autograd or version tracking
@@ -380,6 +483,125 @@ StatusOr<std::vector<CandidateTree>> BeagleDrafter::Propose(
     trees[work[w]] = sampled[w] ? std::move(chains[w]) : builders[w].Build();
   }
   return trees;
+}
+
+void BeagleDrafter::DraftOnCpu(const std::vector<DraftRequest>& requests,
+                               const std::vector<size_t>& work, const std::vector<State*>& states,
+                               std::vector<DynamicTree>& builders,
+                               const std::vector<uint8_t>& sampled,
+                               std::vector<CandidateTree>& chains) {
+  const BlockAllocator& alloc = kv_->allocator();
+  const BeagleConfig& c = config();
+  const int64_t M = static_cast<int64_t>(work.size());
+  const int64_t nkv = c.num_key_value_heads * c.head_dim, V = c.target.vocab_size;
+  const DraftHead& head = module_->head();
+  const int64_t n = module_->head_size();
+  const int64_t* ids = head.restricted() ? head.restricted_ids().data_ptr<int64_t>() : nullptr;
+  const float* true_k = kv_->keys(0).data_ptr<float>();
+  const float* true_v = kv_->values(0).data_ptr<float>();
+  std::vector<int64_t> length(M);
+  for (int64_t s = 0; s < M; ++s) length[s] = alloc.Length(states[s]->kv_seq);
+  // As the module's loop, with rows for the frontier nodes only (no padding): drafted states
+  // node_state[s][c] / root_state[s] are rows of drafted_k_ / drafted_v_.
+  int64_t drafted_rows = 0;
+  std::vector<std::vector<int64_t>> node_state(M);
+  std::vector<int64_t> root_state(M, -1);
+  std::vector<int64_t> row_start(M + 1), tokens, positions, slots;
+  std::vector<int32_t> counts;
+  std::vector<float> row_k, row_v, scaled(n), full_row;
+  for (int32_t depth = 1;; ++depth) {
+    for (int64_t s = 0; s < M; ++s) {
+      row_start[s + 1] = row_start[s] + static_cast<int64_t>(builders[s].frontier().size());
+    }
+    const int64_t R = row_start[M];
+    if (R == 0) break;
+    const int64_t D = options_.concat ? depth - 1 : 0;  // drafted keys per query
+    tokens.resize(R);
+    positions.resize(R);
+    counts.assign(R, 0);
+    row_k.resize(R * D * nkv);
+    row_v.resize(R * D * nkv);
+    PagedAttentionLayout layout(alloc.block_size(), /*sliding_window=*/0);
+    std::vector<int64_t> path;
+    for (int64_t s = 0; s < M; ++s) {
+      const DynamicTree& tree = builders[s];
+      const auto& frontier = tree.frontier();
+      // Queries at positions P + depth - 1 see every true key (all are < P).
+      if (!frontier.empty()) {
+        layout.AddReaders(alloc.BlockTable(states[s]->kv_seq), length[s],
+                          static_cast<int64_t>(frontier.size()));
+      }
+      for (size_t r = 0; r < frontier.size(); ++r) {
+        const int32_t f = frontier[r];
+        const int64_t row = row_start[s] + static_cast<int64_t>(r);
+        tokens[row] = f < 0 ? states[s]->history.back() : tree.token(f);
+        positions[row] = length[s] + (f < 0 ? 0 : tree.depth(f));
+        if (D == 0) continue;
+        // The path's drafted states: h_P, then f's ancestors' outputs down to its parent's.
+        path.clear();
+        for (int32_t a = tree.parent(f); a >= 0; a = tree.parent(a)) {
+          path.push_back(node_state[s][a]);
+        }
+        path.push_back(root_state[s]);
+        std::reverse(path.begin(), path.end());
+        const int64_t keys = std::min<int64_t>(D, static_cast<int64_t>(path.size()));
+        for (int64_t j = 0; j < keys; ++j) {
+          std::memcpy(row_k.data() + (row * D + j) * nkv, drafted_k_.data() + path[j] * nkv,
+                      nkv * sizeof(float));
+          std::memcpy(row_v.data() + (row * D + j) * nkv, drafted_v_.data() + path[j] * nkv,
+                      nkv * sizeof(float));
+        }
+        counts[row] = static_cast<int32_t>(keys);
+      }
+    }
+    const RowKeysRaw own{
+        .keys = row_k.data(), .values = row_v.data(), .row_keys = D, .counts = counts.data()};
+    const float* h = cpu_forward_->Draft(*module_, tokens.data(), positions.data(), R, layout,
+                                         true_k, true_v, D > 0 ? &own : nullptr);
+    const float* scores = cpu_forward_->Scores(*module_, h, R);
+    // The outputs' keys and values, for deeper queries on these paths.
+    bool more = false;
+    for (int64_t s = 0; s < M; ++s) {
+      more |= !builders[s].frontier().empty() && builders[s].next_depth() < builders[s].max_depth();
+    }
+    const int64_t base = drafted_rows;
+    if (options_.concat && more) {
+      drafted_rows += R;
+      if (static_cast<int64_t>(drafted_k_.size()) < drafted_rows * nkv) {
+        drafted_k_.resize(drafted_rows * nkv);
+        drafted_v_.resize(drafted_rows * nkv);
+      }
+      slots.resize(R);
+      for (int64_t r = 0; r < R; ++r) slots[r] = base + r;
+      cpu_forward_->KeysValues(*module_, h, R, positions.data(), slots.data(), drafted_k_.data(),
+                               drafted_v_.data(), drafted_rows);
+    }
+    for (int64_t s = 0; s < M; ++s) {
+      DynamicTree& tree = builders[s];
+      const std::vector<int32_t> frontier = tree.frontier();
+      if (frontier.empty()) continue;
+      std::vector<std::vector<DraftChild>> children(frontier.size());
+      for (size_t r = 0; r < frontier.size(); ++r) {
+        const int64_t row = row_start[s] + static_cast<int64_t>(r);
+        (frontier[r] < 0 ? root_state[s] : node_state[s][frontier[r]]) = base + row;
+        const float* x = scores + row * n;
+        if (sampled[s]) {
+          // A sampled chain draws from the unscaled logits over the whole vocabulary.
+          full_row.assign(V, -std::numeric_limits<float>::infinity());
+          for (int64_t i = 0; i < n; ++i) full_row[ids != nullptr ? ids[i] : i] = x[i];
+          CandidateTree& chain = chains[s];
+          const int32_t token = AddChainNode(chain, chain.size() - 1, full_row, states[s]->sampling,
+                                             states[s]->rng, requests[work[s]].proposal_top_k);
+          children[r].push_back({token, 0.0f});  // a chain: the score only orders the frontier
+          continue;
+        }
+        BestChildren(x, n, std::min<int64_t>(tree.top_k(), n), options_.rank_temperature, ids,
+                     scaled.data(), &children[r]);
+      }
+      tree.Expand(children);
+      node_state[s].resize(tree.num_candidates(), -1);
+    }
+  }
 }
 
 std::vector<SeqId> BeagleDrafter::sequences() const { return states_.ids(); }

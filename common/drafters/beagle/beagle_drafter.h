@@ -39,7 +39,9 @@
 
 namespace specula {
 
+class BeagleCpuForward;
 class BeagleImpl;
+class DynamicTree;
 
 struct BeagleDrafterOptions {
   bool tree = true;           // EAGLE-2 dynamic tree; false: a chain (argmax per depth)
@@ -60,6 +62,14 @@ struct BeagleDrafterOptions {
   std::string name = "beagle";  // the engine's drafter name
   // The head's tokens (common/drafters/draft_vocab.h); nullptr = the whole vocabulary.
   std::shared_ptr<const DraftVocab> draft_vocab;
+  // float32 on the CPU: Observe and Propose run BeagleCpuForward (the module's computation
+  // without LibTorch ops, the same values within float rounding). false: always the module.
+  bool cpu_forward = true;
+  // Those forwards' products on bfloat16 or int8 copies of the weights where the CPU has them
+  // (CpuForward::UseDraftMatmul; --drafter-matmul).
+  DraftMatmul matmul = DraftMatmul::kFloat32;
+  // Their float32 matmuls on packed copies of the weights (CpuForward::UsePackedWeights).
+  bool packed_weights = true;
 
   // INVALID_ARGUMENT naming the option when a size is not positive or the name is reserved.
   Status Validate() const;
@@ -93,6 +103,8 @@ class BeagleDrafter : public Drafter {
   int64_t StateBytes() const override;
   // The cache's blocks and block size.
   DrafterCapacity capacity() const override;
+  // The products the CPU forward runs (kFloat32 without one: the module).
+  DraftMatmul draft_matmul() const;
 
   const BeagleConfig& config() const;
   const BeagleDrafterOptions& options() const { return options_; }
@@ -110,6 +122,17 @@ class BeagleDrafter : public Drafter {
   struct State;
   BeagleDrafter(std::shared_ptr<BeagleImpl> module, std::unique_ptr<PagedKvCache> kv,
                 BeagleDrafterOptions options);
+  // Whether cpu_forward_ takes this call: it exists and applies to the module now, and the
+  // deepest position drafted (`last_position`) has a RoPE row.
+  bool CpuForwardApplies(int64_t last_position) const;
+  // Observe's keys and values of the reserved rows on cpu_forward_.
+  void ObserveOnCpu(const std::vector<DrafterObservation>& observations,
+                    const CachedSequences<State>::Reserved& reserved);
+  // Propose's depths on cpu_forward_ for the sequences `states` (requests[work[s]]): expands
+  // `builders` (and draws sampled requests' `chains`) as the module's loop does.
+  void DraftOnCpu(const std::vector<DraftRequest>& requests, const std::vector<size_t>& work,
+                  const std::vector<State*>& states, std::vector<DynamicTree>& builders,
+                  const std::vector<uint8_t>& sampled, std::vector<CandidateTree>& chains);
 
   std::shared_ptr<BeagleImpl> module_;
   std::shared_ptr<CausalLMImpl> target_module_;  // keeps the shared weights alive
@@ -117,6 +140,9 @@ class BeagleDrafter : public Drafter {
   std::unique_ptr<PagedKvCache> kv_;
   BeagleDrafterOptions options_;
   CachedSequences<State> states_;
+  std::unique_ptr<BeagleCpuForward> cpu_forward_;  // null: the module always
+  // DraftOnCpu's drafted states' keys and values, kept between calls.
+  std::vector<float> drafted_k_, drafted_v_;
 };
 
 }  // namespace specula

@@ -40,7 +40,9 @@ class BeagleFamily : public DrafterFamily {
                                         .concat = concat_,
                                         .rank_temperature = static_cast<float>(rank_temperature_),
                                         .name = name,
-                                        .draft_vocab = context.draft_vocab()});
+                                        .draft_vocab = context.draft_vocab(),
+                                        .matmul = context.draft_matmul(),
+                                        .packed_weights = context.model_options().packed_weights});
     if (!drafter.ok()) return drafter.status().WithContext("--beagle-model");
     return std::unique_ptr<Drafter>(std::move(*drafter));
   }

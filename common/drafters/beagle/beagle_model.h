@@ -65,15 +65,18 @@ class BeagleImpl : public torch::nn::Module {
   void InitWeights(uint64_t seed);
 
   const BeagleConfig& config() const { return config_; }
+  // The geometry of its attention and MLP as a decoder layer's (CpuForward's config).
+  const ModelConfig& layer_config() const { return layer_config_; }
   const torch::Tensor& embedding() const { return embedding_; }
+  const DraftHead& head() const { return head_; }
+  // [positions, head_dim] cos/sin rows of `positions` [N] int64, on the weights' device and dtype.
+  std::pair<torch::Tensor, torch::Tensor> RopeFor(const torch::Tensor& positions);
 
   RMSNorm query_norm{nullptr}, state_norm{nullptr}, mlp_norm{nullptr};
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   Mlp mlp{nullptr};
 
  private:
-  std::pair<torch::Tensor, torch::Tensor> RopeFor(const torch::Tensor& positions);
-
   BeagleConfig config_;
   ModelConfig layer_config_;
   torch::Tensor inv_freq_;  // [head_dim / 2] float32; not a buffer (not saved)

@@ -18,13 +18,6 @@ bool KernelWeight(const torch::Tensor& t) { return CpuKernelsApply(t) && t.is_co
 
 }  // namespace
 
-float* SpecFormerCpuForward::Scratch::Get(int64_t floats) {
-  if (!storage.defined() || storage.numel() < floats) {
-    storage = at::empty({std::max<int64_t>(floats, 1)}, at::kFloat);
-  }
-  return storage.data_ptr<float>();
-}
-
 SpecFormerCpuForward::SpecFormerCpuForward(SpecFormerImpl& module)
     : layers_(module.layer_config()) {
   c10::InferenceMode inference;

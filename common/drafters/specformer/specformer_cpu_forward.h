@@ -46,10 +46,7 @@ class SpecFormerCpuForward {
   void UsePackedWeights(bool on) { layers_.UsePackedWeights(on); }
 
  private:
-  struct Scratch {
-    at::Tensor storage;
-    float* Get(int64_t floats);  // at least that many floats, 64-byte aligned
-  };
+  using Scratch = CpuScratch;
   // The draft block's layers on x [rows, d] in place; `layout` lays its rows out over `cache`.
   void DraftBlock(SpecFormerImpl& module, float* x, int64_t rows,
                   const PagedAttentionLayout& layout);
