@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "common/drafters/drafter_warm_up.h"
+
 namespace specula {
 
 DrafterLoadContext::DrafterLoadContext(const ModelRunner& target, ModelRunnerOptions model_options)
@@ -99,7 +101,10 @@ StatusOr<std::unique_ptr<Drafter>> DrafterRegistry::Load(const std::string& name
     draft_vocab_ = std::make_shared<const DraftVocab>(std::move(*vocab));
   }
   if (draft_vocab_) context.set_draft_vocab(draft_vocab_);
-  return family->Load(name, context);
+  ASSIGN_OR_RETURN(std::unique_ptr<Drafter> drafter, family->Load(name, context));
+  // Its first calls' one-time costs paid here, not by the first request that drafts.
+  RETURN_IF_ERROR(WarmUpDrafter(*drafter, context.target_config(), context.model_options()));
+  return drafter;
 }
 
 nlohmann::json DrafterRegistry::Settings() const {

@@ -109,7 +109,8 @@ class DrafterRegistry {
   // INVALID_ARGUMENT listing the known names when `name` is unknown; the family's Load otherwise.
   // --draft-vocab's file is read on the first Load (INVALID_ARGUMENT / NOT_FOUND naming the flag)
   // and handed to the families through `context`, with --drafter-matmul (INVALID_ARGUMENT
-  // naming it for a value other than float32, bfloat16 or int8).
+  // naming it for a value other than float32, bfloat16 or int8). The drafter is warmed up
+  // before it is returned (WarmUpDrafter: its error, with the drafter named, fails the load).
   StatusOr<std::unique_ptr<Drafter>> Load(const std::string& name,
                                           DrafterLoadContext& context) const;
   // {family: settings} for every family, "matmul", and "draft_vocab" when one is set.

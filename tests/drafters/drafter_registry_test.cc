@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "common/drafters/beagle/beagle_drafter.h"
 #include "common/drafters/draft_model_drafter.h"
 #include "common/drafters/draft_vocab.h"
@@ -186,6 +188,91 @@ TEST(DrafterRegistryExtensionTest, AnAddedFamilyIsFoundParsedAndLoaded) {
   DrafterLoadContext context(TinyModelConfig(), "", {});
   EXPECT_EQ(registry.Load("echo", context).status().message(), "echo 4");
   EXPECT_EQ(registry.Settings()["echo"]["n"], 4);
+}
+
+// What a drafter was asked, for the warm-up tests.
+struct CallLog {
+  std::vector<std::string> calls;
+  std::set<SeqId> held;  // added, not released
+};
+
+// A drafter of one hidden layer that logs its calls (and fails its Propose when told to).
+class LoggingDrafter : public Drafter {
+ public:
+  LoggingDrafter(std::shared_ptr<CallLog> log, bool fail) : log_(std::move(log)), fail_(fail) {}
+  std::string name() const override { return "logged"; }
+  std::vector<int64_t> hidden_layers() const override { return {2}; }
+  Status AddSequence(SeqId seq, const SamplingParams&) override {
+    log_->calls.push_back("add");
+    log_->held.insert(seq);
+    return OkStatus();
+  }
+  void ReleaseSequence(SeqId seq) override {
+    log_->calls.push_back("release");
+    log_->held.erase(seq);
+  }
+  Status Observe(const std::vector<DrafterObservation>& observations) override {
+    for (const DrafterObservation& o : observations) {
+      std::string call = StrCat("observe ", o.tokens.size(), " tokens");
+      for (const at::Tensor& h : o.hidden) {
+        call += StrCat(" [", h.size(0), ", ", h.size(1), "] ", h.dtype().name());
+      }
+      log_->calls.push_back(call);
+    }
+    return OkStatus();
+  }
+  StatusOr<std::vector<CandidateTree>> Propose(const std::vector<DraftRequest>& r) override {
+    log_->calls.push_back(StrCat("propose ", r.size(), " x ", r[0].max_nodes, " nodes"));
+    if (fail_) return InternalError("no drafts today");
+    return std::vector<CandidateTree>(r.size());
+  }
+
+ private:
+  std::shared_ptr<CallLog> log_;
+  bool fail_;
+};
+
+class LoggingFamily : public DrafterFamily {
+ public:
+  explicit LoggingFamily(std::shared_ptr<CallLog> log) : log_(std::move(log)) {}
+  std::string family() const override { return "logged"; }
+  std::vector<DrafterVariant> Variants() const override {
+    return {{"logged", "test"}, {"logged-failing", "test"}};
+  }
+  void RegisterFlags(FlagSet&) override {}
+  StatusOr<std::unique_ptr<Drafter>> Load(const std::string& name,
+                                          DrafterLoadContext&) const override {
+    return std::unique_ptr<Drafter>(new LoggingDrafter(log_, name == "logged-failing"));
+  }
+  nlohmann::json Settings() const override { return nlohmann::json::object(); }
+
+ private:
+  std::shared_ptr<CallLog> log_;
+};
+
+// Every loaded drafter runs once on a throwaway sequence (a prompt with the target's hidden
+// width, a draft, a steady step, a draft) and holds nothing of it after; one that cannot draft
+// fails to load, naming itself and the warm-up.
+TEST(DrafterRegistryExtensionTest, LoadedDraftersAreWarmedUpAndKeepNothing) {
+  auto log = std::make_shared<CallLog>();
+  DrafterRegistry registry;
+  registry.Add(std::make_unique<LoggingFamily>(log));
+  DrafterLoadContext context(TinyModelConfig(), "", {});
+  auto drafter = registry.Load("logged", context);
+  ASSERT_TRUE(drafter.ok()) << drafter.status();
+  const std::string width = std::to_string(TinyModelConfig().hidden_size);
+  EXPECT_THAT(
+      log->calls,
+      ElementsAre("add", "observe 64 tokens [63, " + width + "] float", "propose 1 x 8 nodes",
+                  "observe 2 tokens [2, " + width + "] float", "propose 1 x 8 nodes", "release"));
+  EXPECT_TRUE(log->held.empty());
+
+  log->calls.clear();
+  auto failing = registry.Load("logged-failing", context);
+  EXPECT_EQ(failing.status().code(), StatusCode::kInternal);
+  EXPECT_THAT(failing.status().message(), HasSubstr("drafter 'logged' warm-up"));
+  EXPECT_THAT(failing.status().message(), HasSubstr("no drafts today"));
+  EXPECT_TRUE(log->held.empty());  // released after the failure too
 }
 
 }  // namespace
