@@ -111,6 +111,14 @@ const float* CpuForward::PackedWeightsOf(const at::Tensor& weight, int64_t n, in
 
 void CpuForward::Matmul(const float* x, int64_t rows, int64_t k, const at::Tensor& weight,
                         int64_t n, const float* bias, const float* residual, float* y) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kSmallMatmulMaxRows) {
+    MatmulBlock(x + r0 * k, std::min(kSmallMatmulMaxRows, rows - r0), k, weight, n, bias,
+                residual != nullptr ? residual + r0 * n : nullptr, y + r0 * n);
+  }
+}
+
+void CpuForward::MatmulBlock(const float* x, int64_t rows, int64_t k, const at::Tensor& weight,
+                             int64_t n, const float* bias, const float* residual, float* y) {
   const DraftMatmul draft = draft_matmul();
   if (draft == DraftMatmul::kInt8 && n % 16 == 0 && k % 4 == 0) {
     if (const Int8Weights q = Int8WeightsOf(weight, n, k); q.panels) {
@@ -224,7 +232,7 @@ void CpuForward::AttentionBlock(SelfAttentionImpl& attn, const float* norm_weigh
 void CpuForward::MlpBlock(MlpImpl& mlp, const float* norm_weight, const float* h, int64_t N,
                           float* out) {
   const int64_t d = config_.hidden_size, f = config_.intermediate_size;
-  TORCH_CHECK(N >= 1 && N <= kSmallMatmulMaxRows, "CpuForward: ", N, " rows");
+  TORCH_CHECK(N >= 1, "CpuForward: ", N, " rows");
   float* normed = normed_.Get(N * d);
   float* gate_up = gate_up_.Get(N * 2 * f);
   float* act = act_.Get(N * f);

@@ -78,7 +78,7 @@ class CpuForward {
                       int64_t rows, const PagedAttentionLayout& layout, const float* rope_cos,
                       const float* rope_sin, float* keys, float* values, int64_t num_slots,
                       float* out);
-  // Its second half: out = h + down(silu(gate(norm(h))) * up(norm(h))).
+  // Its second half: out = h + down(silu(gate(norm(h))) * up(norm(h))), any number of rows.
   void MlpBlock(MlpImpl& mlp, const float* norm_weight, const float* h, int64_t rows, float* out);
   // Logits [rows, vocab] of normed rows through `head` when restricted, else full_weight.
   void Head(const DraftHead& head, const at::Tensor& full_weight, const float* rows, int64_t R,
@@ -116,11 +116,15 @@ class CpuForward {
   // y [rows, n] = x [rows, k] @ weight[:n]^T (+ bias) (+ residual): the first n rows of k values
   // of `weight` (it may have more). Int8MatmulRaw or SmallMatmulBf16Raw on a copy (see
   // UseDraftMatmul), else PackedMatmulRaw on a packed copy (UsePackedWeights), else SmallMatmulRaw
-  // on the weights themselves.
+  // on the weights themselves; any number of rows, in blocks of kSmallMatmulMaxRows (the
+  // kernels' most).
   void Matmul(const float* x, int64_t rows, int64_t k, const at::Tensor& weight, int64_t n,
               const float* bias, const float* residual, float* y);
 
  private:
+  // Matmul of at most kSmallMatmulMaxRows rows.
+  void MatmulBlock(const float* x, int64_t rows, int64_t k, const at::Tensor& weight, int64_t n,
+                   const float* bias, const float* residual, float* y);
   // A copy of a weight in another layout, remade when the weight's storage or version changes.
   struct WeightCopy {
     at::Tensor source;  // keeps the weight's storage alive, so a new one cannot reuse its address

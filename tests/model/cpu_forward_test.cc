@@ -273,6 +273,25 @@ TEST(CpuForwardTest, PackedWeightsAreTheWeightsAndFollowUpdates) {
   expect_same("packing off");
 }
 
+// More rows than the kernels take at once (a Beagle frontier at batch 16, a drafter's catch-up):
+// the product of each row, with its bias and residual row, as the plain kernel's on its own.
+TEST(CpuForwardTest, ProductsOfManyRowsRunInBlocks) {
+  torch::manual_seed(8);
+  CpuForward forward(TinyModelConfig());
+  const int64_t n = 48, k = 32, rows = 2 * kSmallMatmulMaxRows + 5;
+  torch::Tensor w = torch::randn({n, k}), bias = torch::randn({n});
+  auto x = torch::randn({rows, k}), residual = torch::randn({rows, n});
+  at::Tensor got = torch::empty({rows, n});
+  forward.Matmul(x.data_ptr<float>(), rows, k, w, n, bias.data_ptr<float>(),
+                 residual.data_ptr<float>(), got.data_ptr<float>());
+  for (int64_t r = 0; r < rows; ++r) {
+    at::Tensor want = torch::empty({1, n});
+    SmallMatmulRaw(x[r].data_ptr<float>(), 1, k, w.data_ptr<float>(), n, bias.data_ptr<float>(),
+                   residual[r].data_ptr<float>(), want.data_ptr<float>());
+    ASSERT_TRUE(torch::allclose(got[r], want[0], 1e-5, 1e-5)) << "row " << r;
+  }
+}
+
 // A product with the first n rows of a longer weight (SpecFormer's positional FFN gives the slots
 // a step wants): bitwise the plain kernel's for each n, from one packed copy of every row; a
 // weight whose rows are not whole groups of 16 is read as it is.

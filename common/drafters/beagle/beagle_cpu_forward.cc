@@ -2,7 +2,6 @@
 
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <cstring>
 
 #include "common/drafters/beagle/beagle_model.h"
@@ -42,15 +41,6 @@ bool BeagleCpuForward::Applies(BeagleImpl& module) const {
          layers_.MlpApplies(*module.mlp);
 }
 
-void BeagleCpuForward::Matmul(const float* x, int64_t rows, int64_t k, const at::Tensor& weight,
-                              int64_t n, const float* residual, float* y) {
-  for (int64_t r0 = 0; r0 < rows; r0 += kSmallMatmulMaxRows) {
-    const int64_t r = std::min(kSmallMatmulMaxRows, rows - r0);
-    layers_.Matmul(x + r0 * k, r, k, weight, n, nullptr,
-                   residual != nullptr ? residual + r0 * n : nullptr, y + r0 * n);
-  }
-}
-
 void BeagleCpuForward::KeysValues(BeagleImpl& module, const float* states, int64_t rows,
                                   const int64_t* positions, const int64_t* slots, float* key_cache,
                                   float* value_cache, int64_t num_slots) {
@@ -65,8 +55,8 @@ void BeagleCpuForward::KeysValues(BeagleImpl& module, const float* states, int64
   float* k = keys_.Get(rows * nkv);
   float* v = values_.Get(rows * nkv);
   RmsNormRaw(states, module.state_norm->weight.data_ptr<float>(), normed, rows, d, c.rms_norm_eps);
-  Matmul(normed, rows, d, module.k_proj->weight, nkv, nullptr, k);
-  Matmul(normed, rows, d, module.v_proj->weight, nkv, nullptr, v);
+  layers_.Matmul(normed, rows, d, module.k_proj->weight, nkv, nullptr, nullptr, k);
+  layers_.Matmul(normed, rows, d, module.v_proj->weight, nkv, nullptr, nullptr, v);
   RopeAndCacheRaw({.q = nullptr,
                    .k = k,
                    .v = v,
@@ -111,7 +101,7 @@ const float* BeagleCpuForward::Draft(BeagleImpl& module, const int64_t* tokens,
   float* q_rot = q_rot_.Get(rows * nq);
   RmsNormRaw(residual, module.query_norm->weight.data_ptr<float>(), normed, rows, d,
              c.rms_norm_eps);
-  Matmul(normed, rows, d, module.q_proj->weight, nq, nullptr, q);
+  layers_.Matmul(normed, rows, d, module.q_proj->weight, nq, nullptr, nullptr, q);
   RopeRaw(q, rows, nq, H, hd, hd, cos_.data_ptr<float>(), sin_.data_ptr<float>(), positions, q_rot);
   // Cross attention over the true states (and the row's own drafted states).
   float* attn = attn_.Get(rows * nq);
@@ -120,12 +110,8 @@ const float* BeagleCpuForward::Draft(BeagleImpl& module, const int64_t* tokens,
   // Output: y = e + W_O attn, h = y + SwiGLU(norm(y)).
   float* y = y_.Get(rows * d);
   float* h = h_.Get(rows * d);
-  Matmul(attn, rows, nq, module.o_proj->weight, d, residual, y);
-  const float* mlp_norm = module.mlp_norm->weight.data_ptr<float>();
-  for (int64_t r0 = 0; r0 < rows; r0 += kSmallMatmulMaxRows) {
-    const int64_t r = std::min(kSmallMatmulMaxRows, rows - r0);
-    layers_.MlpBlock(*module.mlp, mlp_norm, y + r0 * d, r, h + r0 * d);
-  }
+  layers_.Matmul(attn, rows, nq, module.o_proj->weight, d, nullptr, residual, y);
+  layers_.MlpBlock(*module.mlp, module.mlp_norm->weight.data_ptr<float>(), y, rows, h);
   return h;
 }
 
@@ -134,7 +120,7 @@ const float* BeagleCpuForward::Scores(BeagleImpl& module, const float* h, int64_
   const at::Tensor& weight = head.restricted() ? head.restricted_rows() : head.full_weight();
   const int64_t n = weight.size(0), d = module.config().target.hidden_size;
   float* scores = scores_.Get(rows * n);
-  Matmul(h, rows, d, weight, n, nullptr, scores);
+  layers_.Matmul(h, rows, d, weight, n, nullptr, nullptr, scores);
   return scores;
 }
 

@@ -29,7 +29,7 @@ class BeagleCpuForward {
   explicit BeagleCpuForward(BeagleImpl& module);
 
   // Whether the forwards can run on `module` now: float32 contiguous CPU weights, the MLP's
-  // projections fused, widths the kernels take. Any number of rows (matmuls run in chunks).
+  // projections fused, widths the kernels take. Any number of rows.
   bool Applies(BeagleImpl& module) const;
   // Positions the RoPE tables cover.
   int64_t max_positions() const { return cos_.size(0); }
@@ -54,11 +54,6 @@ class BeagleCpuForward {
   void UsePackedWeights(bool on) { layers_.UsePackedWeights(on); }
 
  private:
-  // y = x @ weight^T (+ residual) for any number of rows (CpuForward's matmul takes at most
-  // kSmallMatmulMaxRows at a time).
-  void Matmul(const float* x, int64_t rows, int64_t k, const at::Tensor& weight, int64_t n,
-              const float* residual, float* y);
-
   at::Tensor cos_, sin_;  // RoPE rows for every position, as the module's RopeFor computes them
   CpuScratch normed_, keys_, values_, residual_, q_, q_rot_, attn_, y_, h_, scores_;
   CpuForward layers_;

@@ -27,30 +27,20 @@ torch::Tensor LongTensor(const std::vector<int64_t>& v, const torch::Device& dev
 }
 
 // The best `k` children of a row of head logits `x` [n] (ids[i] the token of entry i; null: i),
-// best first (the first entry wins a tie, as a stable top-k), each with its log-softmax of
-// x / temperature (the tree's ranking, as the module's log_softmax(logits / temperature));
-// `scaled` holds n floats of scratch.
+// best first (TopTokens: ties to the lower entry), each with its log-softmax of x / temperature
+// (the tree's ranking, as the module's log_softmax(logits / temperature)); `scaled` holds n
+// floats of scratch.
 void BestChildren(const float* x, int64_t n, int64_t k, float temperature, const int64_t* ids,
                   float* scaled, std::vector<DraftChild>* children) {
-  std::vector<std::pair<float, int64_t>> best;  // descending value, ascending index among equals
-  best.reserve(k + 1);
-  float largest = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    largest = std::max(largest, v);
-    if (static_cast<int64_t>(best.size()) == k && !(v > best.back().first)) continue;
-    auto at =
-        std::upper_bound(best.begin(), best.end(), v,
-                         [](float a, const std::pair<float, int64_t>& b) { return a > b.first; });
-    best.insert(at, {v, i});
-    if (static_cast<int64_t>(best.size()) > k) best.pop_back();
-  }
+  const std::vector<int32_t> best =
+      TopTokens(std::span<const float>(x, static_cast<size_t>(n)), static_cast<int32_t>(k));
+  if (best.empty()) return;
   for (int64_t i = 0; i < n; ++i) scaled[i] = x[i] / temperature;
-  const float shift = largest / temperature;
+  const float shift = x[best[0]] / temperature;  // the row's largest
   const float log_sum = shift + std::log(SumExpBelow(scaled, n, shift));
-  for (const auto& [v, i] : best) {
+  for (int32_t i : best) {
     children->push_back(
-        {static_cast<int32_t>(ids != nullptr ? ids[i] : i), v / temperature - log_sum});
+        {static_cast<int32_t>(ids != nullptr ? ids[i] : i), x[i] / temperature - log_sum});
   }
 }
 
