@@ -300,14 +300,27 @@ CpuForward::Result CpuForward::Run(CausalLMImpl& module, const std::vector<int64
     TORCH_CHECK(p >= 0 && p < rope_cos.size(0), "CpuForward: position ", p, " outside RoPE table");
   }
   Result result;
-  auto want = [&](int64_t index) {
-    return std::find(hidden_layers.begin(), hidden_layers.end(), index) != hidden_layers.end();
-  };
-  std::vector<at::Tensor> captured(L + 1);
+  // The captured layers share one allocation (each layer's tensor a view of it): one allocation a
+  // layer cost ~1.2 us each in a decode step (the allocator's metadata is cold once the forward
+  // has streamed the weights through the caches), 1.3% of a batch-1 step with SpecFormer's four
+  // layers, against ~0.25 us for their copies.
+  std::vector<int64_t> slot(L + 1, -1);
+  int64_t captured_layers = 0;
+  for (int64_t index : hidden_layers) {
+    TORCH_CHECK(index >= 0 && index <= L, "CpuForward: hidden layer ", index, " outside [0, ", L,
+                "]");
+    if (slot[index] < 0) slot[index] = captured_layers++;
+  }
+  at::Tensor captured;
+  float* captured_rows = nullptr;
+  if (captured_layers > 0) {
+    captured = at::empty({captured_layers, N, d}, at::kFloat);
+    captured_rows = captured.data_ptr<float>();
+  }
+  auto want = [&](int64_t index) { return slot[index] >= 0; };
   auto capture = [&](int64_t index, const float* rows) {
     if (!want(index)) return;
-    captured[index] = at::empty({N, d}, at::kFloat);
-    std::memcpy(captured[index].data_ptr<float>(), rows, N * d * sizeof(float));
+    std::memcpy(captured_rows + slot[index] * N * d, rows, N * d * sizeof(float));
   };
 
   float* x = x_.Get(N * d);  // the residual stream (each layer's input and output)
@@ -345,7 +358,7 @@ CpuForward::Result CpuForward::Run(CausalLMImpl& module, const std::vector<int64
   }
   result.logits = at::empty({R, V}, at::kFloat);
   Head(head, module.lm_head_weight(), rows_out, R, result.logits.data_ptr<float>());
-  for (int64_t index : hidden_layers) result.hidden.push_back(captured[index]);
+  for (int64_t index : hidden_layers) result.hidden.push_back(captured.select(0, slot[index]));
   return result;
 }
 

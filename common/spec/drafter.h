@@ -188,8 +188,12 @@ class Drafter {
 
   virtual std::string name() const = 0;
   // Target layers (0 = embeddings, i = output of layer i, L = after the final norm) whose hidden
-  // states Observe must carry. Empty for drafters that need only tokens.
-  virtual std::vector<int64_t> hidden_layers() const { return {}; }
+  // states Observe must carry, fixed for the drafter's life. Empty for drafters that need only
+  // tokens. A reference: the engine asks several times per sequence per step.
+  virtual const std::vector<int64_t>& hidden_layers() const {
+    static const std::vector<int64_t> kNone;
+    return kNone;
+  }
 
   // `sampling` is the request's: drafters that sample their candidates shape their proposal
   // distribution the same way the target's is shaped, and seed their own random stream from it.

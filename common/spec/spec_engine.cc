@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
-#include <set>
 #include <unordered_map>
 
 #include "common/spec/hidden_backlog.h"
@@ -637,13 +636,18 @@ void SpecEngine::DraftWith(Drafter* drafter, const std::vector<Sequence*>& membe
 
 ForwardBatch SpecEngine::Assemble(const std::vector<Sequence*>& members) const {
   ForwardBatch batch;
-  std::set<int64_t> layer_set;
+  // The union of the members' drafters' layers, sorted (a std::set cost a node allocation per
+  // layer every step).
+  std::vector<int64_t>& layers = batch.hidden_layers;
+  const Drafter* last = nullptr;
   for (Sequence* s : members) {
-    if (s->drafter) {
-      for (int64_t l : s->drafter->hidden_layers()) layer_set.insert(l);
+    if (!s->drafter || s->drafter == last) continue;
+    last = s->drafter;
+    for (int64_t l : s->drafter->hidden_layers()) {
+      const auto at = std::lower_bound(layers.begin(), layers.end(), l);
+      if (at == layers.end() || *at != l) layers.insert(at, l);
     }
   }
-  batch.hidden_layers.assign(layer_set.begin(), layer_set.end());
   for (Sequence* s : members) {
     if (!s->prefilled) {
       // A prompt chunk; only the last one needs logits (it samples the first token).

@@ -143,7 +143,7 @@ class RemoteDrafter : public Drafter {
   RemoteDrafter(std::shared_ptr<DrafterConnection> connection, const v1::DrafterSpec& spec);
 
   std::string name() const override { return name_; }
-  std::vector<int64_t> hidden_layers() const override { return hidden_layers_; }
+  const std::vector<int64_t>& hidden_layers() const override { return hidden_layers_; }
   Status AddSequence(SeqId seq, const SamplingParams& sampling) override;
   void ReleaseSequence(SeqId seq) override;
   Status Observe(const std::vector<DrafterObservation>& observations) override;

@@ -201,7 +201,8 @@ class LoggingDrafter : public Drafter {
  public:
   LoggingDrafter(std::shared_ptr<CallLog> log, bool fail) : log_(std::move(log)), fail_(fail) {}
   std::string name() const override { return "logged"; }
-  std::vector<int64_t> hidden_layers() const override { return {2}; }
+  const std::vector<int64_t>& hidden_layers() const override { return layers_; }
+  std::vector<int64_t> layers_ = {2};
   Status AddSequence(SeqId seq, const SamplingParams&) override {
     log_->calls.push_back("add");
     log_->held.insert(seq);

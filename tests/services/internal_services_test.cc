@@ -41,7 +41,8 @@ class RecordingDrafter : public Drafter {
   };
   explicit RecordingDrafter(std::shared_ptr<Log> log) : log_(std::move(log)) {}
   std::string name() const override { return "recording"; }
-  std::vector<int64_t> hidden_layers() const override { return {0, 2}; }
+  const std::vector<int64_t>& hidden_layers() const override { return layers_; }
+  std::vector<int64_t> layers_ = {0, 2};
   Status AddSequence(SeqId seq, const SamplingParams&) override {
     last_[seq] = 0;
     return OkStatus();

@@ -26,7 +26,7 @@ class ServedDrafter : public Drafter {
   }
 
   std::string name() const override { return remote_->name(); }
-  std::vector<int64_t> hidden_layers() const override { return remote_->hidden_layers(); }
+  const std::vector<int64_t>& hidden_layers() const override { return remote_->hidden_layers(); }
   Status AddSequence(SeqId seq, const SamplingParams& sampling) override {
     return remote_->AddSequence(seq, sampling);
   }

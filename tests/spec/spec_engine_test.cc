@@ -160,7 +160,8 @@ class ScriptedDrafter : public Drafter {
 class HiddenRecordingDrafter : public Drafter {
  public:
   std::string name() const override { return "hidden"; }
-  std::vector<int64_t> hidden_layers() const override { return {0, 1, 2}; }
+  const std::vector<int64_t>& hidden_layers() const override { return layers_; }
+  std::vector<int64_t> layers_ = {0, 1, 2};
   Status AddSequence(SeqId seq, const SamplingParams&) override {
     seen_[seq] = {};
     return OkStatus();

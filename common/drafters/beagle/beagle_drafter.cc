@@ -121,6 +121,7 @@ StatusOr<std::unique_ptr<BeagleDrafter>> BeagleDrafter::Create(std::shared_ptr<B
       new BeagleDrafter(std::move(module), std::move(kv), std::move(options)));
   drafter->target_module_ = std::move(target_module);
   drafter->target_layers_ = target.config().num_hidden_layers;
+  drafter->hidden_layers_ = {drafter->target_layers_};
   drafter->cpu_forward_ = std::move(cpu_forward);
   return drafter;
 }
@@ -136,7 +137,7 @@ BeagleDrafter::~BeagleDrafter() = default;
 
 const BeagleConfig& BeagleDrafter::config() const { return module_->config(); }
 
-std::vector<int64_t> BeagleDrafter::hidden_layers() const { return {target_layers_}; }
+const std::vector<int64_t>& BeagleDrafter::hidden_layers() const { return hidden_layers_; }
 
 int64_t BeagleDrafter::StateBytes() const { return kv_->stats().bytes_in_use(); }
 

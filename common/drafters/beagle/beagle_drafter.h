@@ -91,7 +91,7 @@ class BeagleDrafter : public Drafter {
   ~BeagleDrafter() override;
 
   std::string name() const override { return options_.name; }
-  std::vector<int64_t> hidden_layers() const override;
+  const std::vector<int64_t>& hidden_layers() const override;
   Status AddSequence(SeqId seq, const SamplingParams& sampling) override;
   void ReleaseSequence(SeqId seq) override;
   // INVALID_ARGUMENT when an observation's hidden states are not one [m, d] tensor, or m breaks
@@ -137,6 +137,7 @@ class BeagleDrafter : public Drafter {
   std::shared_ptr<BeagleImpl> module_;
   std::shared_ptr<CausalLMImpl> target_module_;  // keeps the shared weights alive
   int64_t target_layers_ = 0;
+  std::vector<int64_t> hidden_layers_;  // {target_layers_}: the final-normed states
   std::unique_ptr<PagedKvCache> kv_;
   BeagleDrafterOptions options_;
   CachedSequences<State> states_;

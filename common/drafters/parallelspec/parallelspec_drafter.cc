@@ -148,7 +148,9 @@ ParallelSpecDrafter::ParallelSpecDrafter(std::shared_ptr<ParallelSpecImpl> modul
     : module_(std::move(module)),
       kv_(std::move(kv)),
       options_(std::move(options)),
-      states_(&kv_->allocator()) {}
+      states_(&kv_->allocator()) {
+  if (module_->config().use_target_features) hidden_layers_ = {module_->config().feature_layer};
+}
 
 ParallelSpecDrafter::~ParallelSpecDrafter() = default;
 
@@ -176,10 +178,7 @@ float* ParallelSpecDrafter::Rows(int64_t floats) {
 
 const ParallelSpecConfig& ParallelSpecDrafter::config() const { return module_->config(); }
 
-std::vector<int64_t> ParallelSpecDrafter::hidden_layers() const {
-  if (!config().use_target_features) return {};
-  return {config().feature_layer};
-}
+const std::vector<int64_t>& ParallelSpecDrafter::hidden_layers() const { return hidden_layers_; }
 
 int64_t ParallelSpecDrafter::StateBytes() const { return kv_->stats().bytes_in_use(); }
 

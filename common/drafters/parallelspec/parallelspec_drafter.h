@@ -90,7 +90,7 @@ class ParallelSpecDrafter : public Drafter {
 
   std::string name() const override { return options_.name; }
   // {feature_layer} with target features, {} without.
-  std::vector<int64_t> hidden_layers() const override;
+  const std::vector<int64_t>& hidden_layers() const override;
   Status AddSequence(SeqId seq, const SamplingParams& sampling) override;
   void ReleaseSequence(SeqId seq) override;
   // INVALID_ARGUMENT when an observation's hidden states are not one [m, d] tensor (none without
@@ -144,6 +144,7 @@ class ParallelSpecDrafter : public Drafter {
       const std::vector<int32_t>& proposal_top_k);
 
   std::shared_ptr<ParallelSpecImpl> module_;
+  std::vector<int64_t> hidden_layers_;           // the feature layer, when the module reads one
   std::shared_ptr<CausalLMImpl> target_module_;  // keeps the shared weights alive
   at::Tensor mask_inputs_;                       // [k, d] the mask rows' inputs
   std::unique_ptr<PagedKvCache> kv_;

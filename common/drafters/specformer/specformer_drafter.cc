@@ -94,7 +94,7 @@ SpecFormerDrafter::~SpecFormerDrafter() = default;
 
 const SpecFormerConfig& SpecFormerDrafter::config() const { return module_->config(); }
 
-std::vector<int64_t> SpecFormerDrafter::hidden_layers() const {
+const std::vector<int64_t>& SpecFormerDrafter::hidden_layers() const {
   return module_->config().hidden_layers;
 }
 

@@ -80,7 +80,7 @@ class SpecFormerDrafter : public Drafter {
   ~SpecFormerDrafter() override;
 
   std::string name() const override { return options_.name; }
-  std::vector<int64_t> hidden_layers() const override;
+  const std::vector<int64_t>& hidden_layers() const override;
   Status AddSequence(SeqId seq, const SamplingParams& sampling) override;
   void ReleaseSequence(SeqId seq) override;
   // INVALID_ARGUMENT when an observation's hidden states are not one [m, d] tensor per hooked
