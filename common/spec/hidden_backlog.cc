@@ -160,6 +160,33 @@ std::vector<at::Tensor> HiddenBacklog::Take() {
   return out;
 }
 
+void HiddenBacklog::KeepNewest(int64_t keep) {
+  keep = std::max<int64_t>(keep, 0);
+  const int64_t drop = rows_ - keep;
+  if (drop <= 0) return;
+  if (store_) {
+    store_->Free(std::vector<int64_t>(slots_.begin(), slots_.begin() + drop));
+    slots_.erase(slots_.begin(), slots_.begin() + drop);
+    rows_ = keep;
+    return;
+  }
+  // The buffers' rows come first, then the shared ones. Buffers holding rows were reserved since
+  // the last Take (Reserve), so no view of them is out: their kept rows move to the front.
+  const int64_t buffered = rows_ - static_cast<int64_t>(shared_.size());
+  const int64_t from_buffers = std::min(drop, buffered);
+  const int64_t left = buffered - from_buffers;
+  if (from_buffers > 0 && left > 0) {
+    for (at::Tensor& buf : buffers_) {
+      const size_t row_bytes = buf.size(1) * buf.element_size();
+      char* data = static_cast<char*>(buf.data_ptr());
+      std::memmove(data, data + from_buffers * row_bytes, left * row_bytes);
+    }
+  }
+  const int64_t from_shared = drop - from_buffers;
+  if (from_shared > 0) shared_.erase(shared_.begin(), shared_.begin() + from_shared);
+  rows_ = keep;
+}
+
 void HiddenBacklog::Clear() {
   if (store_) store_->Free(slots_);
   store_ = nullptr;

@@ -62,6 +62,9 @@ class HiddenBacklog {
   // Every row appended since the last Take, one [rows, hidden] tensor per layer (empty if no
   // rows), and a fresh start. Shared rows are copied into the buffers here.
   std::vector<at::Tensor> Take();
+  // Lets go of all but the newest `keep` rows (a drafter that restarts from a sequence's recent
+  // tokens reads no older ones, SpecEngineOptions::drafter_context).
+  void KeepNewest(int64_t keep);
   void Clear();
   int64_t rows() const { return rows_; }
 

@@ -125,6 +125,7 @@ struct SpecEngine::Sequence {
   std::vector<int32_t> unobserved_tokens;
   HiddenBacklog unobserved_hidden;
   int64_t unobserved_generated = 0;  // of unobserved_tokens, those after the prompt
+  bool drafter_observed = false;     // the drafter has observed something of the sequence
   std::vector<int32_t> generated;
   Drafter* drafter = nullptr;    // null: no speculation (off, or the drafter failed)
   int64_t drafter_blocks = 0;    // reserved in the drafter's cache (Drafter::capacity)
@@ -510,16 +511,52 @@ void SpecEngine::Draft(const std::vector<Sequence*>& decoding, StepReport* repor
     s->accepted = 0;
     if (!s->drafter) continue;
     const bool drafts = s->draft_budget > 0 && DraftRoom(*s) > 0;
-    if (!drafts && s->unobserved_generated >= options_.max_deferred_observation &&
-        !s->drafter->hidden_layers().empty()) {
+    const bool hidden = !s->drafter->hidden_layers().empty();
+    // A drafter of hidden states with a bounded context keeps a bounded backlog (TrimBacklog):
+    // it waits for its next draft, however long.
+    const bool deferred_long = s->unobserved_generated >= options_.max_deferred_observation &&
+                               !(hidden && options_.drafter_context > 0);
+    if (!drafts && deferred_long && hidden) {
       Detach(*s);
       continue;
     }
-    if (drafts || s->unobserved_generated >= options_.max_deferred_observation) {
-      by_drafter[s->drafter].push_back(s);
-    }
+    if (drafts || deferred_long) by_drafter[s->drafter].push_back(s);
   }
   for (auto& [drafter, members] : by_drafter) DraftWith(drafter, members, report);
+}
+
+Status SpecEngine::RestartFromRecent(Sequence& s, int64_t keep) {
+  if (keep <= 0 || s.drafter->hidden_layers().empty() ||
+      static_cast<int64_t>(s.unobserved_tokens.size()) <= keep) {
+    return OkStatus();
+  }
+  // The last `keep` tokens and the states of all but the last (the pending token, whose state
+  // the next step computes): what a first Observe of a `keep`-token prompt carries.
+  s.unobserved_tokens.erase(s.unobserved_tokens.begin(), s.unobserved_tokens.end() - keep);
+  s.unobserved_hidden.KeepNewest(keep - 1);
+  s.unobserved_generated = std::min(s.unobserved_generated, keep);
+  if (!s.drafter_observed) return OkStatus();  // its first Observe starts it there anyway
+  // Its context so far is let go of: it starts over from the recent tokens.
+  s.drafter_observed = false;
+  Drafter* drafter = s.drafter;
+  (void)Guarded("release", [&] {
+    drafter->ReleaseSequence(s.seq);
+    return OkStatus();
+  });
+  return Guarded(StrCat("drafter '", drafter->name(), "' AddSequence"),
+                 [&] { return drafter->AddSequence(s.seq, s.request.generation.sampling); });
+}
+
+void SpecEngine::BoundBacklog(Sequence& s) {
+  const int64_t keep = options_.drafter_context;
+  if (keep <= 0 || !s.drafter || static_cast<int64_t>(s.unobserved_tokens.size()) <= 2 * keep) {
+    return;
+  }
+  Status restarted = RestartFromRecent(s, keep);
+  if (restarted.ok()) return;
+  ++s.stats.draft_errors;
+  s.stats.last_draft_error = restarted.ToString();
+  Detach(s);
 }
 
 void SpecEngine::DraftWith(Drafter* drafter, const std::vector<Sequence*>& members,
@@ -536,6 +573,13 @@ void SpecEngine::DraftWith(Drafter* drafter, const std::vector<Sequence*>& membe
   std::vector<Sequence*> observing;
   for (Sequence* s : members) {
     if (s->unobserved_tokens.empty()) continue;
+    Status restarted = RestartFromRecent(*s, options_.drafter_context);
+    if (!restarted.ok()) {
+      lose(*s, restarted);
+      Detach(*s);
+      continue;
+    }
+    s->drafter_observed = true;
     DrafterObservation obs{.seq = s->seq, .tokens = std::move(s->unobserved_tokens)};
     call.observed_tokens += static_cast<int64_t>(obs.tokens.size());
     // The chunk path joins device tensors (LibTorch can throw).
@@ -849,6 +893,7 @@ void SpecEngine::FlushHiddenRows(ForwardGroup& group) {
     Sequence& s = *it->second;
     if (stored.ok()) {
       s.unobserved_hidden.AppendSlots(hidden_store_.get(), s.drafter->hidden_layers(), mine);
+      BoundBacklog(s);
       continue;
     }
     // Its drafter would miss these rows: the request goes on without speculation.
@@ -912,6 +957,10 @@ void SpecEngine::CommitSequence(ForwardGroup& group, size_t b, const float* rows
   const int64_t context = was_prefill ? s.prompt_done : group.starts[b] + 1 + s.accepted;
   update.context_tokens = context;
   update.unobserved_tokens = static_cast<int64_t>(s.unobserved_tokens.size());
+  if (s.drafter && options_.drafter_context > 0 && !s.drafter->hidden_layers().empty()) {
+    // What its next catch-up observes (RestartFromRecent).
+    update.unobserved_tokens = std::min(update.unobserved_tokens, options_.drafter_context);
+  }
   update.max_draft_nodes = DraftRoomAt(s, context);
   report->updates.push_back(std::move(update));
 }
@@ -1034,6 +1083,8 @@ void SpecEngine::QueueObservation(ForwardGroup& group, size_t b, bool was_prefil
   }
   s.unobserved_tokens.insert(s.unobserved_tokens.end(), emitted.begin(), emitted.end());
   s.unobserved_generated += static_cast<int64_t>(emitted.size());
+  // With the store, this step's rows join the backlog after the commits (FlushHiddenRows).
+  if (!StoresHiddenRows(group)) BoundBacklog(s);
 }
 
 int64_t SpecEngine::DrafterStateBytes() const {

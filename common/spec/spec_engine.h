@@ -38,6 +38,9 @@ enum class VerifyPlacement { kAuto, kHost, kTensors };
 const char* VerifyPlacementName(VerifyPlacement placement);
 StatusOr<VerifyPlacement> ParseVerifyPlacement(const std::string& name);
 
+// SpecEngineOptions::drafter_context's default (measured in docs/BENCHMARKS.md).
+inline constexpr int64_t kDefaultDrafterContext = 32;
+
 struct SpecEngineOptions {
   int32_t max_batch_size = 64;  // running sequences
   // Tokens in one step's target forward (chunked prefill): the decoding sequences' pending tokens
@@ -50,6 +53,13 @@ struct SpecEngineOptions {
   // drafter catches up anyway, and a drafter of hidden states is detached from the sequence (its
   // deferred states are memory, and catching up would cost what not drafting saved).
   int64_t max_deferred_observation = 256;
+  // The most recent tokens a drafter of hidden states catches up on (0 = all). A sequence whose
+  // backlog is longer (a long prompt, a long run at 0 nodes) restarts its drafter from its last
+  // drafter_context tokens and their states, as if they were the prompt, so a catch-up (and a
+  // probe that pays one) costs at most that many rows, and what an idle sequence keeps for its
+  // drafter is bounded (at most twice this many rows): such a sequence is never detached for
+  // max_deferred_observation. Lossless either way; the drafter sees less context.
+  int64_t drafter_context = kDefaultDrafterContext;
   VerifyPlacement verify_placement = VerifyPlacement::kAuto;
   // Where the hidden-state rows that drafters have not observed yet wait: false = per-sequence
   // host buffers when the target runs on the CPU (memcpy per sequence, the cheapest there), the
@@ -161,6 +171,14 @@ class SpecEngine {
   void ReleaseDrafter(Sequence& s);
   // Speculation off for the rest of the request (its drafter's state is released).
   void Detach(Sequence& s);
+  // A drafter of hidden states whose backlog holds more than `keep` tokens (> 0) starts over
+  // from the last `keep` (SpecEngineOptions::drafter_context): the backlog keeps only those, and
+  // a drafter that observed the sequence before releases and re-adds it. The drafter's error
+  // from AddSequence, if any.
+  Status RestartFromRecent(Sequence& s, int64_t keep);
+  // Past twice drafter_context unobserved tokens, RestartFromRecent now (what an idle sequence
+  // holds stays bounded); detaches the sequence if its drafter cannot restart it.
+  void BoundBacklog(Sequence& s);
   void DropDraft(Sequence& s, const Status& error);
   void Finish(Sequence& s, FinishReason reason, Status error, StepReport* report);
 

@@ -291,6 +291,9 @@ TEST_F(SpeculaCliTest, SpeculationFlagErrors) {
   r = Run(base + " --drafter ngram --draft-budget adaptive --draft-margin -0.5");
   EXPECT_NE(r.err.find("--draft-margin must be a finite number >= 0, got -0.5"), std::string::npos)
       << r.err;
+  r = Run(base + " --drafter ngram --drafter-context 1");
+  EXPECT_NE(r.err.find("--drafter-context must be 0 (all) or at least 2, got 1"), std::string::npos)
+      << r.err;
   r = Run(base + " --drafter ngram --ngram-min 5 --ngram-max 2");
   EXPECT_NE(r.err.find("min_ngram"), std::string::npos) << r.err;
 }

@@ -331,6 +331,7 @@ TEST(SpeculaServeFlagsTest, HelpIsGroupedByRole) {
   EXPECT_STREQ(section_of("max-prefill-step-slowdown"), "router");
   EXPECT_STREQ(section_of("drafter-address"), "target");
   EXPECT_STREQ(section_of("kv-memory-mb"), "target");
+  EXPECT_STREQ(section_of("drafter-context"), "target");
   EXPECT_STREQ(section_of("ngram-max"), "drafter");
   EXPECT_STREQ(section_of("drafter"), "drafter");
   EXPECT_STREQ(section_of("proposal-top-k"), "drafter");

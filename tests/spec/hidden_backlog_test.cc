@@ -171,6 +171,54 @@ TEST(HiddenBacklogTest, RowsOutsideTheStepOrNotRowsAreRefused) {
   EXPECT_THROW(backlog.AppendRange({at::ones({4})}, 0, 2), c10::Error);  // not [rows, hidden]
 }
 
+// KeepNewest drops the oldest rows wherever they are: all of the buffers' and some shared
+// ones, some of the buffers' (the rest move to the front), or none; later appends follow.
+TEST(HiddenBacklogTest, KeepNewestLetsGoOfTheOldestRows) {
+  auto shared = [](int64_t rows, int64_t first) {
+    return std::make_shared<const std::vector<at::Tensor>>(StepLayers(rows, 8, first));
+  };
+  auto ids = [](std::vector<float> v, float plus = 0) {
+    for (float& x : v) x += plus;
+    return v;
+  };
+  HiddenBacklog backlog;
+  backlog.AppendRange(StepLayers(40, 8), 3, 13);  // buffered rows 3..12
+  for (int step = 0; step < 3; ++step) backlog.AppendShared(shared(4, 1000 + 10 * step), {1});
+  backlog.KeepNewest(2);  // every buffered row and the first shared one go
+  EXPECT_EQ(backlog.rows(), 2);
+  backlog.AppendShared(shared(4, 2000), {3});
+  auto taken = RowIds(backlog.Take());
+  EXPECT_EQ(taken[0], ids({1011, 1021, 2003}));
+  EXPECT_EQ(taken[1], ids({1011, 1021, 2003}, 100));
+
+  backlog.AppendRange(StepLayers(40, 8), 0, 30);  // rows 0..29
+  backlog.AppendShared(shared(2, 500), {0, 1});
+  backlog.KeepNewest(5);  // buffered rows 27..29 move to the front, both shared rows stay
+  EXPECT_EQ(backlog.rows(), 5);
+  backlog.AppendRows(StepLayers(3, 8, 700), {2});
+  taken = RowIds(backlog.Take());
+  EXPECT_EQ(taken[0], ids({27, 28, 29, 500, 501, 702}));
+  EXPECT_EQ(taken[1], ids({27, 28, 29, 500, 501, 702}, 100));
+
+  backlog.AppendRows(StepLayers(3, 8), {0, 1});
+  backlog.KeepNewest(7);  // fewer rows than that: nothing changes
+  backlog.KeepNewest(-1);
+  EXPECT_EQ(backlog.rows(), 0);
+  EXPECT_TRUE(backlog.Take().empty());
+}
+
+TEST(HiddenRowStoreTest, KeepNewestFreesTheDroppedSlots) {
+  HiddenRowStore store;
+  HiddenBacklog backlog;
+  const std::vector<int64_t> slots = store.Put({0}, {StepLayers(5, 3)[0]}, {0, 1, 2, 3, 4});
+  backlog.AppendSlots(&store, {0}, slots);
+  backlog.KeepNewest(2);
+  EXPECT_EQ(backlog.rows(), 2);
+  EXPECT_EQ(store.held(), 2);
+  EXPECT_EQ(RowIds(backlog.Take())[0], (std::vector<float>{3, 4}));
+  EXPECT_EQ(store.held(), 0);
+}
+
 TEST(HiddenRowStoreTest, StepsOfManySequencesGoInAndComeBackInOrder) {
   HiddenRowStore store;
   HiddenBacklog a, b;

@@ -170,6 +170,7 @@ class HiddenRecordingDrafter : public Drafter {
   Status Observe(const std::vector<DrafterObservation>& observations) override {
     for (const auto& o : observations) {
       Seen& s = seen_.at(o.seq);
+      if (s.tokens.empty()) s.first_tokens = static_cast<int64_t>(o.tokens.size());
       s.tokens.insert(s.tokens.end(), o.tokens.begin(), o.tokens.end());
       if (o.hidden.size() != 3) return InternalError("expected 3 hidden layers");
       for (size_t l = 0; l < 3; ++l) s.hidden[l].push_back(o.hidden[l].to(at::kFloat));
@@ -189,6 +190,7 @@ class HiddenRecordingDrafter : public Drafter {
   }
 
   struct Seen {
+    int64_t first_tokens = 0;  // of its first Observe
     std::vector<int32_t> tokens;
     std::vector<at::Tensor> hidden[3];
   };
@@ -946,16 +948,18 @@ TEST_F(SpecEngineTest, DeferredObservationCatchesUpBeforeTheNextDraft) {
 }
 
 TEST_F(SpecEngineTest, LongDeferredObservationDetachesAHiddenStateDrafter) {
-  // Past max_deferred_observation generated tokens at 0 nodes, a drafter of hidden states is
-  // released from the sequence (speculation off for the rest of it); the output is unchanged.
+  // Without a drafter_context, past max_deferred_observation generated tokens at 0 nodes, a
+  // drafter of hidden states is released from the sequence (speculation off for the rest of it);
+  // the output is unchanged.
   const auto requests = Prompts(2, 30, 43);
   const auto plain = Plain(requests);
   for (const bool store : {false, true}) {
     SCOPED_TRACE(testing::Message() << "store " << store);
     auto drafter = std::make_unique<HiddenRecordingDrafter>();
     HiddenRecordingDrafter* raw = drafter.get();
-    SpecEngine engine(target_.get(),
-                      {.max_deferred_observation = 5, .hidden_row_store_on_cpu = store});
+    SpecEngine engine(
+        target_.get(),
+        {.max_deferred_observation = 5, .drafter_context = 0, .hidden_row_store_on_cpu = store});
     ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
     std::vector<RequestId> ids;
     for (const SpecRequest& r : WithDrafter(requests, "hidden", 3))
@@ -981,6 +985,87 @@ TEST_F(SpecEngineTest, LongDeferredObservationDetachesAHiddenStateDrafter) {
     // Released at detach time, having observed nothing.
     ASSERT_EQ(raw->finished_.size(), 2u);
     for (const auto& seen : raw->finished_) EXPECT_TRUE(seen.tokens.empty());
+  }
+}
+
+TEST_F(SpecEngineTest, ADrafterContextRestartsIdleHiddenStateDraftersFromRecentTokens) {
+  // With drafter_context 4, a catch-up longer than 4 tokens restarts the drafter from the last 4
+  // (released, re-added, a first Observe of 4 tokens and 3 rows), and an idle backlog never
+  // passes 8: no sequence is detached (max_deferred_observation 5 would have), each drafter epoch
+  // observes a contiguous run of the sequence with the target's states of those positions, and
+  // the output is unchanged.
+  const int64_t keep = 4;
+  const auto requests = Prompts(3, 40, 47);
+  const auto plain = Plain(requests);
+  for (const bool store : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "store " << store);
+    auto drafter = std::make_unique<HiddenRecordingDrafter>();
+    HiddenRecordingDrafter* raw = drafter.get();
+    SpecEngine engine(
+        target_.get(),
+        {.max_deferred_observation = 5, .drafter_context = keep, .hidden_row_store_on_cpu = store});
+    ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+    std::vector<RequestId> ids;
+    for (const SpecRequest& r : WithDrafter(requests, "hidden", 3)) {
+      auto id = engine.Submit(r);
+      ASSERT_TRUE(id.ok()) << id.status();
+      ids.push_back(*id);
+    }
+    std::map<RequestId, std::vector<int32_t>> out;
+    // Drafts after an idle stretch of 12 steps (past max_deferred_observation): not detached.
+    std::map<RequestId, int> late_drafts;
+    for (int step = 0; engine.HasWork(); ++step) {
+      for (RequestId id : ids) (void)engine.SetDraftBudget(id, step % 13 == 12 ? 3 : 0);
+      auto report = engine.Step();
+      ASSERT_TRUE(report.ok()) << report.status();
+      for (const RequestUpdate& u : report->updates) {
+        out[u.id].insert(out[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+        EXPECT_TRUE(u.error.ok()) << u.error;
+        EXPECT_EQ(u.stats.draft_errors, 0);
+        if (u.finished) continue;
+        EXPECT_LE(u.unobserved_tokens, keep);  // what the next catch-up observes
+        if (u.draft_nodes > 0 && step > 13) ++late_drafts[u.id];
+      }
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_EQ(out[ids[i]], plain[i]) << i;
+      EXPECT_GT(late_drafts[ids[i]], 0) << i;
+    }
+    // Several epochs per sequence; each a contiguous run with the target's states.
+    EXPECT_GT(raw->finished_.size(), 2 * requests.size());
+    auto reference = ModelRunner::FromModule(target_->module(), {});
+    ASSERT_TRUE(reference.ok());
+    for (const auto& seen : raw->finished_) {
+      if (seen.tokens.empty()) continue;
+      EXPECT_LE(seen.first_tokens, keep);
+      size_t i = 0, at = 0;
+      std::vector<int32_t> full;
+      for (; i < requests.size(); ++i) {
+        full = requests[i].prompt;
+        full.insert(full.end(), plain[i].begin(), plain[i].end());
+        auto found = std::search(full.begin(), full.end(), seen.tokens.begin(), seen.tokens.end());
+        if (found != full.end()) {
+          at = static_cast<size_t>(found - full.begin());
+          break;
+        }
+      }
+      ASSERT_LT(i, requests.size()) << "observed tokens are no run of any sequence";
+      if (at > 0) EXPECT_EQ(seen.first_tokens, keep) << "a restart observes the last 4 first";
+      const SeqId seq = static_cast<SeqId>(100 + i);
+      if (!(*reference)->HasSequence(seq)) ASSERT_TRUE((*reference)->AddSequence(seq).ok());
+      ASSERT_TRUE((*reference)->Truncate(seq, 0).ok());
+      auto whole =
+          (*reference)
+              ->Forward({.seqs = {{.seq = seq, .tokens = full}}, .hidden_layers = {0, 1, 2}});
+      ASSERT_TRUE(whole.ok()) << whole.status();
+      for (int l = 0; l < 3; ++l) {
+        at::Tensor got = at::cat(seen.hidden[l], 0);
+        ASSERT_EQ(got.size(0), static_cast<int64_t>(seen.tokens.size()) - 1) << "layer " << l;
+        at::Tensor want = whole->hidden[l].slice(0, at, at + got.size(0)).to(at::kFloat);
+        const float scale = want.abs().max().item<float>();
+        EXPECT_LT((got - want).abs().max().item<float>(), 1e-4f * scale) << "layer " << l;
+      }
+    }
   }
 }
 

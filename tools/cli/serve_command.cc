@@ -59,7 +59,7 @@ const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSection
       "prune-drafts", "draft-margin", "cost-profile"}},
     {"target flags (--role target, all)",
      {"kv-memory-mb", "kv-block-size", "max-step-tokens", "verify-placement", "drafter-address",
-      "drafter-deadline-ms"}},
+      "drafter-deadline-ms", "drafter-context"}},
     {"security flags (TLS on the public API, mutual TLS between the services, bearer token)",
      {"tls-cert", "tls-key", "tls-ca", "api-token-file", "peer-tls-cert", "peer-tls-key",
       "peer-tls-ca"}},

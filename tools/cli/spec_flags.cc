@@ -15,10 +15,15 @@ StatusOr<SpecEngineOptions> SpecFlags::EngineOptions(int64_t max_batch_size) con
     return InvalidArgumentError(
         StrCat("--max-step-tokens must be at least 1, got ", max_step_tokens));
   }
+  if (drafter_context < 0 || drafter_context == 1) {
+    return InvalidArgumentError(
+        StrCat("--drafter-context must be 0 (all) or at least 2, got ", drafter_context));
+  }
   auto placement = ParseVerifyPlacement(verify_placement);
   if (!placement.ok()) return placement.status().WithContext("--verify-placement");
   return SpecEngineOptions{.max_batch_size = static_cast<int32_t>(max_batch_size),
                            .max_step_tokens = max_step_tokens,
+                           .drafter_context = drafter_context,
                            .verify_placement = *placement};
 }
 
@@ -27,6 +32,11 @@ void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
       "max-step-tokens", &max_step_tokens,
       "tokens per target forward: running sequences' tokens and drafts first, then "
       "prompts are prefilled in chunks with the rest (a long prompt never stalls decodes)");
+  flags.AddInt("drafter-context", &drafter_context,
+               "specformer, beagle, parallelspec: the most recent tokens a drafter catches up on; "
+               "a sequence that went longer without drafting (or a longer prompt) restarts its "
+               "drafter from that many recent tokens, so a probe or a resumed draft costs at most "
+               "that many rows (0 = all: a long-idle sequence is detached instead)");
   flags.AddString("drafter", &drafter,
                   many_drafters ? "comma-separated drafters to compare with no speculation: " +
                                       drafters->Describe()

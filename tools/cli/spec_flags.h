@@ -36,9 +36,11 @@ struct SpecFlags {
   double typical_epsilon = 0.09;
   double typical_delta = 0.3;
   int64_t max_step_tokens = kDefaultMaxStepTokens;  // tokens per target forward (chunked prefill)
-  std::string draft_budget = "fixed";               // generate: fixed (--draft-len) | adaptive
-  int64_t draft_cap = kDefaultDraftCap;             // adaptive: most nodes a step gives one request
-  std::string cost_profile;  // adaptive: `bench-forward --json` curve (warm start)
+  // SpecEngineOptions::drafter_context (0 = all).
+  int64_t drafter_context = kDefaultDrafterContext;
+  std::string draft_budget = "fixed";    // generate: fixed (--draft-len) | adaptive
+  int64_t draft_cap = kDefaultDraftCap;  // adaptive: most nodes a step gives one request
+  std::string cost_profile;              // adaptive: `bench-forward --json` curve (warm start)
   // adaptive: the latency bound (DraftBudgetOptions::max_step_increase; < 0 = none).
   double max_draft_slowdown = kDefaultMaxDraftSlowdown;
   // adaptive: the prefill-step bound (DraftBudgetOptions::max_prefill_step_increase; < 0 = none).
