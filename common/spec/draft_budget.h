@@ -647,6 +647,9 @@ class DraftBudgetPolicy {
     double optimum_seconds = 0;  // the plan's predicted seconds without its exploration
     double charged_seconds = 0;  // what exploration was charged when planned
   } pending_exploration_;
+  // The last observed step explored: the next one's time beyond the fit's prediction is charged
+  // to exploration too (see Observe).
+  bool after_exploration_ = false;
 };
 
 }  // namespace specula

@@ -1022,6 +1022,50 @@ TEST(DraftBudgetPolicyTest, ExplorationStaysWithinItsShareOfMeasuredTime) {
   EXPECT_LE(explored, 0.02 * policy.measured_seconds() + real_per_call + 4 * 1e-4);
 }
 
+// A drafter's call slows the target's next step (its weights evicted the target's from the
+// caches): that step's excess counts toward the exploration share as well.
+TEST(DraftBudgetPolicyTest, TheStepAfterAnExplorationCountsTowardsItsShare) {
+  std::mt19937 rng(9);
+  // Single-step probes of a cheap drafter, as often as the share allows.
+  DraftBudgetPolicy policy({.probe_after = 1,
+                            .probe_nodes = 2,
+                            .max_probe_backoff = 1,
+                            .explore_every = 1,
+                            .trial_plans = 1});
+  const Curve curve{.base = 1e-3, .knee = 0, .per_token = 1e-4};
+  Train(policy, curve, 300, rng);
+  TrainDrafter(policy, "cheap", 1e-4, 1e-6);
+  for (int64_t id = 1; id <= 4; ++id) TrainAcceptance(policy, "cheap", id, 0.02, 40, rng);
+  // The drafter's calls cost what the model learned, but the step after one takes 2 ms longer:
+  // ~6x what the probe itself costs.
+  const double refill = 2e-3;
+  double explored = 0;
+  int probes = 0;
+  bool after = false;
+  for (int step = 0; step < 4000; ++step) {
+    const StepBase base = Decoding(4, 10);
+    const auto c = Candidates(4, "cheap", 8, 10);
+    const auto d = policy.Plan(base, c);
+    StepMeasurement m{.shape = base.shape};
+    int32_t drafting = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      m.shape.tokens += d.budgets[i];
+      if (d.budgets[i] > 0) ++drafting;
+    }
+    m.target_seconds = curve(m.shape) + (after ? refill : 0);
+    if (drafting > 0) {
+      m.drafter_calls = {{.drafter = "cheap", .sequences = drafting, .seconds = 1e-4}};
+      ++probes;
+    }
+    explored += m.target_seconds + (drafting > 0 ? 1e-4 : 0) - curve(base.shape);
+    after = drafting > 0;
+    policy.Observe(m);
+  }
+  EXPECT_GT(probes, 2) << "some exploration must happen";
+  // The share (1%) of every measured second, and the last probe's own cost and refill.
+  EXPECT_LE(explored, 0.01 * policy.measured_seconds() + 1e-4 + 4 * 1e-4 + refill);
+}
+
 // With a latency bound the step never grows past (1 + bound) x its time without drafts, except
 // for exploration (which stays within its share), while drafting within the bound still happens.
 TEST(DraftBudgetPolicyTest, LatencyBoundCapsTheStepTime) {
