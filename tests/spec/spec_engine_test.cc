@@ -162,7 +162,9 @@ class HiddenRecordingDrafter : public Drafter {
   std::string name() const override { return "hidden"; }
   const std::vector<int64_t>& hidden_layers() const override { return layers_; }
   std::vector<int64_t> layers_ = {0, 1, 2};
+  bool refuse_re_adds = false;  // AddSequence fails for a sequence added before
   Status AddSequence(SeqId seq, const SamplingParams&) override {
+    if (refuse_re_adds && !added_.insert(seq).second) return InternalError("re-add refused");
     seen_[seq] = {};
     return OkStatus();
   }
@@ -198,6 +200,7 @@ class HiddenRecordingDrafter : public Drafter {
 
  private:
   std::map<SeqId, Seen> seen_;
+  std::set<SeqId> added_;
   std::mt19937 rng_{3};
 };
 
@@ -1055,6 +1058,37 @@ TEST_F(SpecEngineTest, ADrafterContextRestartsIdleHiddenStateDraftersFromRecentT
       EXPECT_LE(raw->finished_[e].first_tokens, keep);
       if (offsets[e] > 0) EXPECT_EQ(raw->finished_[e].first_tokens, keep) << "a restart";
     }
+  }
+}
+
+TEST_F(SpecEngineTest, ADrafterThatCannotRestartASequenceEndsOnlyItsSpeculation) {
+  // The drafter refuses the re-add of a restart (drafter_context 4): that sequence goes on
+  // without speculation, with the drafter's error counted, and its output is unchanged.
+  const auto requests = Prompts(3, 30, 53);
+  const auto plain = Plain(requests);
+  auto drafter = std::make_unique<HiddenRecordingDrafter>();
+  drafter->refuse_re_adds = true;
+  SpecEngine engine(target_.get(), {.drafter_context = 4});
+  ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+  const std::vector<RequestId> ids = SubmitAll(engine, WithDrafter(requests, "hidden", 3));
+  ASSERT_EQ(ids.size(), requests.size());
+  std::map<RequestId, std::vector<int32_t>> out;
+  std::map<RequestId, SpecRequestStats> stats;
+  for (int step = 0; engine.HasWork(); ++step) {
+    for (RequestId id : ids) (void)engine.SetDraftBudget(id, step % 13 == 12 ? 3 : 0);
+    auto report = engine.Step();
+    ASSERT_TRUE(report.ok()) << report.status();
+    for (const RequestUpdate& u : report->updates) {
+      out[u.id].insert(out[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+      EXPECT_TRUE(u.error.ok()) << u.error;
+      stats[u.id] = u.stats;
+    }
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(out[ids[i]], plain[i]) << i;
+    EXPECT_EQ(stats[ids[i]].draft_errors, 1) << i;
+    EXPECT_NE(stats[ids[i]].last_draft_error.find("re-add refused"), std::string::npos)
+        << stats[ids[i]].last_draft_error;
   }
 }
 
