@@ -431,6 +431,12 @@ void SpecEngine::FinishCancelled(StepReport* report) {
   cancelled_.clear();
 }
 
+void SpecEngine::DetachWithError(Sequence& s, const Status& error) {
+  ++s.stats.draft_errors;
+  s.stats.last_draft_error = error.ToString();
+  Detach(s);
+}
+
 void SpecEngine::DropDraft(Sequence& s, const Status& error) {
   ++s.stats.draft_errors;
   s.stats.last_draft_error = error.ToString();
@@ -512,7 +518,7 @@ void SpecEngine::Draft(const std::vector<Sequence*>& decoding, StepReport* repor
     if (!s->drafter) continue;
     const bool drafts = s->draft_budget > 0 && DraftRoom(*s) > 0;
     const bool hidden = !s->drafter->hidden_layers().empty();
-    // A drafter of hidden states with a bounded context keeps a bounded backlog (TrimBacklog):
+    // A drafter of hidden states with a bounded context keeps a bounded backlog (BoundBacklog):
     // it waits for its next draft, however long.
     const bool deferred_long = s->unobserved_generated >= options_.max_deferred_observation &&
                                !(hidden && options_.drafter_context > 0);
@@ -553,21 +559,15 @@ void SpecEngine::BoundBacklog(Sequence& s) {
     return;
   }
   Status restarted = RestartFromRecent(s, keep);
-  if (restarted.ok()) return;
-  ++s.stats.draft_errors;
-  s.stats.last_draft_error = restarted.ToString();
-  Detach(s);
+  if (!restarted.ok()) DetachWithError(s, restarted);
 }
 
 void SpecEngine::DraftWith(Drafter* drafter, const std::vector<Sequence*>& members,
                            StepReport* report) {
   const auto t0 = Clock::now();
   DrafterCall call{.drafter = drafter->name()};
-  // A sequence that cannot be observed goes on without speculation; the others are unaffected.
-  auto lose = [](Sequence& s, const Status& error) {
-    ++s.stats.draft_errors;
-    s.stats.last_draft_error = error.ToString();
-  };
+  // A sequence that cannot be observed goes on without speculation (DetachWithError); the others
+  // are unaffected.
   // Catch up: everything committed since each member's last draft, in one Observe.
   std::vector<DrafterObservation> observations;
   std::vector<Sequence*> observing;
@@ -575,8 +575,7 @@ void SpecEngine::DraftWith(Drafter* drafter, const std::vector<Sequence*>& membe
     if (s->unobserved_tokens.empty()) continue;
     Status restarted = RestartFromRecent(*s, options_.drafter_context);
     if (!restarted.ok()) {
-      lose(*s, restarted);
-      Detach(*s);
+      DetachWithError(*s, restarted);
       continue;
     }
     s->drafter_observed = true;
@@ -590,8 +589,7 @@ void SpecEngine::DraftWith(Drafter* drafter, const std::vector<Sequence*>& membe
     s->unobserved_tokens.clear();
     s->unobserved_generated = 0;
     if (!joined.ok()) {
-      lose(*s, joined);
-      Detach(*s);
+      DetachWithError(*s, joined);
       continue;
     }
     observations.push_back(std::move(obs));
@@ -648,8 +646,7 @@ void SpecEngine::DraftWith(Drafter* drafter, const std::vector<Sequence*>& membe
       for (size_t i = 0; i < observing.size(); ++i) {
         if (results[i].ok()) continue;
         // The drafter's state for this sequence is unknown now.
-        lose(*observing[i], results[i]);
-        Detach(*observing[i]);
+        DetachWithError(*observing[i], results[i]);
       }
       plan_requests();  // without the members just detached
     }
@@ -897,9 +894,7 @@ void SpecEngine::FlushHiddenRows(ForwardGroup& group) {
       continue;
     }
     // Its drafter would miss these rows: the request goes on without speculation.
-    ++s.stats.draft_errors;
-    s.stats.last_draft_error = stored.ToString();
-    Detach(s);
+    DetachWithError(s, stored);
   }
 }
 

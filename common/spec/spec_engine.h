@@ -171,6 +171,8 @@ class SpecEngine {
   void ReleaseDrafter(Sequence& s);
   // Speculation off for the rest of the request (its drafter's state is released).
   void Detach(Sequence& s);
+  // Detach, counting `error` as the sequence's draft error.
+  void DetachWithError(Sequence& s, const Status& error);
   // A drafter of hidden states whose backlog holds more than `keep` tokens (> 0) starts over
   // from the last `keep` (SpecEngineOptions::drafter_context): the backlog keeps only those, and
   // a drafter that observed the sequence before releases and re-adds it. The drafter's error

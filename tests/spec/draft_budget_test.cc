@@ -986,6 +986,36 @@ TEST(DraftBudgetPolicyTest, ASequenceJoiningAQuietBatchDraftsAtOnce) {
   EXPECT_EQ(policy.quiet_plans(), 2u);
 }
 
+// Plans and measures `steps` decode steps of 4 sequences of `drafter` at context 10: the target
+// as `curve`, a drafting call `per_call` seconds, and the step after one `refill` seconds slower.
+// Returns the seconds all steps took beyond `curve`'s undrafted step (what exploration cost);
+// `probes`, if given, counts the steps that drafted.
+double RunExplorations(DraftBudgetPolicy& policy, const Curve& curve, const std::string& drafter,
+                       double per_call, double refill, int steps, int* probes = nullptr) {
+  double explored = 0;
+  bool after = false;
+  for (int step = 0; step < steps; ++step) {
+    const StepBase base = Decoding(4, 10);
+    const auto c = Candidates(4, drafter, 8, 10);
+    const auto d = policy.Plan(base, c);
+    StepMeasurement m{.shape = base.shape};
+    int32_t drafting = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      m.shape.tokens += d.budgets[i];
+      if (d.budgets[i] > 0) ++drafting;
+    }
+    m.target_seconds = curve(m.shape) + (after ? refill : 0);
+    if (drafting > 0) {
+      m.drafter_calls = {{.drafter = drafter, .sequences = drafting, .seconds = per_call}};
+      if (probes) ++*probes;
+    }
+    explored += m.target_seconds + (drafting > 0 ? per_call : 0) - curve(base.shape);
+    after = drafting > 0;
+    policy.Observe(m);
+  }
+  return explored;
+}
+
 TEST(DraftBudgetPolicyTest, ExplorationStaysWithinItsShareOfMeasuredTime) {
   std::mt19937 rng(9);
   DraftBudgetPolicy policy({.probe_after = 1, .probe_nodes = 4, .explore_every = 1});
@@ -998,24 +1028,7 @@ TEST(DraftBudgetPolicyTest, ExplorationStaysWithinItsShareOfMeasuredTime) {
   // The drafter now really costs 3x what the model learned (its catch-up grew, the machine got
   // busy): exploration must be bounded by what it measurably costs, not by the prediction.
   const double real_per_call = 6e-3;
-  double explored = 0;
-  for (int step = 0; step < 400; ++step) {
-    const StepBase base = Decoding(4, 10);
-    const auto c = Candidates(4, "slow", 8, 10);
-    const auto d = policy.Plan(base, c);
-    StepMeasurement m{.shape = base.shape};
-    int32_t drafting = 0;
-    for (size_t i = 0; i < c.size(); ++i) {
-      m.shape.tokens += d.budgets[i];
-      if (d.budgets[i] > 0) ++drafting;
-    }
-    m.target_seconds = curve(m.shape);
-    if (drafting > 0) {
-      m.drafter_calls = {{.drafter = "slow", .sequences = drafting, .seconds = real_per_call}};
-    }
-    explored += m.target_seconds + (drafting > 0 ? real_per_call : 0) - curve(base.shape);
-    policy.Observe(m);
-  }
+  const double explored = RunExplorations(policy, curve, "slow", real_per_call, 0, 400);
   EXPECT_GT(explored, 0) << "some exploration must happen";
   // Every measured second counts toward the share (training included); the last probe may
   // overshoot by its own cost before it is measured.
@@ -1039,28 +1052,8 @@ TEST(DraftBudgetPolicyTest, TheStepAfterAnExplorationCountsTowardsItsShare) {
   // The drafter's calls cost what the model learned, but the step after one takes 2 ms longer:
   // ~6x what the probe itself costs.
   const double refill = 2e-3;
-  double explored = 0;
   int probes = 0;
-  bool after = false;
-  for (int step = 0; step < 4000; ++step) {
-    const StepBase base = Decoding(4, 10);
-    const auto c = Candidates(4, "cheap", 8, 10);
-    const auto d = policy.Plan(base, c);
-    StepMeasurement m{.shape = base.shape};
-    int32_t drafting = 0;
-    for (size_t i = 0; i < c.size(); ++i) {
-      m.shape.tokens += d.budgets[i];
-      if (d.budgets[i] > 0) ++drafting;
-    }
-    m.target_seconds = curve(m.shape) + (after ? refill : 0);
-    if (drafting > 0) {
-      m.drafter_calls = {{.drafter = "cheap", .sequences = drafting, .seconds = 1e-4}};
-      ++probes;
-    }
-    explored += m.target_seconds + (drafting > 0 ? 1e-4 : 0) - curve(base.shape);
-    after = drafting > 0;
-    policy.Observe(m);
-  }
+  const double explored = RunExplorations(policy, curve, "cheap", 1e-4, refill, 4000, &probes);
   EXPECT_GT(probes, 2) << "some exploration must happen";
   // The share (1%) of every measured second, and the last probe's own cost and refill.
   EXPECT_LE(explored, 0.01 * policy.measured_seconds() + 1e-4 + 4 * 1e-4 + refill);

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <random>
@@ -276,6 +277,27 @@ class SpecEngineTest : public ::testing::Test {
       if (id.ok()) ids.push_back(*id);
     }
     return ids;
+  }
+
+  // Steps `engine` until it has no work, setting every request's budget to budget(step) before
+  // each step and passing each update to on_update(step, update); each request's tokens.
+  static std::map<RequestId, std::vector<int32_t>> StepWithBudgets(
+      SpecEngine& engine, const std::vector<RequestId>& ids,
+      const std::function<int32_t(int)>& budget,
+      const std::function<void(int, const RequestUpdate&)>& on_update) {
+    std::map<RequestId, std::vector<int32_t>> out;
+    for (int step = 0; engine.HasWork(); ++step) {
+      for (RequestId id : ids) (void)engine.SetDraftBudget(id, budget(step));
+      auto report = engine.Step();
+      EXPECT_TRUE(report.ok()) << report.status();
+      if (!report.ok()) break;
+      for (const RequestUpdate& u : report->updates) {
+        out[u.id].insert(out[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+        EXPECT_TRUE(u.error.ok()) << u.error;
+        on_update(step, u);
+      }
+    }
+    return out;
   }
 
   // Each drafter epoch (AddSequence to ReleaseSequence) observed a contiguous run of one
@@ -953,18 +975,12 @@ TEST_F(SpecEngineTest, DeferredObservationCatchesUpBeforeTheNextDraft) {
     ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
     const std::vector<RequestId> ids = SubmitAll(engine, WithDrafter(requests, "hidden", 3));
     ASSERT_EQ(ids.size(), requests.size());
-    std::map<RequestId, std::vector<int32_t>> out;
     int64_t deferred = 0;
-    for (int step = 0; engine.HasWork(); ++step) {
-      for (RequestId id : ids) (void)engine.SetDraftBudget(id, step % 3 == 0 ? 3 : 0);
-      auto report = engine.Step();
-      ASSERT_TRUE(report.ok()) << report.status();
-      for (const RequestUpdate& u : report->updates) {
-        out[u.id].insert(out[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
-        if (!u.finished) deferred = std::max(deferred, u.unobserved_tokens);
-        EXPECT_TRUE(u.error.ok()) << u.error;
-      }
-    }
+    auto out = StepWithBudgets(
+        engine, ids, [](int step) { return step % 3 == 0 ? 3 : 0; },
+        [&](int, const RequestUpdate& u) {
+          if (!u.finished) deferred = std::max(deferred, u.unobserved_tokens);
+        });
     for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(out[ids[i]], plain[i]) << i;
     EXPECT_GT(deferred, 1) << "some steps must have deferred their observation";
     EXPECT_EQ(raw->finished_.size(), requests.size());
@@ -1031,22 +1047,16 @@ TEST_F(SpecEngineTest, ADrafterContextRestartsIdleHiddenStateDraftersFromRecentT
     ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
     const std::vector<RequestId> ids = SubmitAll(engine, WithDrafter(requests, "hidden", 3));
     ASSERT_EQ(ids.size(), requests.size());
-    std::map<RequestId, std::vector<int32_t>> out;
     // Drafts after an idle stretch of 12 steps (past max_deferred_observation): not detached.
     std::map<RequestId, int> late_drafts;
-    for (int step = 0; engine.HasWork(); ++step) {
-      for (RequestId id : ids) (void)engine.SetDraftBudget(id, step % 13 == 12 ? 3 : 0);
-      auto report = engine.Step();
-      ASSERT_TRUE(report.ok()) << report.status();
-      for (const RequestUpdate& u : report->updates) {
-        out[u.id].insert(out[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
-        EXPECT_TRUE(u.error.ok()) << u.error;
-        EXPECT_EQ(u.stats.draft_errors, 0);
-        if (u.finished) continue;
-        EXPECT_LE(u.unobserved_tokens, keep);  // what the next catch-up observes
-        if (u.draft_nodes > 0 && step > 13) ++late_drafts[u.id];
-      }
-    }
+    auto out = StepWithBudgets(
+        engine, ids, [](int step) { return step % 13 == 12 ? 3 : 0; },
+        [&](int step, const RequestUpdate& u) {
+          EXPECT_EQ(u.stats.draft_errors, 0);
+          if (u.finished) return;
+          EXPECT_LE(u.unobserved_tokens, keep);  // what the next catch-up observes
+          if (u.draft_nodes > 0 && step > 13) ++late_drafts[u.id];
+        });
     for (size_t i = 0; i < ids.size(); ++i) {
       EXPECT_EQ(out[ids[i]], plain[i]) << i;
       EXPECT_GT(late_drafts[ids[i]], 0) << i;
@@ -1072,18 +1082,10 @@ TEST_F(SpecEngineTest, ADrafterThatCannotRestartASequenceEndsOnlyItsSpeculation)
   ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
   const std::vector<RequestId> ids = SubmitAll(engine, WithDrafter(requests, "hidden", 3));
   ASSERT_EQ(ids.size(), requests.size());
-  std::map<RequestId, std::vector<int32_t>> out;
   std::map<RequestId, SpecRequestStats> stats;
-  for (int step = 0; engine.HasWork(); ++step) {
-    for (RequestId id : ids) (void)engine.SetDraftBudget(id, step % 13 == 12 ? 3 : 0);
-    auto report = engine.Step();
-    ASSERT_TRUE(report.ok()) << report.status();
-    for (const RequestUpdate& u : report->updates) {
-      out[u.id].insert(out[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
-      EXPECT_TRUE(u.error.ok()) << u.error;
-      stats[u.id] = u.stats;
-    }
-  }
+  auto out = StepWithBudgets(
+      engine, ids, [](int step) { return step % 13 == 12 ? 3 : 0; },
+      [&](int, const RequestUpdate& u) { stats[u.id] = u.stats; });
   for (size_t i = 0; i < ids.size(); ++i) {
     EXPECT_EQ(out[ids[i]], plain[i]) << i;
     EXPECT_EQ(stats[ids[i]].draft_errors, 1) << i;
