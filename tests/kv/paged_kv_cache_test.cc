@@ -143,6 +143,15 @@ TEST(PagedKvCacheTest, KeepOnlyMovesKeptRowsAndTruncates) {
   ExpectRows(cache, 2, {0, 1, 2, 3});
 }
 
+// Each kept row moves onto the one before it: every row is read before another lands on it.
+TEST(PagedKvCacheTest, KeepOnlyShiftsOverlappingRowsInOrder) {
+  TwoSequences t;
+  PagedKvCache& cache = *t.cache;
+  ASSERT_TRUE(cache.KeepOnly(1, 2, {1, 2, 3, 5, 7}).ok());
+  ExpectRows(cache, 1, {0, 1, 3, 4, 5, 7, 9});
+  ExpectRows(cache, 2, {0, 1, 2, 3});
+}
+
 // One batched commit leaves the cache exactly as committing each sequence alone does.
 TEST(PagedKvCacheTest, KeepOnlyAllEqualsPerSequenceCommits) {
   TwoSequences batched, single;
