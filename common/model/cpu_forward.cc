@@ -300,10 +300,8 @@ CpuForward::Result CpuForward::Run(CausalLMImpl& module, const std::vector<int64
     TORCH_CHECK(p >= 0 && p < rope_cos.size(0), "CpuForward: position ", p, " outside RoPE table");
   }
   Result result;
-  // The captured layers share one allocation (each layer's tensor a view of it): one allocation a
-  // layer cost ~1.2 us each in a decode step (the allocator's metadata is cold once the forward
-  // has streamed the weights through the caches), 1.3% of a batch-1 step with SpecFormer's four
-  // layers, against ~0.25 us for their copies.
+  // The captured layers share one buffer (each layer's tensor a view of it), recycled from
+  // capture_pool_ once no drafter backlog holds it (hidden_capture_pool.h).
   std::vector<int64_t> slot(L + 1, -1);
   int64_t captured_layers = 0;
   for (int64_t index : hidden_layers) {
@@ -311,12 +309,9 @@ CpuForward::Result CpuForward::Run(CausalLMImpl& module, const std::vector<int64
                 "]");
     if (slot[index] < 0) slot[index] = captured_layers++;
   }
-  at::Tensor captured;
-  float* captured_rows = nullptr;
-  if (captured_layers > 0) {
-    captured = at::empty({captured_layers, N, d}, at::kFloat);
-    captured_rows = captured.data_ptr<float>();
-  }
+  HiddenCapturePool::Capture captured;
+  if (captured_layers > 0) captured = capture_pool_.Acquire(captured_layers, N, d);
+  float* captured_rows = captured.data;
   auto want = [&](int64_t index) { return slot[index] >= 0; };
   auto capture = [&](int64_t index, const float* rows) {
     if (!want(index)) return;
@@ -358,7 +353,7 @@ CpuForward::Result CpuForward::Run(CausalLMImpl& module, const std::vector<int64
   }
   result.logits = at::empty({R, V}, at::kFloat);
   Head(head, module.lm_head_weight(), rows_out, R, result.logits.data_ptr<float>());
-  for (int64_t index : hidden_layers) result.hidden.push_back(captured.select(0, slot[index]));
+  for (int64_t index : hidden_layers) result.hidden.push_back(captured.layers[slot[index]]);
   return result;
 }
 

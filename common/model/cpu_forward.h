@@ -20,6 +20,7 @@
 
 #include "common/model/attention_inputs.h"
 #include "common/model/draft_matmul.h"
+#include "common/model/hidden_capture_pool.h"
 #include "common/model/model_config.h"
 
 namespace specula {
@@ -163,6 +164,7 @@ class CpuForward {
   // rows and a restricted head's scores.
   Scratch x_, h_, normed_, qkv_, q_normed_, k_normed_, q_rot_, attn_, gate_up_, act_;
   Scratch head_rows_, head_out_;
+  HiddenCapturePool capture_pool_;  // Run's captured hidden states
 };
 
 }  // namespace specula
