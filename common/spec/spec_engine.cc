@@ -337,6 +337,14 @@ struct SpecEngine::ForwardGroup {
 
 namespace {
 
+// The first prompt position whose hidden states a drafter with a bounded context (> 0) reads: a
+// prompt longer than the context restarts from its newest `context` tokens before its first
+// Observe (SpecEngine::RestartFromRecent), with the states of all but the newest.
+int64_t FirstPromptRowKept(size_t prompt_tokens, int64_t context) {
+  const auto prompt = static_cast<int64_t>(prompt_tokens);
+  return context > 0 && prompt > context ? prompt - (context - 1) : 0;
+}
+
 // A step's hidden-state tensors with at most this many rows are kept by the backlogs of its
 // sequences (HiddenBacklog::AppendShared) rather than copied into them.
 constexpr int64_t kMaxSharedStepRows = 16;
@@ -483,9 +491,13 @@ Status SpecEngine::AttachDrafter(Sequence& s, Drafter* d) {
   if (!d->hidden_layers().empty()) {
     // What the sequence may generate before its drafter catches up or is detached
     // (max_deferred_observation), plus one tree; the prompt's rows before the first catch-up.
-    const int64_t deferred =
-        std::min<int64_t>(g.max_new_tokens, options_.max_deferred_observation) + 1;
-    s.unobserved_hidden.ExpectRows(static_cast<int64_t>(g.prompt.size()) + deferred, deferred);
+    int64_t deferred = std::min<int64_t>(g.max_new_tokens, options_.max_deferred_observation) + 1;
+    if (options_.drafter_context > 0) {  // BoundBacklog: at most twice the context, and a tree
+      deferred = std::min<int64_t>(deferred, 2 * options_.drafter_context + 1);
+    }
+    const int64_t prompt_rows = static_cast<int64_t>(g.prompt.size()) -
+                                FirstPromptRowKept(g.prompt.size(), options_.drafter_context);
+    s.unobserved_hidden.ExpectRows(prompt_rows + deferred, deferred);
   }
   return OkStatus();
 }
@@ -965,19 +977,28 @@ bool SpecEngine::CommitPrefillChunk(ForwardGroup& group, size_t b, const float* 
   Sequence& s = *group.members[b];
   const ForwardOutput& out = group.out;
   const int64_t row0 = out.token_offset[b], row_end = out.token_offset[b + 1];
+  const GenerationRequest& g = s.request.generation;
   if (s.drafter && !s.drafter->hidden_layers().empty()) {
-    // This chunk's rows, kept until the drafter observes the whole prompt.
-    if (StoresHiddenRows(group)) {  // with every other member's rows, after the commits
-      group.hidden_owners.push_back(s.id);
-      group.hidden_rows.emplace_back();
-      for (int64_t r = row0; r < row_end; ++r) group.hidden_rows.back().push_back(r);
-    } else {
-      s.unobserved_hidden.AppendRange(DrafterLayers(group.batch, group.out, *s.drafter), row0,
-                                      row_end);
+    // This chunk's rows, kept until the drafter observes the prompt: with a bounded drafter
+    // context, only those a restart from its recent tokens reads (RestartFromRecent: a prompt
+    // longer than the context always restarts before its first Observe). A 128-token prompt's
+    // rows of SpecFormer's four layers were copied (into new pages) to drop all but 31 of them
+    // at its first step.
+    const int64_t first =
+        row0 + std::max<int64_t>(0, FirstPromptRowKept(g.prompt.size(), options_.drafter_context) -
+                                        s.prompt_done);
+    if (first < row_end) {
+      if (StoresHiddenRows(group)) {  // with every other member's rows, after the commits
+        group.hidden_owners.push_back(s.id);
+        group.hidden_rows.emplace_back();
+        for (int64_t r = first; r < row_end; ++r) group.hidden_rows.back().push_back(r);
+      } else {
+        s.unobserved_hidden.AppendRange(DrafterLayers(group.batch, group.out, *s.drafter), first,
+                                        row_end);
+      }
     }
   }
   s.prompt_done += row_end - row0;
-  const GenerationRequest& g = s.request.generation;
   if (s.prompt_done < static_cast<int64_t>(g.prompt.size())) return false;
   emitted->push_back(SampleToken({rows, static_cast<size_t>(vocab)}, g.sampling, s.rng));
   s.prefilled = true;

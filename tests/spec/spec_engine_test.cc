@@ -1033,17 +1033,21 @@ TEST_F(SpecEngineTest, ADrafterContextRestartsIdleHiddenStateDraftersFromRecentT
   // (released, re-added, a first Observe of 4 tokens and 3 rows), and an idle backlog never
   // passes 8: no sequence is detached (max_deferred_observation 5 would have), each drafter epoch
   // observes a contiguous run of the sequence with the target's states of those positions, and
-  // the output is unchanged.
+  // the output is unchanged. Only the prompt's last 3 states are kept (the drafter starts from its
+  // last 4 tokens), also when the prompt is prefilled in chunks of a few tokens.
   const int64_t keep = 4;
   const auto requests = Prompts(3, 40, 47);
   const auto plain = Plain(requests);
-  for (const bool store : {false, true}) {
-    SCOPED_TRACE(testing::Message() << "store " << store);
+  const std::vector<std::pair<bool, int64_t>> configs = {
+      {false, kDefaultMaxStepTokens}, {true, kDefaultMaxStepTokens}, {false, 5}};
+  for (const auto& [store, step_tokens] : configs) {
+    SCOPED_TRACE(testing::Message() << "store " << store << ", step tokens " << step_tokens);
     auto drafter = std::make_unique<HiddenRecordingDrafter>();
     HiddenRecordingDrafter* raw = drafter.get();
-    SpecEngine engine(
-        target_.get(),
-        {.max_deferred_observation = 5, .drafter_context = keep, .hidden_row_store_on_cpu = store});
+    SpecEngine engine(target_.get(), {.max_step_tokens = step_tokens,
+                                      .max_deferred_observation = 5,
+                                      .drafter_context = keep,
+                                      .hidden_row_store_on_cpu = store});
     ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
     const std::vector<RequestId> ids = SubmitAll(engine, WithDrafter(requests, "hidden", 3));
     ASSERT_EQ(ids.size(), requests.size());
