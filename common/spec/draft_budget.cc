@@ -1022,9 +1022,11 @@ void DraftBudgetPolicy::EndQuietPlans() {
       if (idle != idle_plans_.end()) idle->second += quiet_.reused;
     }
     if (options_.idle_relaxation > 0) {
-      for (int32_t r = 0; r < quiet_.reused; ++r) {
-        acceptance_.Relax(drafter, id, options_.idle_relaxation);
-      }
+      // r relaxations of weight w are one of weight 1 - (1 - w)^r: the averages they move toward
+      // stay put while every sequence is at 0 (one call per sequence, not one per reused plan:
+      // 6 us of a batch-4 full plan in the engine).
+      const double w = std::clamp(options_.idle_relaxation, 0.0, 1.0);
+      acceptance_.Relax(drafter, id, 1 - std::pow(1 - w, quiet_.reused));
     }
   }
   quiet_ = {};
