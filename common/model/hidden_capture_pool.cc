@@ -6,9 +6,9 @@ namespace specula {
 
 namespace {
 
-// Entries looked at from the cursor before a new buffer is made: the free one is normally the
-// first (buffers are let go of in about the order they were handed out); each look reads a few
-// reference counts the forward has evicted from the caches.
+// Entries looked at from the cursor for a free one of the shape wanted: the free one is normally
+// the first (buffers are let go of in about the order they were handed out); each look reads a
+// few reference counts the forward has evicted from the caches.
 constexpr size_t kSearch = 8;
 
 }  // namespace
@@ -38,7 +38,7 @@ HiddenCapturePool::Capture HiddenCapturePool::Acquire(int64_t layers, int64_t ro
   const int64_t bytes = layers * rows * width * static_cast<int64_t>(sizeof(float));
   if (rows > max_rows_) return hand_out(Make(layers, rows, width));
   const size_t n = entries_.size();
-  size_t replaceable = n;  // a free buffer of another shape
+  size_t other = n;  // the first free buffer of another shape
   for (size_t k = 0; k < std::min(n, kSearch); ++k) {
     const size_t i = (next_ + k) % n;
     const Entry& e = entries_[i];
@@ -47,7 +47,16 @@ HiddenCapturePool::Capture HiddenCapturePool::Acquire(int64_t layers, int64_t ro
       next_ = (i + 1) % n;
       return hand_out(e);
     }
-    if (replaceable == n) replaceable = i;
+    if (other == n) other = i;
+  }
+  if (other < n) {
+    // Made again in this shape: a free buffer is never left behind for a new one (batches
+    // change size, drafts come and go, and the ring would grow with buffers of old shapes).
+    Entry& e = entries_[other];
+    bytes_ += bytes - e.base.numel() * static_cast<int64_t>(sizeof(float));
+    e = Make(layers, rows, width);
+    next_ = (other + 1) % n;
+    return hand_out(e);
   }
   if (bytes_ + bytes <= max_bytes_) {
     // Inserted at the cursor, so that the ring stays in the order buffers were handed out.
@@ -56,14 +65,6 @@ HiddenCapturePool::Capture HiddenCapturePool::Acquire(int64_t layers, int64_t ro
     bytes_ += bytes;
     next_ = (at + 1) % entries_.size();
     return hand_out(entries_[at]);
-  }
-  if (replaceable < n) {
-    Entry& e = entries_[replaceable];
-    bytes_ -= e.base.numel() * static_cast<int64_t>(sizeof(float));
-    e = Make(layers, rows, width);
-    bytes_ += bytes;
-    next_ = (replaceable + 1) % n;
-    return hand_out(e);
   }
   return hand_out(Make(layers, rows, width));
 }

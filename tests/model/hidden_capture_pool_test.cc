@@ -67,6 +67,17 @@ TEST(HiddenCapturePoolTest, BuffersComeBackInTheOrderTheyWereHandedOut) {
   EXPECT_EQ(pool.buffers(), 4u);
 }
 
+TEST(HiddenCapturePoolTest, AFreeBufferOfAnotherShapeIsMadeAgainNotLeftBehind) {
+  // Batches change size and drafts come and go: the pool must not grow with old shapes.
+  HiddenCapturePool pool;
+  for (int i = 0; i < 10; ++i) {
+    HiddenCapturePool::Capture c = pool.Acquire(2, 1 + i % 3, 16);
+    EXPECT_EQ(c.layers[0].size(0), 1 + i % 3);
+  }
+  EXPECT_EQ(pool.buffers(), 1u);
+  EXPECT_EQ(pool.bytes(), 2 * 1 * 16 * 4);  // the last shape's
+}
+
 TEST(HiddenCapturePoolTest, ManyRowsAndShapesBeyondTheBudgetGetTheirOwnBuffers) {
   HiddenCapturePool pool(/*max_rows=*/4, /*max_bytes=*/2 * 1 * 4 * 16 * 4);
   // A prompt chunk's capture is not kept.
