@@ -1373,14 +1373,28 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   // before the models learn from it. Catch-up steps book their excess to the calls (above).
   int64_t draft_rows = 0;
   for (const StepMeasurement::Sequence& s : step.sequences) draft_rows += std::max(s.nodes, 0);
+  // The last drafted step's sample, with this step's excess if this one drafts nothing (see
+  // pending_excess_).
+  if (pending_excess_.waiting) {
+    double after = 0;
+    if (draft_rows == 0 && !caught_up && step.shape.tokens > 0 && target_cost_.ready() &&
+        std::isfinite(step.target_seconds)) {
+      const double predicted = target_cost_.Predict(step.shape);
+      after = WithoutOutlier(step.target_seconds, predicted) - predicted;
+      target_seconds = predicted;  // not a steady step's time
+    }
+    drafted_excess_.Add({1.0, pending_excess_.rows}, pending_excess_.excess + after);
+    pending_excess_ = {};
+  }
   if (draft_rows > 0 && !caught_up && !after_catch_up_ && step.shape.tokens > 0 &&
       target_cost_.ready() && other_seen_ && std::isfinite(step.other_seconds)) {
     const double predicted = target_cost_.Predict(step.shape) + other_seconds_;
     const double measured =
         WithoutOutlier(step.target_seconds + std::max(0.0, step.other_seconds),
                        predicted + DraftedStepExcess(static_cast<double>(draft_rows)));
-    drafted_excess_.Add({1.0, static_cast<double>(draft_rows) / kDraftRowUnit},
-                        measured - predicted);
+    pending_excess_ = {.waiting = true,
+                       .rows = static_cast<double>(draft_rows) / kDraftRowUnit,
+                       .excess = measured - predicted};
   }
   after_catch_up_ = caught_up;
   if (step.shape.tokens > 0) target_cost_.Observe(step.shape, target_seconds);

@@ -43,7 +43,9 @@
 // step it ran in and the next one count in the step cost fit at most as predicted, and the
 // excess of the first is booked to the catch-up's call. What the other drafted steps take beyond
 // the step cost fit and the mean overhead (a drafter on the same cores, knots that only drafts
-// visit) is fitted per drafted step and per draft row, and added to every plan with drafts.
+// visit) is fitted per drafted step and per draft row, and added to every plan with drafts;
+// the undrafted step right after a drafted one counts in it too (the drafter's call evicted the
+// target's weights from the caches), and not in the step cost fit.
 //
 // Decision (Plan): start from no drafts. Then greedy marginal allocation (within the latency
 // bound, DraftBudgetOptions::max_step_increase, when one is set): repeatedly add the node
@@ -603,7 +605,19 @@ class DraftBudgetPolicy {
   // rows took 2.4-2.8 ms in the target where the fit, its 16-64-token knots relaxed to the 4-token
   // decode's 0.7-1.1 ms, predicted ~1 ms; the plans drafted 20-28 nodes into them and the runs read
   // 0.90-0.93x of no speculation.
+  // A drafted step's sample waits for the next step: if that one drafts nothing, what it took
+  // beyond the step cost fit's prediction is added to it (the drafter's call evicted the
+  // target's weights from the caches: at batch 1 on the CPU the decode step after one of
+  // SpecFormer's took ~50 us of its 0.45 ms longer), and that step stays out of the step cost
+  // fit. Charged to nothing, a sequence that drafts now and then paid it unseen, and the fit,
+  // fed those slow undrafted steps, priced decoding without drafts higher: drafting at break-even
+  // lost 1-2% of no speculation's rate.
   ForgettingLeastSquares drafted_excess_;
+  struct PendingExcess {
+    bool waiting = false;
+    double rows = 0;    // the drafted step's draft rows / kDraftRowUnit
+    double excess = 0;  // its measured excess so far
+  } pending_excess_;
   static constexpr double kDraftRowUnit = 16;
   bool after_catch_up_ = false;  // the last observed step had a drafter's catch-up
   std::unordered_map<int64_t, int32_t> idle_plans_;  // plans in a row at budget 0
