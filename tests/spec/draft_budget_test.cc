@@ -1059,6 +1059,29 @@ TEST(DraftBudgetPolicyTest, TheStepAfterAnExplorationCountsTowardsItsShare) {
   EXPECT_LE(explored, 0.01 * policy.measured_seconds() + 1e-4 + 4 * 1e-4 + refill);
 }
 
+// The undrafted step right after a drafted one runs slower (the drafter evicted the target's
+// weights from the caches): drafting is charged with it, and the step cost fit keeps pricing an
+// undrafted step at its steady time.
+TEST(DraftBudgetPolicyTest, TheUndraftedStepAfterADraftedOneIsChargedToDrafting) {
+  std::mt19937 rng(5);
+  DraftBudgetPolicy policy(NoExploration());
+  const Curve curve{.base = 1e-3, .knee = 0, .per_token = 1e-4};
+  Train(policy, curve, 300, rng, 0.0);
+  const double refill = 3e-4;
+  const StepShape decode{.tokens = 1, .attention = 101};
+  for (int i = 0; i < 400; ++i) {
+    // A drafted step of 2 nodes at its own steady time, then an undrafted one that refills.
+    StepMeasurement drafted{.shape = {.tokens = 3, .attention = 303}};
+    drafted.target_seconds = curve(drafted.shape);
+    drafted.other_seconds = 0;
+    drafted.sequences = {{.id = 1, .drafter = "d", .nodes = 2, .depth = 2, .accepted = 1}};
+    policy.Observe(drafted);
+    policy.Observe({.shape = decode, .target_seconds = curve(decode) + refill, .other_seconds = 0});
+  }
+  EXPECT_NEAR(policy.DraftedStepExcess(2), refill, 0.2 * refill);
+  EXPECT_NEAR(policy.target_cost().Predict(decode), curve(decode), 0.05 * curve(decode));
+}
+
 // With a latency bound the step never grows past (1 + bound) x its time without drafts, except
 // for exploration (which stays within its share), while drafting within the bound still happens.
 TEST(DraftBudgetPolicyTest, LatencyBoundCapsTheStepTime) {
