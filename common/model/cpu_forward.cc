@@ -312,10 +312,11 @@ CpuForward::Result CpuForward::Run(CausalLMImpl& module, const std::vector<int64
   HiddenCapturePool::Capture captured;
   if (captured_layers > 0) captured = capture_pool_.Acquire(captured_layers, N, d);
   float* captured_rows = captured.data;
+  const int64_t layer_stride = captured.layer_stride;
   auto want = [&](int64_t index) { return slot[index] >= 0; };
   auto capture = [&](int64_t index, const float* rows) {
     if (!want(index)) return;
-    std::memcpy(captured_rows + slot[index] * N * d, rows, N * d * sizeof(float));
+    std::memcpy(captured_rows + slot[index] * layer_stride, rows, N * d * sizeof(float));
   };
 
   float* x = x_.Get(N * d);  // the residual stream (each layer's input and output)

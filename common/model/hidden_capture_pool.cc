@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 namespace specula {
 
 namespace {
@@ -33,10 +35,12 @@ HiddenCapturePool::Entry HiddenCapturePool::Make(int64_t layers, int64_t rows, i
 
 HiddenCapturePool::Capture HiddenCapturePool::Acquire(int64_t layers, int64_t rows, int64_t width) {
   auto hand_out = [](const Entry& e) {
-    return Capture{.data = e.base.data_ptr<float>(), .layers = e.views};
+    return Capture{.data = e.base.data_ptr<float>(),
+                   .layer_stride = e.base.size(1) * e.base.size(2),
+                   .layers = e.views};
   };
   const int64_t bytes = layers * rows * width * static_cast<int64_t>(sizeof(float));
-  if (rows > max_rows_) return hand_out(Make(layers, rows, width));
+  if (rows > max_rows_) return AcquireLarge(layers, rows, width);
   const size_t n = entries_.size();
   size_t other = n;  // the first free buffer of another shape
   for (size_t k = 0; k < std::min(n, kSearch); ++k) {
@@ -67,6 +71,20 @@ HiddenCapturePool::Capture HiddenCapturePool::Acquire(int64_t layers, int64_t ro
     return hand_out(entries_[at]);
   }
   return hand_out(Make(layers, rows, width));
+}
+
+HiddenCapturePool::Capture HiddenCapturePool::AcquireLarge(int64_t layers, int64_t rows,
+                                                           int64_t width) {
+  // Reused only if nothing but large_ holds its storage (every view handed out was let go of).
+  const bool same = large_.defined() && large_.size(0) == layers && large_.size(2) == width;
+  if (!same || large_.storage().use_count() != 1 || large_.size(1) < rows) {
+    const int64_t capacity = same ? std::max(rows, large_.size(1)) : rows;
+    large_ = at::empty({layers, capacity, width}, at::kFloat);
+  }
+  Capture c{.data = large_.data_ptr<float>(), .layer_stride = large_.size(1) * width};
+  c.layers.reserve(static_cast<size_t>(layers));
+  for (int64_t l = 0; l < layers; ++l) c.layers.push_back(large_.select(0, l).narrow(0, 0, rows));
+  return c;
 }
 
 }  // namespace specula

@@ -18,19 +18,23 @@ namespace specula {
 
 class HiddenCapturePool {
  public:
-  // Buffers are kept for captures of at most max_rows rows (a decode step's, a few verified
-  // drafts': a prompt chunk's states are copied out at once) and up to max_bytes in all; beyond
-  // either a capture gets a buffer of its own, as without the pool.
+  // Buffers of up to max_rows rows (a decode step's, a few verified drafts': what backlogs keep)
+  // are kept in a ring, up to max_bytes in all; beyond it a capture gets a buffer of its own, as
+  // without the pool. A capture of more rows (a prompt chunk, a large batch's decode step: the
+  // backlogs copy its rows out at once) reuses one buffer sized for the most rows seen, as long
+  // as nothing holds it: a new one each time was a fresh allocation of up to a few MB, its pages
+  // faulted in.
   explicit HiddenCapturePool(int64_t max_rows = 16, int64_t max_bytes = int64_t{64} << 20)
       : max_rows_(max_rows), max_bytes_(max_bytes) {}
 
   struct Capture {
-    float* data = nullptr;           // layer l's rows at data + l * rows * width
-    std::vector<at::Tensor> layers;  // [rows, width] float32 views of it, one per layer
+    float* data = nullptr;           // layer l's rows at data + l * layer_stride
+    int64_t layer_stride = 0;        // floats
+    std::vector<at::Tensor> layers;  // [rows, width] float32 contiguous views, one per layer
   };
-  // A buffer of `layers` x [rows, width] float32 that nothing else holds: a recycled one of that
-  // shape if one is free (nothing holds its views or a tensor made from them), else a new one.
-  // The caller writes it before handing the views out.
+  // A buffer of `layers` x [rows, width] float32 that nothing else holds: a recycled one if one
+  // is free (nothing holds its views or a tensor made from them), else a new one. The caller
+  // writes it before handing the views out.
   Capture Acquire(int64_t layers, int64_t rows, int64_t width);
 
   size_t buffers() const { return entries_.size(); }
@@ -45,9 +49,12 @@ class HiddenCapturePool {
   static bool Free(const Entry& e);
   static Entry Make(int64_t layers, int64_t rows, int64_t width);
 
+  Capture AcquireLarge(int64_t layers, int64_t rows, int64_t width);
+
   int64_t max_rows_, max_bytes_;
-  int64_t bytes_ = 0;  // of the kept buffers
+  int64_t bytes_ = 0;  // of the ring's buffers
   std::vector<Entry> entries_;
+  at::Tensor large_;  // [layers, most rows seen, width], for captures past max_rows
   // Where the next search starts: buffers are let go of in about the order they were handed out,
   // so the one after the last handed out is the likeliest to be free.
   size_t next_ = 0;

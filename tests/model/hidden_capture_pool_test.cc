@@ -99,5 +99,32 @@ TEST(HiddenCapturePoolTest, ManyRowsAndShapesBeyondTheBudgetGetTheirOwnBuffers) 
   EXPECT_EQ(other.layers[0].sizes(), (std::vector<int64_t>{2, 16}));
 }
 
+TEST(HiddenCapturePoolTest, LargeCapturesReuseOneBufferWhileNothingHoldsIt) {
+  // Prompt chunks and large batches' steps: their rows are copied out right after the step.
+  HiddenCapturePool pool(/*max_rows=*/4);
+  HiddenCapturePool::Capture a = pool.Acquire(2, 10, 8);
+  float* first = a.data;
+  EXPECT_EQ(a.layer_stride, 10 * 8);
+  a = {};
+  HiddenCapturePool::Capture b = pool.Acquire(2, 6, 8);  // fewer rows: the same buffer
+  EXPECT_EQ(b.data, first);
+  EXPECT_EQ(b.layer_stride, 10 * 8);
+  ASSERT_EQ(b.layers.size(), 2u);
+  for (int64_t l = 0; l < 2; ++l) {
+    EXPECT_EQ(b.layers[l].sizes(), (std::vector<int64_t>{6, 8}));
+    EXPECT_TRUE(b.layers[l].is_contiguous());
+    EXPECT_EQ(b.layers[l].data_ptr<float>(), first + l * 10 * 8);
+  }
+  // Held (a backlog's copy of a view): a new buffer, and the held rows stay as written.
+  b.layers[1].fill_(3);
+  at::Tensor kept = b.layers[1];
+  b = {};
+  HiddenCapturePool::Capture c = pool.Acquire(2, 12, 8);  // more rows: a larger buffer
+  EXPECT_NE(c.data, first);
+  EXPECT_EQ(c.layer_stride, 12 * 8);
+  EXPECT_TRUE(torch::equal(kept, torch::full({6, 8}, 3.0f)));
+  EXPECT_EQ(pool.buffers(), 0u);  // none of them in the ring
+}
+
 }  // namespace
 }  // namespace specula
