@@ -1329,6 +1329,10 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   for (const DrafterCall& call : step.drafter_calls) drafters_seconds += call.seconds;
   const double wall = step.target_seconds + drafters_seconds + std::max(0.0, step.other_seconds);
   const bool explored = pending_exploration_.charged_seconds > 0;
+  // The step cost fit's prediction for this step's shape, before it learns from it: what the
+  // steps around a drafter's call are measured against (the caches it evicted).
+  const bool predictable = step.shape.tokens > 0 && target_cost_.ready();
+  const double predicted_target = predictable ? target_cost_.Predict(step.shape) : 0.0;
   if (std::isfinite(wall) && wall > 0) {
     measured_seconds_ += wall;
     // Exploration is bounded by what it measurably cost: a probe whose catch-up took longer
@@ -1338,12 +1342,11 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
       if (measured_extra > pending_exploration_.charged_seconds) {
         explored_seconds_ += measured_extra - pending_exploration_.charged_seconds;
       }
-    } else if (after_exploration_ && step.shape.tokens > 0 && target_cost_.ready() &&
-               std::isfinite(step.target_seconds)) {
+    } else if (after_exploration_ && predictable && std::isfinite(step.target_seconds)) {
       // So is the step after it: the drafter's call evicted the target's weights from the
       // caches (SpecFormer at batch 4 on the CPU: the three decode steps after a drafted one
       // took 68, 39 and 20 us longer than the steady 582 us; after a catch-up 1.4x, below).
-      explored_seconds_ += std::max(0.0, step.target_seconds - target_cost_.Predict(step.shape));
+      explored_seconds_ += std::max(0.0, step.target_seconds - predicted_target);
     }
   }
   after_exploration_ = explored;
@@ -1362,12 +1365,10 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   const bool caught_up = caught_up_tokens > 0;
   double target_seconds = step.target_seconds;
   double catch_up_excess = 0;
-  if ((caught_up || after_catch_up_) && step.shape.tokens > 0 && target_cost_.ready()) {
-    const double predicted = target_cost_.Predict(step.shape);
-    if (predicted > 0 && target_seconds > predicted) {
-      if (caught_up) catch_up_excess = target_seconds - predicted;
-      target_seconds = predicted;
-    }
+  if ((caught_up || after_catch_up_) && predictable && predicted_target > 0 &&
+      target_seconds > predicted_target) {
+    if (caught_up) catch_up_excess = target_seconds - predicted_target;
+    target_seconds = predicted_target;
   }
   // What the step took beyond the models' prediction for it, if drafters ran (their calls aside),
   // before the models learn from it. Catch-up steps book their excess to the calls (above).
@@ -1377,18 +1378,16 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   // pending_excess_).
   if (pending_excess_.waiting) {
     double after = 0;
-    if (draft_rows == 0 && !caught_up && step.shape.tokens > 0 && target_cost_.ready() &&
-        std::isfinite(step.target_seconds)) {
-      const double predicted = target_cost_.Predict(step.shape);
-      after = WithoutOutlier(step.target_seconds, predicted) - predicted;
-      target_seconds = predicted;  // not a steady step's time
+    if (draft_rows == 0 && !caught_up && predictable && std::isfinite(step.target_seconds)) {
+      after = WithoutOutlier(step.target_seconds, predicted_target) - predicted_target;
+      target_seconds = predicted_target;  // not a steady step's time
     }
     drafted_excess_.Add({1.0, pending_excess_.rows}, pending_excess_.excess + after);
     pending_excess_ = {};
   }
-  if (draft_rows > 0 && !caught_up && !after_catch_up_ && step.shape.tokens > 0 &&
-      target_cost_.ready() && other_seen_ && std::isfinite(step.other_seconds)) {
-    const double predicted = target_cost_.Predict(step.shape) + other_seconds_;
+  if (draft_rows > 0 && !caught_up && !after_catch_up_ && predictable && other_seen_ &&
+      std::isfinite(step.other_seconds)) {
+    const double predicted = predicted_target + other_seconds_;
     const double measured =
         WithoutOutlier(step.target_seconds + std::max(0.0, step.other_seconds),
                        predicted + DraftedStepExcess(static_cast<double>(draft_rows)));
