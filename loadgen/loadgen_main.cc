@@ -656,6 +656,18 @@ Status Run(const Flags& f, const std::map<std::string, std::string>& metadata) {
       row["output_throughput_median"] = med;
       row["output_throughput_min"] = *std::min_element(tps.begin(), tps.end());
       row["output_throughput_repeats"] = tps;
+      // Every repeat's latencies too, so that a comparison can pair repeats instead of trusting
+      // the one repeat that stands for them (on a shared machine they swing 10-20% apiece).
+      for (const char* key : {"mean_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
+                              "p99_itl_ms", "mean_token_itl_ms", "p99_token_itl_ms"}) {
+        std::vector<double> values;
+        for (const auto& r : s.runs) {
+          if (r.contains(key)) values.push_back(r[key].get<double>());
+        }
+        if (values.size() != s.runs.size()) continue;
+        row[StrCat(key, "_repeats")] = values;
+        row[StrCat(key, "_median")] = Median(values);
+      }
       if (has_none) row["speedup_vs_none"] = vs_none;
       row["ratio_vs_first_target"] = vs_first;
       results.push_back(row);

@@ -190,6 +190,13 @@ TEST_F(LoadgenServeTest, WritesVllmResultsSummaryAndTable) {
   for (const auto& row : summary["results"]) {
     EXPECT_TRUE(row.contains("speedup_vs_none"));
     EXPECT_TRUE(row.contains("output_throughput_median"));
+    // Each repeat's latencies, to pair repeats; one repeat here, so its median is itself.
+    for (const char* key : {"mean_tpot_ms", "p99_tpot_ms", "p99_itl_ms"}) {
+      ASSERT_TRUE(row.contains(std::string(key) + "_repeats")) << key;
+      ASSERT_EQ(row[std::string(key) + "_repeats"].size(), 1u) << key;
+      EXPECT_DOUBLE_EQ(row[std::string(key) + "_median"].get<double>(), row[key].get<double>());
+    }
+    EXPECT_FALSE(row.contains("p50_itl_ms_repeats"));  // only the listed metrics
     EXPECT_FALSE(row.contains("itls"));  // per-request lists only in the result files
   }
 }
