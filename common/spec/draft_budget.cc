@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <queue>
 #include <tuple>
@@ -27,6 +28,8 @@ void ForgettingLeastSquares::Reset(std::vector<double> prior) {
   b_.resize(n_);
   for (size_t i = 0; i < n_; ++i) b_[i] = prior_weight_ * prior_[i];
   theta_ = prior_;
+  l_.resize(n_ * n_);
+  z_.resize(n_);
   solved_ = true;
   samples_ = 0;
 }
@@ -45,8 +48,9 @@ void ForgettingLeastSquares::Add(const std::vector<double>& x, double y) {
 void ForgettingLeastSquares::Solve() const {
   if (solved_) return;
   solved_ = true;
-  // Cholesky of the (symmetric positive definite: prior_weight > 0) normal matrix.
-  std::vector<double> l(n_ * n_, 0.0);
+  // Cholesky of the (symmetric positive definite: prior_weight > 0) normal matrix. Only the
+  // lower triangle of l is read, each entry after it is written.
+  std::vector<double>& l = l_;
   for (size_t j = 0; j < n_; ++j) {
     double d = a_[j * n_ + j];
     for (size_t k = 0; k < j; ++k) d -= l[j * n_ + k] * l[j * n_ + k];
@@ -59,7 +63,7 @@ void ForgettingLeastSquares::Solve() const {
       l[i * n_ + j] = s / ljj;
     }
   }
-  std::vector<double> z(n_);
+  std::vector<double>& z = z_;
   for (size_t i = 0; i < n_; ++i) {
     double s = b_[i];
     for (size_t k = 0; k < i; ++k) s -= l[i * n_ + k] * z[k];
@@ -104,8 +108,11 @@ constexpr int64_t kAnchorEvery = 32;
 }  // namespace
 
 const std::vector<int64_t>& StepCostModel::Knots() {
-  static const std::vector<int64_t> knots = {1,   2,   4,   8,    16,   32,  64,
-                                             128, 256, 512, 1024, 2048, 4096};
+  static const std::vector<int64_t> knots = [] {
+    std::vector<int64_t> k = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096};
+    if (k.size() != kKnotCount) std::abort();  // kKnotCount sizes the knots' scratch arrays
+    return k;
+  }();
   return knots;
 }
 
@@ -170,11 +177,8 @@ void StepCostModel::Observe(const StepShape& shape, double seconds) {
   // kOutlierFactor times the prediction. One such step on a rarely visited knot priced drafts at
   // 2-3x their cost until the run ended; a real shift in cost still moves the fit, by up to that
   // factor a step. Not during the first steps, while the prediction is still the first guess.
-  if (observed_ >= kAnchorEvery) {
-    // The bound needs no fresher fit than a few steps old.
-    if (observed_ - knots_observed_ >= kOutlierRefreshEvery) RefreshKnots();
-    seconds = WithoutOutlier(seconds, PredictWith(KnotPartAsRefreshed(shape.tokens), shape));
-  }
+  // The bound needs no fresher fit than a few steps old.
+  if (observed_ >= kAnchorEvery) seconds = WithoutOutlier(seconds, PredictRecent(shape));
   const std::vector<double> x = Features(shape);
   fit_.Add(x, seconds);
   bool went_stale = false;
@@ -232,7 +236,8 @@ bool StepCostModel::Fresh(size_t knot) const { return recent_visits_[knot] >= kF
 
 void StepCostModel::ClampStale(std::span<double> knots) const {
   const std::vector<int64_t>& k = Knots();
-  const std::vector<double> fitted(knots.begin(), knots.end());  // bounds from the fit's values
+  std::array<double, kKnotCount> fitted;  // bounds from the fit's values
+  std::copy(knots.begin(), knots.end(), fitted.begin());
   for (size_t i = 0; i < k.size(); ++i) {
     if (Fresh(i)) continue;
     const double t = static_cast<double>(k[i]);
@@ -255,7 +260,8 @@ void StepCostModel::ClampStale(std::span<double> knots) const {
 void StepCostModel::RelaxStale(std::span<double> knots) const {
   if (warm_started_) return;
   const std::vector<int64_t>& k = Knots();
-  const std::vector<double> held(knots.begin(), knots.end());
+  std::array<double, kKnotCount> held;
+  std::copy(knots.begin(), knots.end(), held.begin());
   for (size_t i = 0; i < k.size(); ++i) {
     if (Fresh(i) || visits_[i] <= 0) continue;
     // The least the fresh knots allow: the fresh knot below, or its share of the one above.
@@ -294,6 +300,16 @@ double StepCostModel::Predict(const StepShape& shape) const {
   // Features() . knots without building the vector: the policy predicts hundreds of shapes per
   // plan.
   return PredictWith(KnotPart(shape.tokens), shape);
+}
+
+double StepCostModel::PredictRecent(const StepShape& shape) const {
+  if (shape.tokens <= 0 || !ready()) return 0;
+  // While the fit is young (its first kAnchorEvery steps) every step moves it: fresh knots.
+  if (knots_observed_ < 0 || observed_ < kAnchorEvery ||
+      observed_ - knots_observed_ >= kOutlierRefreshEvery) {
+    EnsureKnots();
+  }
+  return PredictWith(KnotPartAsRefreshed(shape.tokens), shape);
 }
 
 double StepCostModel::KnotPart(int64_t tokens) const {
@@ -1332,7 +1348,7 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   // The step cost fit's prediction for this step's shape, before it learns from it: what the
   // steps around a drafter's call are measured against (the caches it evicted).
   const bool predictable = step.shape.tokens > 0 && target_cost_.ready();
-  const double predicted_target = predictable ? target_cost_.Predict(step.shape) : 0.0;
+  const double predicted_target = predictable ? target_cost_.PredictRecent(step.shape) : 0.0;
   if (std::isfinite(wall) && wall > 0) {
     measured_seconds_ += wall;
     // Exploration is bounded by what it measurably cost: a probe whose catch-up took longer

@@ -197,7 +197,7 @@ TEST_F(LoadgenServeTest, WritesVllmResultsSummaryAndTable) {
       EXPECT_DOUBLE_EQ(row[std::string(key) + "_median"].get<double>(), row[key].get<double>());
     }
     EXPECT_FALSE(row.contains("p50_itl_ms_repeats"));  // only the listed metrics
-    EXPECT_FALSE(row.contains("itls"));  // per-request lists only in the result files
+    EXPECT_FALSE(row.contains("itls"));                // per-request lists only in the result files
   }
 }
 
