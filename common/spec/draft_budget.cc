@@ -756,6 +756,10 @@ std::pair<double, double> DraftBudgetPolicy::Evaluate(
   return {seconds, tokens};
 }
 
+double DraftBudgetPolicy::NoDraftSeconds(const StepBase& base) const {
+  return TargetSeconds(base.shape, 0) + other_seconds_;  // Evaluate's with every budget 0
+}
+
 double DraftBudgetPolicy::ChunkSeconds(const StepBase& base) const {
   return target_cost_.Predict(base.shape) - target_cost_.Predict(WithoutChunks(base).shape);
 }
@@ -1004,16 +1008,36 @@ int32_t DraftBudgetPolicy::ProbeWait(const std::string& drafter) const {
 }
 
 bool DraftBudgetPolicy::ReuseQuietPlan(const StepBase& base,
-                                       const std::vector<BudgetCandidate>& candidates) {
-  if (quiet_.reusable <= 0 || base.chunks.tokens > 0 || base.max_nodes == 0 ||
-      base.decoding != quiet_.decoding || candidates.size() != quiet_.candidates.size()) {
-    return false;
+                                       const std::vector<BudgetCandidate>& candidates,
+                                       BudgetDecision* decision) {
+  if (quiet_.reusable <= 0 || base.max_nodes == 0 || candidates.empty()) return false;
+  // Its rows are the decodes' pending tokens and its prompt chunks, nothing else.
+  if (base.shape.tokens - base.chunks.tokens != base.decoding) return false;
+  bool members = candidates.size() == quiet_.candidates.size();
+  for (size_t i = 0; members && i < candidates.size(); ++i) {
+    members = candidates[i].id == quiet_.candidates[i].first &&
+              candidates[i].drafter == quiet_.candidates[i].second;
   }
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    if (candidates[i].id != quiet_.candidates[i].first || candidates[i].max_nodes <= 0 ||
-        candidates[i].drafter != quiet_.candidates[i].second) {
-      return false;
+  // The planned batch, decode-only: the plan as made (its predictions are the step's too).
+  const bool same =
+      members && quiet_.planned && base.chunks.tokens == 0 && base.decoding == quiet_.decoding;
+  if (!members) {
+    // Otherwise a batch within 1/8 of the planned one whose sequences all draft with the plan's
+    // drafters: KeepIfQuiet checked that none of them pays even at its drafter's average
+    // acceptance, which is where a new sequence starts. At batch 64 on the CPU a request joined
+    // or left nearly every step, so without this 87% of plans were full ones, ~70 us each.
+    if (std::abs(base.decoding - quiet_.decoding) > quiet_.decoding / 8) return false;
+    for (const BudgetCandidate& c : candidates) {
+      const bool known = std::any_of(quiet_.candidates.begin(), quiet_.candidates.end(),
+                                     [&](const auto& q) { return q.second == c.drafter; });
+      if (!known || trial_left_.count(c.id) > 0) return false;
     }
+  }
+  // A step with prompt chunks prices draft rows at least as high as the decodes alone (the step
+  // cost is convex in rows; the chunks are not the decodes' to earn back): 41% of steps at
+  // batch 64.
+  for (const BudgetCandidate& c : candidates) {
+    if (c.max_nodes <= 0) return false;
   }
   // A probe that waited for the share goes ahead as soon as the share allows it: planned in full
   // from a little before (its cost moves with the models), as then it may fit.
@@ -1021,14 +1045,89 @@ bool DraftBudgetPolicy::ReuseQuietPlan(const StepBase& base,
                                        options_.exploration_share * measured_seconds_) {
     return false;
   }
+  if (!members) {
+    // The batch changed: the reuses so far are credited to the sequences they planned, and the
+    // next ones to this batch, whose probes come due when full plans would have them.
+    CreditQuietPlans();
+    quiet_.candidates.clear();
+    for (const BudgetCandidate& c : candidates) quiet_.candidates.emplace_back(c.id, c.drafter);
+    quiet_.planned = false;
+    quiet_.due_in = static_cast<int32_t>(std::max<int64_t>(PlansBeforeExploration(candidates), 0));
+  }
+  // A probe or the extra node due from this plan on: planned in full once the share has room.
+  if (quiet_.due_in <= 0 && !ExplorationShareUsedUp()) return false;
   --quiet_.reusable;
+  --quiet_.due_in;
   ++quiet_.reused;
   ++plans_;
   ++quiet_plans_;
+  // A full plan here would draw the extra node's sequence (and find no room for it): the same
+  // draw keeps later plans' choices those of full plans.
+  if (options_.explore_every > 0 && plans_ % static_cast<uint64_t>(options_.explore_every) == 0) {
+    SplitMix(rng_);
+  }
+  *decision = same ? quiet_.decision : ZeroDecision(base, candidates.size());
   return true;
 }
 
+BudgetDecision DraftBudgetPolicy::ZeroDecision(const StepBase& base, size_t n) const {
+  BudgetDecision d;
+  d.budgets.assign(n, 0);
+  d.depth_reach.assign(n, 0.0);
+  d.no_draft_seconds = NoDraftSeconds(base);
+  d.no_draft_tokens = static_cast<double>(base.decoding);
+  d.predicted_seconds = d.no_draft_seconds;
+  d.predicted_tokens = d.no_draft_tokens;
+  d.min_reach =
+      MinReach(base.shape, 0, TokensPerSecondPrice(base, d.predicted_seconds, d.predicted_tokens));
+  return d;
+}
+
+BudgetDecision DraftBudgetPolicy::PlanWithoutRoom(const StepBase& base,
+                                                  const std::vector<BudgetCandidate>& candidates) {
+  // What a full plan does when the step has no room (see Plan): no sequence drafts, probes or
+  // counts the plan as idle, and each relaxes; a quiet plan goes on past it (it is one plan
+  // nearer the extra node). At batch 64 on the CPU 41% of steps were full of prompt chunks, each
+  // a ~70 us full plan.
+  ++plans_;
+  pending_exploration_ = {};
+  if (quiet_.reusable > 0) --quiet_.due_in;
+  for (const BudgetCandidate& c : candidates) {
+    drafted_last_plan_.erase(c.id);
+    if (options_.idle_relaxation > 0 && c.max_nodes > 0) {
+      acceptance_.Relax(c.drafter, c.id, options_.idle_relaxation);
+    }
+  }
+  return ZeroDecision(base, candidates.size());
+}
+
+int64_t DraftBudgetPolicy::PlansBeforeExploration(
+    const std::vector<BudgetCandidate>& candidates) const {
+  int64_t due = std::numeric_limits<int32_t>::max();
+  if (options_.probe_after > 0) {
+    for (const BudgetCandidate& c : candidates) {
+      auto idle = idle_plans_.find(c.id);
+      const int64_t idle_plans = idle == idle_plans_.end() ? 0 : idle->second;
+      due = std::min(due, ProbeWait(c.drafter) - idle_plans - 1);
+    }
+  }
+  if (options_.explore_every > 0) {
+    const auto every = static_cast<uint64_t>(options_.explore_every);
+    due = std::min(due, static_cast<int64_t>(every - plans_ % every) - 1);
+  }
+  return due;
+}
+
+bool DraftBudgetPolicy::ExplorationShareUsedUp() const {
+  return explored_seconds_ >= options_.exploration_share * measured_seconds_;
+}
+
 void DraftBudgetPolicy::EndQuietPlans() {
+  CreditQuietPlans();
+  quiet_ = {};
+}
+
+void DraftBudgetPolicy::CreditQuietPlans() {
   // What each reusing plan would have done for a sequence at 0 (see Plan): one more idle plan,
   // one more relaxation. A sequence that left meanwhile has no state to update.
   for (const auto& [id, drafter] : quiet_.candidates) {
@@ -1045,19 +1144,24 @@ void DraftBudgetPolicy::EndQuietPlans() {
       acceptance_.Relax(drafter, id, 1 - std::pow(1 - w, quiet_.reused));
     }
   }
-  quiet_ = {};
+  quiet_.reused = 0;
 }
 
 void DraftBudgetPolicy::KeepIfQuiet(const StepBase& base,
                                     const std::vector<BudgetCandidate>& candidates,
                                     const BudgetDecision& decision, double waiting_extra) {
   if (options_.quiet_replan_every <= 1 || candidates.empty() || !target_cost_.ready() ||
-      base.chunks.tokens > 0 || base.max_nodes == 0) {
+      base.max_nodes == 0) {
     return;
   }
   for (int32_t b : decision.budgets) {
     if (b != 0) return;
   }
+  // A step with prompt chunks stands for the decode-only steps after it only if those leave
+  // every sequence at 0 too (its chunks price draft rows higher). 41% of steps at batch 64.
+  const StepBase decodes = base.chunks.tokens > 0 ? WithoutChunks(base) : base;
+  const double decodes_seconds =
+      base.chunks.tokens > 0 ? NoDraftSeconds(decodes) : decision.no_draft_seconds;
   // Not while the models are young: a step cost fit of a few steps, or a drafter probed outside
   // the share until its cost fit holds young_drafter_calls calls, can change the plan any step.
   if (target_cost_.observed() < kQuietAfterSteps) return;
@@ -1068,7 +1172,8 @@ void DraftBudgetPolicy::KeepIfQuiet(const StepBase& base,
       return;
     }
   }
-  int64_t reusable = options_.quiet_replan_every - 1;
+  const int64_t reusable = options_.quiet_replan_every - 1;
+  int64_t due = reusable;  // plans before a probe or the extra node comes due
   bool probe_due = false;  // a sequence's probe is due (it waits for the share)
   for (const BudgetCandidate& c : candidates) {
     if (trial_left_.count(c.id) > 0) return;
@@ -1081,7 +1186,7 @@ void DraftBudgetPolicy::KeepIfQuiet(const StepBase& base,
       probe_due = true;
       continue;
     }
-    reusable = std::min(reusable, wait - idle_plans - 1);  // the plans before its probe
+    due = std::min(due, wait - idle_plans - 1);  // the plans before its probe
   }
   if (options_.explore_every > 0) {  // the next plan that explores is a full one
     const auto every = static_cast<uint64_t>(options_.explore_every);
@@ -1091,15 +1196,23 @@ void DraftBudgetPolicy::KeepIfQuiet(const StepBase& base,
       if (probe_due) return;
       waiting_extra = -1;
     }
-    reusable = std::min(reusable, static_cast<int64_t>(every - plans_ % every) - 1);
+    due = std::min(due, static_cast<int64_t>(every - plans_ % every) - 1);
   }
-  if (reusable <= 0) return;
+  // Past that plan the quiet plan is reused only while the share has no room for any exploration
+  // (what comes due would wait, as in a full plan): at batch 64 some sequence's probe came due
+  // every few plans, and full plans (~70 us there) were three in four.
+  if (reusable <= 0 || (due <= 0 && !ExplorationShareUsedUp())) return;
   // Each reused plan relaxes the sequences' acceptance toward their drafters' averages
   // (idle_relaxation): reused only if the plan leaves them at 0 on the way there too, valued at
   // the better of each sequence's expected draft and its drafter's average (expected tokens grow
   // with acceptance).
+  std::vector<AcceptanceModel::Tables> upper = ExpectedDrafts(candidates);
+  if (base.chunks.tokens > 0) {
+    for (int32_t b : Allocate(decodes, candidates, upper, StepLimit(decodes_seconds))) {
+      if (b != 0) return;
+    }
+  }
   if (options_.idle_relaxation > 0) {
-    std::vector<AcceptanceModel::Tables> upper = ExpectedDrafts(candidates);
     bool better = false;
     for (size_t i = 0; i < candidates.size(); ++i) {
       const AcceptanceModel::Tables average =
@@ -1115,7 +1228,7 @@ void DraftBudgetPolicy::KeepIfQuiet(const StepBase& base,
       }
     }
     if (better) {
-      for (int32_t b : Allocate(base, candidates, upper, StepLimit(decision.no_draft_seconds))) {
+      for (int32_t b : Allocate(decodes, candidates, upper, StepLimit(decodes_seconds))) {
         if (b != 0) return;
       }
     }
@@ -1124,13 +1237,17 @@ void DraftBudgetPolicy::KeepIfQuiet(const StepBase& base,
   for (const BudgetCandidate& c : candidates) quiet_.candidates.emplace_back(c.id, c.drafter);
   quiet_.decoding = base.decoding;
   quiet_.reusable = static_cast<int32_t>(reusable);
+  quiet_.due_in = static_cast<int32_t>(std::max<int64_t>(due, 0));
+  quiet_.planned = base.chunks.tokens == 0;  // else its predictions are the chunk step's
   quiet_.waiting_extra = waiting_extra;
   quiet_.decision = decision;
 }
 
 BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
                                        const std::vector<BudgetCandidate>& candidates) {
-  if (ReuseQuietPlan(base, candidates)) return quiet_.decision;
+  if (base.max_nodes == 0) return PlanWithoutRoom(base, candidates);
+  BudgetDecision reused;
+  if (ReuseQuietPlan(base, candidates, &reused)) return reused;
   EndQuietPlans();
   ++plans_;
   const size_t n = candidates.size();

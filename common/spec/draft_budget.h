@@ -83,11 +83,14 @@
 // resumes after a dip without waiting for one.
 //
 // Quiet plans: a plan that leaves every sequence at 0 with nothing to explore is reused by the
-// next plans of the same decode-only batch (up to `quiet_replan_every` - 1 of them) until a probe,
-// an extra node or a share that now allows a waiting probe is due; their idle counts and
-// relaxation are applied before the next full plan, so probes come when they would. Between full
-// plans only the models' drift (the target's cost, the relaxation) could start a draft, at most
-// that many plans late. Where no drafter pays (learned drafters at batch 1 and 4 on the CPU)
+// next plans (up to `quiet_replan_every` - 1 of them) until a probe, an extra node or a share that
+// now allows a waiting probe is due; their idle counts and relaxation are applied before the next
+// full plan, so probes come when they would. A reusing batch may differ from the planned one by
+// up to 1/8 of its sequences, all of the plan's drafters (none of which paid even at its
+// drafter's average acceptance, where a joining sequence starts), and may carry prompt chunks
+// (they make draft rows no cheaper); its predictions are its own step's. Between full plans only
+// the models' drift (the target's cost, the relaxation) could start a draft, at most that many
+// plans late. Where no drafter pays (learned drafters at batch 1 and 4 on the CPU)
 // planning every step took 1.7% (batch 1) and 5.2% (batch 4) of the engine thread (perf; ~8 us
 // of a 0.46 ms step at batch 1, most of it cache misses after the forward); with quiet plans
 // 0.6% and 1.6%.
@@ -577,6 +580,8 @@ class DraftBudgetPolicy {
     }
   };
   DraftRowFloor RowFloor(const StepBase& base) const;
+  // The step's predicted seconds with no drafts (Evaluate's with every budget 0).
+  double NoDraftSeconds(const StepBase& base) const;
   // The margin a node must clear this step: DraftBudgetOptions::node_margin from
   // margin_full_batch decoding sequences on, less below, none with one.
   double Margin(const StepBase& base) const;
@@ -640,6 +645,10 @@ class DraftBudgetPolicy {
     int32_t decoding = 0;
     int32_t reusable = 0;  // plans that may still reuse it
     int32_t reused = 0;    // plans that did (their idle counts and relaxation not applied yet)
+    // Reuses left before a probe or the extra node comes due; past them only while
+    // ExplorationShareUsedUp().
+    int32_t due_in = 0;
+    bool planned = false;  // `candidates` is the batch `decision` was planned for
     // >= 0: the predicted extra seconds of an exploration that was due but did not fit the
     // share; reused only while it still does not.
     double waiting_extra = -1;
@@ -653,8 +662,22 @@ class DraftBudgetPolicy {
   static constexpr int64_t kDrafterAverage = std::numeric_limits<int64_t>::min();
   // Steps the step cost fit must have observed before a quiet plan is reused.
   static constexpr int64_t kQuietAfterSteps = 64;
-  // Whether this plan reuses quiet_ (and counts it); false ends the quiet stretch.
-  bool ReuseQuietPlan(const StepBase& base, const std::vector<BudgetCandidate>& candidates);
+  // Whether this plan reuses quiet_ (and counts it), with its decision for `candidates` (every
+  // budget 0); false ends the quiet stretch.
+  bool ReuseQuietPlan(const StepBase& base, const std::vector<BudgetCandidate>& candidates,
+                      BudgetDecision* decision);
+  // Every one of n sequences at 0, with the step's own predictions (Evaluate's with no drafts).
+  BudgetDecision ZeroDecision(const StepBase& base, size_t n) const;
+  // The plan of a step whose token budget has no room for drafts (base.max_nodes == 0).
+  BudgetDecision PlanWithoutRoom(const StepBase& base,
+                                 const std::vector<BudgetCandidate>& candidates);
+  // Whether exploration_share has no room left for any exploration (what comes due waits).
+  bool ExplorationShareUsedUp() const;
+  // Plans that may go by before a probe of `candidates` or the extra node comes due (<= 0: the
+  // next one).
+  int64_t PlansBeforeExploration(const std::vector<BudgetCandidate>& candidates) const;
+  // Applies what the reusing plans left pending to quiet_.candidates (reused back to 0).
+  void CreditQuietPlans();
   // Applies what the reusing plans left pending and forgets quiet_.
   void EndQuietPlans();
   // After a full plan: makes it reusable if it was quiet.

@@ -691,6 +691,26 @@ TEST(DraftBudgetPolicyTest, APromptChunkDoesNotMakeDraftsLookCheap) {
   EXPECT_GT(nodes, 0) << "the test's numbers no longer show the difference";
 }
 
+// A step with a prompt chunk that leaves every sequence at 0 is reused by the decode-only steps
+// after it only if they would draft nothing either: here draft rows are free below the knee
+// without the chunk, and the steps after it draft.
+TEST(DraftBudgetPolicyTest, AQuietChunkStepIsNotReusedWhereTheDecodesAloneWouldDraft) {
+  std::mt19937 rng(12);
+  DraftBudgetOptions options = NoExploration();
+  options.idle_relaxation = 0;  // the averages' check aside: the chunk step's own
+  DraftBudgetPolicy policy(options);
+  const Curve curve{.base = 1e-3, .knee = 16, .per_token = 1e-4};
+  Train(policy, curve, 400, rng, 0.0);
+  for (int64_t id = 1; id <= 4; ++id) TrainAcceptance(policy, "d", id, 0.3, 80, rng);
+  TrainDrafter(policy, "d", 1e-5, 1e-6);
+  const auto c = Candidates(4, "d", 4, 100);
+  for (int32_t b : policy.Plan(WithChunk(Decoding(4, 100), 256), c).budgets) EXPECT_EQ(b, 0);
+  int32_t nodes = 0;
+  for (int32_t b : policy.Plan(Decoding(4, 100), c).budgets) nodes += b;
+  EXPECT_GT(nodes, 0);
+  EXPECT_EQ(policy.quiet_plans(), 0u);
+}
+
 TEST(DraftBudgetPolicyTest, RespectsEveryCap) {
   std::mt19937 rng(6);
   DraftBudgetPolicy policy(
@@ -940,6 +960,72 @@ TEST(DraftBudgetPolicyTest, QuietPlansKeepEveryDecision) {
   EXPECT_GT(quiet[1], 600u);
 }
 
+// At a large batch some sequence's probe comes due every few plans; while the exploration share
+// has no room those probes wait in a full plan too, so a quiet plan is reused past them, and every
+// decision is still the one a full plan makes (the probes and extra nodes come on the same plans,
+// to the same sequences).
+TEST(DraftBudgetPolicyTest, QuietPlansGoPastDueProbesWhileTheShareHasNoRoom) {
+  std::vector<std::vector<int32_t>> budgets[2];
+  uint64_t quiet[2];
+  for (int run = 0; run < 2; ++run) {
+    std::mt19937 rng(23);
+    DraftBudgetOptions options;
+    options.probe_after = 8;
+    options.max_probe_backoff = 2;
+    options.quiet_replan_every = run == 0 ? 1 : DraftBudgetOptions{}.quiet_replan_every;
+    DraftBudgetPolicy policy(options);
+    const Curve curve{.base = 2e-3, .knee = 16, .per_token = 1e-4};
+    Train(policy, curve, 300, rng, 0.0);
+    TrainDrafter(policy, "slow", 2e-3, 1e-5);
+    for (int64_t id = 1; id <= 32; ++id) TrainAcceptance(policy, "slow", id, 0.1, 20, rng);
+    std::vector<BudgetCandidate> c = Candidates(32, "slow", 8, 50);
+    int64_t next_id = 33;
+    for (int step = 0; step < 1500; ++step) {
+      if (step % 4 == 3) {  // a request ends and the next one takes its place: probes stagger
+        policy.Forget(c.front().id);
+        c.erase(c.begin());
+        c.push_back({.id = next_id++, .drafter = "slow", .max_nodes = 8, .context = 50});
+      }
+      const StepBase base = Decoding(32, 50);
+      const BudgetDecision d = policy.Plan(base, c);
+      budgets[run].push_back(d.budgets);
+      StepMeasurement m{.shape = base.shape};
+      int32_t drafting = 0;
+      for (size_t i = 0; i < c.size(); ++i) {
+        m.shape.tokens += d.budgets[i];
+        if (d.budgets[i] > 0) ++drafting;
+        m.sequences.push_back({.id = c[i].id,
+                               .drafter = "slow",
+                               .nodes = d.budgets[i],
+                               .depth = d.budgets[i],
+                               .accepted = 0,
+                               .asked = d.budgets[i]});
+      }
+      m.target_seconds = curve(m.shape);
+      if (drafting > 0) {
+        m.drafter_calls = {{.drafter = "slow",
+                            .sequences = drafting,
+                            .nodes = m.shape.tokens - base.shape.tokens,
+                            .max_depth = 2,
+                            .observed_tokens = drafting,
+                            .seconds = 2e-3}};
+      }
+      policy.Observe(m);
+    }
+    quiet[run] = policy.quiet_plans();
+  }
+  int probes = 0;
+  for (const auto& b : budgets[1])
+    probes += std::count_if(b.begin(), b.end(), [](int32_t x) { return x > 0; });
+  EXPECT_GT(probes, 5) << "the drafter must still be probed";
+  ASSERT_EQ(budgets[0].size(), budgets[1].size());
+  for (size_t i = 0; i < budgets[0].size(); ++i) {
+    ASSERT_EQ(budgets[0][i], budgets[1][i]) << "plan " << i;
+  }
+  EXPECT_EQ(quiet[0], 0u);
+  EXPECT_GT(quiet[1], 1000u);
+}
+
 // A sequence left at 0 by a dip in its acceptance, whose drafter pays on average, resumes on the
 // plan where relaxation brings it back when every plan is made in full: quiet plans are not
 // reused while relaxation could start a draft.
@@ -964,8 +1050,8 @@ TEST(DraftBudgetPolicyTest, ARelaxingSequenceResumesWhenItWouldWithoutQuietPlans
   EXPECT_EQ(resumed[1], resumed[0]);
 }
 
-// A quiet plan is reused only by the same batch: a sequence whose drafter pays, joining it, drafts
-// at once.
+// A quiet plan is reused only by a batch of its drafters: a sequence whose drafter pays, joining
+// it, drafts at once.
 TEST(DraftBudgetPolicyTest, ASequenceJoiningAQuietBatchDraftsAtOnce) {
   std::mt19937 rng(22);
   DraftBudgetPolicy policy(NoExploration());
@@ -984,6 +1070,82 @@ TEST(DraftBudgetPolicyTest, ASequenceJoiningAQuietBatchDraftsAtOnce) {
   EXPECT_EQ(d.budgets[0], 0);
   EXPECT_GT(d.budgets[1], 0);
   EXPECT_EQ(policy.quiet_plans(), 2u);
+}
+
+// A quiet plan carries over a batch that changes by a sequence now and then (one leaves, another
+// of the same drafter joins, 64 -> 63 -> 64) and over steps with a prompt chunk, as at batch 64
+// served; each such plan is what a full plan would have been: the same budgets (0) and the same
+// predictions for its own step.
+TEST(DraftBudgetPolicyTest, AQuietPlanCarriesOverChurnAndPromptChunksAsAFullPlanWould) {
+  std::vector<BudgetDecision> decisions[2];
+  uint64_t quiet[2];
+  for (int run = 0; run < 2; ++run) {
+    std::mt19937 rng(31);
+    DraftBudgetOptions options = NoExploration();
+    options.quiet_replan_every = run == 0 ? 1 : DraftBudgetOptions{}.quiet_replan_every;
+    DraftBudgetPolicy policy(options);
+    const Curve curve{.base = 2e-3, .knee = 16, .per_token = 1e-4, .per_attention = 1e-8};
+    Train(policy, curve, 300, rng, 0.0);
+    TrainDrafter(policy, "slow", 2e-3, 1e-5);
+    for (int64_t id = 1; id <= 8; ++id) TrainAcceptance(policy, "slow", id, 0.1, 40, rng);
+    int64_t next_id = 1000;
+    std::vector<BudgetCandidate> batch = Candidates(64, "slow", 8, 100);
+    for (int step = 0; step < 200; ++step) {
+      if (step % 5 == 4) {  // one request finishes; the next one joins a step later
+        policy.Forget(batch.front().id);
+        batch.erase(batch.begin());
+      } else if (batch.size() < 64) {
+        batch.push_back({.id = next_id++, .drafter = "slow", .max_nodes = 8, .context = 20});
+      }
+      const auto n = static_cast<int32_t>(batch.size());
+      StepBase base = Decoding(n, 100);
+      if (step % 3 == 1) base = WithChunk(base, 96);
+      const BudgetDecision d = policy.Plan(base, batch);
+      decisions[run].push_back(d);
+      policy.Observe({.shape = base.shape, .target_seconds = curve(base.shape)});
+      for (BudgetCandidate& c : batch) ++c.context;
+    }
+    quiet[run] = policy.quiet_plans();
+  }
+  EXPECT_EQ(quiet[0], 0u);
+  EXPECT_GT(quiet[1], 150u) << "most plans reuse a quiet one through the churn and the chunks";
+  for (size_t i = 0; i < decisions[0].size(); ++i) {
+    const BudgetDecision &full = decisions[0][i], &reused = decisions[1][i];
+    ASSERT_EQ(full.budgets, reused.budgets) << "plan " << i;
+    EXPECT_NEAR(reused.predicted_seconds, full.predicted_seconds, 1e-3 * full.predicted_seconds)
+        << "plan " << i;
+    EXPECT_NEAR(reused.no_draft_seconds, full.no_draft_seconds, 1e-3 * full.no_draft_seconds);
+    EXPECT_DOUBLE_EQ(reused.predicted_tokens, full.predicted_tokens);
+    EXPECT_NEAR(reused.min_reach, full.min_reach, 1e-3 * full.min_reach + 1e-12);
+    EXPECT_EQ(reused.depth_reach.size(), reused.budgets.size());
+  }
+}
+
+// A sequence of the quiet batch's drafter that joins it drafts at once where that drafter pays on
+// average (the one sequence at 0 had a dip): the batch was never quiet, as the joiner starts at
+// the average. And a batch that grows past 1/8 of the quiet one is planned in full.
+TEST(DraftBudgetPolicyTest, AQuietPlanIsNotReusedWhereAJoinerWouldDraftOrTheBatchGrew) {
+  std::mt19937 rng(33);
+  DraftBudgetPolicy policy(NoExploration());
+  Train(policy, Curve{.base = 1e-3, .knee = 16, .per_token = 1e-4}, 300, rng, 0.0);
+  TrainDrafter(policy, "lm", 2e-4, 1e-5);
+  TrainAcceptance(policy, "lm", 50, 0.8, 200, rng);  // the drafter's average: it pays
+  TrainAcceptance(policy, "lm", 1, 0.0, 30, rng);    // sequence 1's dip
+  EXPECT_EQ(policy.Plan(Decoding(1, 10), Candidates(1, "lm", 8, 10)).budgets[0], 0);
+  std::vector<BudgetCandidate> joined = Candidates(1, "lm", 8, 10);
+  joined[0].id = 2;  // sequence 1 left, 2 joined: it starts at the drafter's average
+  EXPECT_GT(policy.Plan(Decoding(1, 10), joined).budgets[0], 0);
+  EXPECT_EQ(policy.quiet_plans(), 0u);
+
+  DraftBudgetPolicy idle(NoExploration());
+  Train(idle, Curve{.base = 1e-3, .knee = 16, .per_token = 1e-4}, 300, rng, 0.0);
+  TrainDrafter(idle, "slow", 2e-3, 1e-5);
+  TrainAcceptance(idle, "slow", 1, 0.05, 40, rng);
+  idle.Plan(Decoding(16, 10), Candidates(16, "slow", 8, 10));
+  idle.Plan(Decoding(18, 10), Candidates(18, "slow", 8, 10));  // within 1/8: reused
+  EXPECT_EQ(idle.quiet_plans(), 1u);
+  idle.Plan(Decoding(19, 10), Candidates(19, "slow", 8, 10));  // past it: planned in full
+  EXPECT_EQ(idle.quiet_plans(), 1u);
 }
 
 // Plans and measures `steps` decode steps of 4 sequences of `drafter` at context 10: the target
