@@ -20,7 +20,7 @@ OUT="${1:-docs/bench-adaptive-serving-pyllama-6m-cpu}"
 MODEL=models/pyllama-6m
 BIN=build/bin
 LOGS="$(mktemp -d)"
-trap 'for p in "$LOGS"/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done; rm -rf "$LOGS"' EXIT
+trap 'for p in "$LOGS"/*.pid; do [ -f "$p" ] && { kill "$(cat "$p")" 2>/dev/null || true; }; done; rm -rf "$LOGS"' EXIT
 
 # shellcheck source=scripts/serve_lib.sh
 source scripts/serve_lib.sh

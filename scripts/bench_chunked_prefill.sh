@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 OUT="${1:-docs/bench-chunked-prefill.json}"
 MODEL=models/pyllama-6m
 LOGS="$(mktemp -d)"
-trap 'for p in "$LOGS"/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done; rm -rf "$LOGS"' EXIT
+trap 'for p in "$LOGS"/*.pid; do [ -f "$p" ] && { kill "$(cat "$p")" 2>/dev/null || true; }; done; rm -rf "$LOGS"' EXIT
 
 BIN=build/bin
 # shellcheck source=scripts/serve_lib.sh

@@ -15,7 +15,7 @@ BIN=build/bin
 DRAFTER="${DRAFTER:-ngram}"
 N="${PHASE_REQUESTS:-24}"
 LOGS="$(mktemp -d)"
-trap 'for p in "$LOGS"/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done; rm -rf "$LOGS"' EXIT
+trap 'for p in "$LOGS"/*.pid; do [ -f "$p" ] && { kill "$(cat "$p")" 2>/dev/null || true; }; done; rm -rf "$LOGS"' EXIT
 
 # shellcheck source=scripts/serve_lib.sh
 source scripts/serve_lib.sh

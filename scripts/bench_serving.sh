@@ -15,7 +15,7 @@ DRAFT=models/pyllama-draft-1m
 BIN=build/bin
 LOGS="$(mktemp -d)"
 # serve runs in a subshell (process substitution), so each server's pid goes to a file.
-trap 'for p in "$LOGS"/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done; rm -rf "$LOGS"' EXIT
+trap 'for p in "$LOGS"/*.pid; do [ -f "$p" ] && { kill "$(cat "$p")" 2>/dev/null || true; }; done; rm -rf "$LOGS"' EXIT
 
 # shellcheck source=scripts/serve_lib.sh
 source scripts/serve_lib.sh
