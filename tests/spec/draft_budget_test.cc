@@ -898,6 +898,47 @@ TEST(DraftBudgetPolicyTest, ProbesBackOffWhileTheDrafterDoesNotPay) {
   EXPECT_EQ(first, 5) << "the backoff was not reset by drafting";
 }
 
+// What a decode step of `base` with `decision`'s drafts measures when nothing is accepted: the
+// target as `curve`, and one call of `drafter` taking `call_seconds` if any sequence drafted.
+StepMeasurement RejectedStep(const StepBase& base, const std::vector<BudgetCandidate>& c,
+                             const BudgetDecision& decision, const Curve& curve,
+                             const std::string& drafter, double call_seconds) {
+  StepMeasurement m{.shape = base.shape};
+  int32_t drafting = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    m.shape.tokens += decision.budgets[i];
+    if (decision.budgets[i] > 0) ++drafting;
+    m.sequences.push_back({.id = c[i].id,
+                           .drafter = drafter,
+                           .nodes = decision.budgets[i],
+                           .depth = decision.budgets[i],
+                           .accepted = 0,
+                           .asked = decision.budgets[i]});
+  }
+  m.target_seconds = curve(m.shape);
+  if (drafting > 0) {
+    m.drafter_calls = {{.drafter = drafter,
+                        .sequences = drafting,
+                        .nodes = m.shape.tokens - base.shape.tokens,
+                        .max_depth = 2,
+                        .observed_tokens = drafting,
+                        .seconds = call_seconds}};
+  }
+  return m;
+}
+
+// Whether two runs' plans gave every sequence the same budgets, with probes among them.
+void ExpectSameBudgetsWithProbes(const std::vector<std::vector<int32_t>>& full,
+                                 const std::vector<std::vector<int32_t>>& quiet) {
+  int probes = 0;
+  for (const auto& b : quiet) {
+    probes += std::count_if(b.begin(), b.end(), [](int32_t x) { return x > 0; });
+  }
+  EXPECT_GT(probes, 5) << "the drafter must still be probed";
+  ASSERT_EQ(full.size(), quiet.size());
+  for (size_t i = 0; i < full.size(); ++i) ASSERT_EQ(full[i], quiet[i]) << "plan " << i;
+}
+
 // Quiet plans (DraftBudgetOptions::quiet_replan_every) change no decision: a drafter that never
 // pays is probed on the same plans with the same nodes (its backoff, the extra node every 16th
 // plan, probes that wait for the exploration share, a sequence leaving), and most plans reuse a
@@ -923,39 +964,11 @@ TEST(DraftBudgetPolicyTest, QuietPlansKeepEveryDecision) {
       const auto c = Candidates(n, "slow", 8, 10 + step);
       const BudgetDecision d = policy.Plan(base, c);
       budgets[run].push_back(d.budgets);
-      StepMeasurement m{.shape = base.shape};
-      int32_t drafting = 0;
-      for (size_t i = 0; i < c.size(); ++i) {
-        m.shape.tokens += d.budgets[i];
-        if (d.budgets[i] > 0) ++drafting;
-        m.sequences.push_back({.id = c[i].id,
-                               .drafter = "slow",
-                               .nodes = d.budgets[i],
-                               .depth = d.budgets[i],
-                               .accepted = 0,
-                               .asked = d.budgets[i]});
-      }
-      m.target_seconds = curve(m.shape);
-      if (drafting > 0) {
-        m.drafter_calls = {{.drafter = "slow",
-                            .sequences = drafting,
-                            .nodes = m.shape.tokens - n,
-                            .max_depth = 2,
-                            .observed_tokens = drafting,
-                            .seconds = 5e-4}};
-      }
-      policy.Observe(m);
+      policy.Observe(RejectedStep(base, c, d, curve, "slow", 5e-4));
     }
     quiet[run] = policy.quiet_plans();
   }
-  int probes = 0;
-  for (const auto& b : budgets[1])
-    probes += std::count_if(b.begin(), b.end(), [](int32_t x) { return x > 0; });
-  EXPECT_GT(probes, 5) << "the drafter must still be probed";
-  ASSERT_EQ(budgets[0].size(), budgets[1].size());
-  for (size_t i = 0; i < budgets[0].size(); ++i) {
-    ASSERT_EQ(budgets[0][i], budgets[1][i]) << "plan " << i;
-  }
+  ExpectSameBudgetsWithProbes(budgets[0], budgets[1]);
   EXPECT_EQ(quiet[0], 0u);
   EXPECT_GT(quiet[1], 600u);
 }
@@ -989,39 +1002,11 @@ TEST(DraftBudgetPolicyTest, QuietPlansGoPastDueProbesWhileTheShareHasNoRoom) {
       const StepBase base = Decoding(32, 50);
       const BudgetDecision d = policy.Plan(base, c);
       budgets[run].push_back(d.budgets);
-      StepMeasurement m{.shape = base.shape};
-      int32_t drafting = 0;
-      for (size_t i = 0; i < c.size(); ++i) {
-        m.shape.tokens += d.budgets[i];
-        if (d.budgets[i] > 0) ++drafting;
-        m.sequences.push_back({.id = c[i].id,
-                               .drafter = "slow",
-                               .nodes = d.budgets[i],
-                               .depth = d.budgets[i],
-                               .accepted = 0,
-                               .asked = d.budgets[i]});
-      }
-      m.target_seconds = curve(m.shape);
-      if (drafting > 0) {
-        m.drafter_calls = {{.drafter = "slow",
-                            .sequences = drafting,
-                            .nodes = m.shape.tokens - base.shape.tokens,
-                            .max_depth = 2,
-                            .observed_tokens = drafting,
-                            .seconds = 2e-3}};
-      }
-      policy.Observe(m);
+      policy.Observe(RejectedStep(base, c, d, curve, "slow", 2e-3));
     }
     quiet[run] = policy.quiet_plans();
   }
-  int probes = 0;
-  for (const auto& b : budgets[1])
-    probes += std::count_if(b.begin(), b.end(), [](int32_t x) { return x > 0; });
-  EXPECT_GT(probes, 5) << "the drafter must still be probed";
-  ASSERT_EQ(budgets[0].size(), budgets[1].size());
-  for (size_t i = 0; i < budgets[0].size(); ++i) {
-    ASSERT_EQ(budgets[0][i], budgets[1][i]) << "plan " << i;
-  }
+  ExpectSameBudgetsWithProbes(budgets[0], budgets[1]);
   EXPECT_EQ(quiet[0], 0u);
   EXPECT_GT(quiet[1], 1000u);
 }
