@@ -108,11 +108,7 @@ constexpr int64_t kAnchorEvery = 32;
 }  // namespace
 
 const std::vector<int64_t>& StepCostModel::Knots() {
-  static const std::vector<int64_t> knots = [] {
-    std::vector<int64_t> k = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096};
-    if (k.size() != kKnotCount) std::abort();  // kKnotCount sizes the knots' scratch arrays
-    return k;
-  }();
+  static const std::vector<int64_t> knots(kKnotTokens.begin(), kKnotTokens.end());
   return knots;
 }
 
@@ -1018,7 +1014,10 @@ bool DraftBudgetPolicy::ReuseQuietPlan(const StepBase& base,
     members = candidates[i].id == quiet_.candidates[i].first &&
               candidates[i].drafter == quiet_.candidates[i].second;
   }
-  // The planned batch, decode-only: the plan as made (its predictions are the step's too).
+  // The planned batch, decode-only: the plan as made (its predictions are the step's too). A step
+  // with prompt chunks (41% of steps at batch 64) reuses it too: its chunks price draft rows at
+  // least as high as the decodes alone (the step cost is convex in rows; the chunks are not the
+  // decodes' to earn back).
   const bool same =
       members && quiet_.planned && base.chunks.tokens == 0 && base.decoding == quiet_.decoding;
   if (!members) {
@@ -1028,14 +1027,11 @@ bool DraftBudgetPolicy::ReuseQuietPlan(const StepBase& base,
     // or left nearly every step, so without this 87% of plans were full ones, ~70 us each.
     if (std::abs(base.decoding - quiet_.decoding) > quiet_.decoding / 8) return false;
     for (const BudgetCandidate& c : candidates) {
-      const bool known = std::any_of(quiet_.candidates.begin(), quiet_.candidates.end(),
-                                     [&](const auto& q) { return q.second == c.drafter; });
+      const bool known = std::find(quiet_.drafters.begin(), quiet_.drafters.end(), c.drafter) !=
+                         quiet_.drafters.end();
       if (!known || trial_left_.count(c.id) > 0) return false;
     }
   }
-  // A step with prompt chunks prices draft rows at least as high as the decodes alone (the step
-  // cost is convex in rows; the chunks are not the decodes' to earn back): 41% of steps at
-  // batch 64.
   for (const BudgetCandidate& c : candidates) {
     if (c.max_nodes <= 0) return false;
   }
@@ -1234,7 +1230,13 @@ void DraftBudgetPolicy::KeepIfQuiet(const StepBase& base,
     }
   }
   quiet_.candidates.reserve(candidates.size());
-  for (const BudgetCandidate& c : candidates) quiet_.candidates.emplace_back(c.id, c.drafter);
+  for (const BudgetCandidate& c : candidates) {
+    quiet_.candidates.emplace_back(c.id, c.drafter);
+    if (std::find(quiet_.drafters.begin(), quiet_.drafters.end(), c.drafter) ==
+        quiet_.drafters.end()) {
+      quiet_.drafters.push_back(c.drafter);
+    }
+  }
   quiet_.decoding = base.decoding;
   quiet_.reusable = static_cast<int32_t>(reusable);
   quiet_.due_in = static_cast<int32_t>(std::max<int64_t>(due, 0));

@@ -97,6 +97,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -180,7 +181,9 @@ class StepCostModel {
   int64_t observed() const { return observed_; }
 
   static const std::vector<int64_t>& Knots();
-  static constexpr size_t kKnotCount = 13;  // Knots().size()
+  static constexpr std::array<int64_t, 13> kKnotTokens = {1,   2,   4,   8,    16,   32,  64,
+                                                          128, 256, 512, 1024, 2048, 4096};
+  static constexpr size_t kKnotCount = kKnotTokens.size();  // Knots().size()
   // An observed step counts as at most this many times its predicted seconds (see Observe).
   static constexpr double kOutlierFactor = 1.5;
 
@@ -642,6 +645,7 @@ class DraftBudgetPolicy {
   // The last full plan, while later plans may reuse it: every candidate at 0, nothing explored.
   struct QuietPlan {
     std::vector<std::pair<int64_t, std::string>> candidates;  // id and drafter, in order
+    std::vector<std::string> drafters;  // the planned batch's drafters, each once
     int32_t decoding = 0;
     int32_t reusable = 0;  // plans that may still reuse it
     int32_t reused = 0;    // plans that did (their idle counts and relaxation not applied yet)
