@@ -230,6 +230,11 @@ std::vector<double> StepCostModel::Anchor() const {
 
 bool StepCostModel::Fresh(size_t knot) const { return recent_visits_[knot] >= kFreshVisits; }
 
+bool StepCostModel::MeasuredRecently(int64_t tokens) const {
+  const auto [seg, f] = KnotSegment(tokens);
+  return (f >= 1.0 || Fresh(seg)) && (f <= 0.0 || Fresh(seg + 1));
+}
+
 void StepCostModel::ClampStale(std::span<double> knots) const {
   const std::vector<int64_t>& k = Knots();
   std::array<double, kKnotCount> fitted;  // bounds from the fit's values
@@ -1079,6 +1084,24 @@ BudgetDecision DraftBudgetPolicy::ZeroDecision(const StepBase& base, size_t n) c
   return d;
 }
 
+bool DraftBudgetPolicy::RemeasuresTheStepWithoutDrafts(
+    const StepBase& base, const std::vector<BudgetCandidate>& candidates,
+    const std::vector<AcceptanceModel::Tables>& expected, const BudgetDecision& decision) const {
+  if (options_.remeasure_below_speedup <= 1 || base.chunks.tokens > 0 ||
+      plans_ < remeasured_at_plan_ + kPlansPerRemeasure ||
+      target_cost_.MeasuredRecently(base.shape.tokens)) {
+    return false;
+  }
+  if (std::all_of(decision.budgets.begin(), decision.budgets.end(),
+                  [](int32_t b) { return b == 0; })) {
+    return false;
+  }
+  const auto [seconds, tokens] = Evaluate(base, candidates, expected, decision.budgets);
+  // tokens / seconds < factor x no-draft tokens / no-draft seconds, without dividing.
+  return tokens * decision.no_draft_seconds <
+         options_.remeasure_below_speedup * seconds * decision.no_draft_tokens;
+}
+
 BudgetDecision DraftBudgetPolicy::PlanWithoutRoom(const StepBase& base,
                                                   const std::vector<BudgetCandidate>& candidates) {
   // What a full plan does when the step has no room (see Plan): no sequence drafts, probes or
@@ -1253,6 +1276,15 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   EndQuietPlans();
   ++plans_;
   const size_t n = candidates.size();
+  if (remeasure_plans_left_ > 0) {
+    // The re-measure's second plan (see remeasure_below_speedup), unless prompt chunks came.
+    --remeasure_plans_left_;
+    if (base.chunks.tokens == 0) {
+      pending_exploration_ = {};
+      return ZeroDecision(base, n);
+    }
+    remeasure_plans_left_ = 0;
+  }
   BudgetDecision decision;
   decision.budgets.assign(n, 0);
   // Each candidate's expected tokens and rows at every budget, computed once per plan.
@@ -1277,6 +1309,14 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       step_limit = std::min(step_limit, prefill_limit);
     }
     decision.budgets = Allocate(base, candidates, expected, step_limit);
+    if (RemeasuresTheStepWithoutDrafts(base, candidates, expected, decision)) {
+      // Not an idle plan: no probe, trial or exploration (the step measures the shape alone), no
+      // idle count or relaxation, and the sequences keep their hysteresis for the next plan.
+      remeasured_at_plan_ = plans_;
+      remeasure_plans_left_ = 1;
+      pending_exploration_ = {};
+      return ZeroDecision(base, n);
+    }
   }
 
   // Bounded exploration: probes for sequences left at 0, one extra node now and then, applied

@@ -178,6 +178,10 @@ class StepCostModel {
   // stale knots' bounds), 0.5% of a 0.4 ms step.
   double PredictRecent(const StepShape& shape) const;
   bool ready() const { return observed_ > 0; }
+  // Whether recent steps measured the knots a step of `tokens` tokens is priced from (those it
+  // interpolates between with a nonzero weight): false once they are stale, i.e. their price is
+  // held or inferred from other shapes, not measured.
+  bool MeasuredRecently(int64_t tokens) const;
   int64_t observed() const { return observed_; }
 
   static const std::vector<int64_t>& Knots();
@@ -438,6 +442,20 @@ struct DraftBudgetOptions {
   // A plan with every sequence at 0 and nothing explored is reused for up to this many plans in
   // all (see "Quiet plans" above); 1: every plan in full.
   int32_t quiet_replan_every = 16;
+  // The step without drafts re-measured: a decode-only plan whose drafts are predicted to gain
+  // less than this factor in tokens per second, while no recent step measured the shape the
+  // step would have without them (StepCostModel::MeasuredRecently: every step drafted for ~23
+  // steps), drafts nothing for two plans, at most once every kPlansPerRemeasure plans. Drafting
+  // steps measure only drafted shapes, so the price of not drafting is then held from before
+  // (or inferred from its neighbours) and drifts from the truth unseen; where the gain is small
+  // that error decides. Served at 32 requests/s on the CPU (SpecFormer, ~2 decoding sequences),
+  // drafted steps at batch 1 were planned against a no-draft step of 604 us where undrafted ones
+  // measured 442 (794 vs 619 at batch 2): the drafts looked 27% ahead and ran 7% behind. Two
+  // plans, because the first step after a drafted one is slower (the drafter evicted the
+  // target's weights from the caches) and is booked to drafting, not to the shape (Observe); the
+  // second one measures it. Costs at most two plans' gain in 64 where drafts gain less than the
+  // factor (< 1%). <= 1: never.
+  double remeasure_below_speedup = 1.25;
   uint64_t seed = 0x5eed;
 };
 
@@ -672,6 +690,12 @@ class DraftBudgetPolicy {
                       BudgetDecision* decision);
   // Every one of n sequences at 0, with the step's own predictions (Evaluate's with no drafts).
   BudgetDecision ZeroDecision(const StepBase& base, size_t n) const;
+  // Whether a decode-only plan drafting `budgets` re-measures the step without drafts instead
+  // (DraftBudgetOptions::remeasure_below_speedup).
+  bool RemeasuresTheStepWithoutDrafts(const StepBase& base,
+                                      const std::vector<BudgetCandidate>& candidates,
+                                      const std::vector<AcceptanceModel::Tables>& expected,
+                                      const BudgetDecision& decision) const;
   // The plan of a step whose token budget has no room for drafts (base.max_nodes == 0).
   BudgetDecision PlanWithoutRoom(const StepBase& base,
                                  const std::vector<BudgetCandidate>& candidates);
@@ -690,6 +714,11 @@ class DraftBudgetPolicy {
   QuietPlan quiet_;
   uint64_t quiet_plans_ = 0;
   uint64_t plans_ = 0;
+  // Re-measuring the step without drafts (DraftBudgetOptions::remeasure_below_speedup): the
+  // plans it has left, and the plan it last started at.
+  static constexpr uint64_t kPlansPerRemeasure = 64;
+  int32_t remeasure_plans_left_ = 0;
+  uint64_t remeasured_at_plan_ = 0;
   uint64_t rng_;
   double measured_seconds_ = 0;  // every measured step's seconds so far
   double explored_seconds_ = 0;  // of which exploration's (at least as predicted)

@@ -66,7 +66,10 @@ void TrainDrafter(DraftBudgetPolicy& policy, const std::string& drafter, double 
   }
 }
 
-DraftBudgetOptions NoExploration() { return {.probe_after = 0, .explore_every = 0}; }
+// No probes, extra nodes or re-measured steps without drafts: each plan is the optimum.
+DraftBudgetOptions NoExploration() {
+  return {.probe_after = 0, .explore_every = 0, .remeasure_below_speedup = 0};
+}
 
 StepBase Decoding(int32_t sequences, int64_t context) {
   return {
@@ -1227,6 +1230,98 @@ TEST(DraftBudgetPolicyTest, TheUndraftedStepAfterADraftedOneIsChargedToDrafting)
   }
   EXPECT_NEAR(policy.DraftedStepExcess(2), refill, 0.2 * refill);
   EXPECT_NEAR(policy.target_cost().Predict(decode), curve(decode), 0.05 * curve(decode));
+}
+
+// Drafts planned against the price of a step without them that no step has measured since the
+// machine sped up. Tokens cost 0.1 ms each over a 0.3 ms base, the drafter's call 0.15 ms, and a
+// node is accepted half the time: a 1-node draft yields 1.5 tokens in 0.65 ms where decoding
+// yields 1 in 0.4 ms, a loss. But the steps without drafts were last measured 30% slower (0.52
+// ms, held at most at the fresh 2-token price, 0.5 ms), so the drafts look ~15% ahead. Returns
+// the plans that drafted in 1,000 and the tokens per second the loop delivered (expected).
+std::pair<int, double> DraftAfterTheMachineSpedUp(double remeasure_below_speedup) {
+  std::mt19937 rng(17);
+  DraftBudgetOptions options = NoExploration();
+  options.remeasure_below_speedup = remeasure_below_speedup;
+  DraftBudgetPolicy policy(options);
+  const Curve curve{.base = 0.3e-3, .knee = 0, .per_token = 1e-4};
+  const auto shape = [](int64_t tokens) {
+    return StepShape{.tokens = tokens, .attention = 101.0 * static_cast<double>(tokens)};
+  };
+  for (int i = 0; i < 120; ++i) {  // a slow phase: every shape 30% slower
+    const StepShape s = shape(1 + i % 3);
+    policy.Observe({.shape = s, .target_seconds = 1.3 * curve(s), .other_seconds = 0});
+  }
+  TrainDrafter(policy, "d", 0.15e-3, 1e-9);
+  TrainAcceptance(policy, "d", 1, 0.5, 400, rng, 4);
+  for (int i = 0; i < 40; ++i) {  // the machine back to speed while a sequence drafts 1 node
+    const StepShape s = shape(2);
+    policy.Observe({.shape = s, .target_seconds = curve(s), .other_seconds = 0});
+  }
+  std::bernoulli_distribution accept(0.5);
+  int drafted = 0;
+  double seconds = 0, tokens = 0;
+  for (int i = 0; i < 1000; ++i) {
+    const BudgetDecision d = policy.Plan(Decoding(1, 100), Candidates(1, "d", 4, 100));
+    const int32_t nodes = d.budgets[0];
+    int32_t accepted = 0;
+    while (accepted < nodes && accept(rng)) ++accepted;
+    StepMeasurement m{.shape = shape(1 + nodes), .other_seconds = 0};
+    m.target_seconds = curve(m.shape);
+    if (nodes > 0) {
+      ++drafted;
+      m.drafter_calls = {
+          {.drafter = "d", .sequences = 1, .nodes = nodes, .max_depth = nodes, .seconds = 0.15e-3}};
+      m.sequences = {
+          {.id = 1, .drafter = "d", .nodes = nodes, .depth = nodes, .accepted = accepted}};
+    }
+    policy.Observe(m);
+    seconds += m.target_seconds + (nodes > 0 ? 0.15e-3 : 0.0);
+    tokens += 1 + (1 - std::pow(0.5, nodes));  // expected: the rate without the draws' noise
+  }
+  return {drafted, tokens / seconds};
+}
+
+TEST(DraftBudgetPolicyTest, AStalePriceOfNotDraftingIsMeasuredAgain) {
+  const auto [held_drafted, held_rate] = DraftAfterTheMachineSpedUp(0);
+  // Held, the stale price keeps the losing drafts on until its slow relaxation (RelaxStale)
+  // brings it down to the truth.
+  EXPECT_GT(held_drafted, 200);
+  const auto [drafted, rate] = DraftAfterTheMachineSpedUp(1.25);
+  EXPECT_LT(drafted, 150) << "measured again (twice, 64 plans apart), the drafts stop";
+  EXPECT_GT(rate, 1.01 * held_rate);
+  EXPECT_GT(rate, 0.95 * 2500) << "about one token per 0.4 ms step";
+}
+
+// Where the drafts' predicted gain is large, a stale price of not drafting cannot turn it into a
+// loss: every plan drafts (no step spent re-measuring).
+TEST(DraftBudgetPolicyTest, AStalePriceOfNotDraftingIsKeptWhereDraftsGainMuch) {
+  std::mt19937 rng(19);
+  DraftBudgetPolicy policy(DraftBudgetOptions{.probe_after = 0, .explore_every = 0});
+  const Curve curve{.base = 1e-3, .knee = 0, .per_token = 1e-5};
+  TrainDrafter(policy, "d", 1e-5, 1e-9);
+  TrainAcceptance(policy, "d", 1, 0.9, 200, rng, 4);
+  for (int i = 0; i < 60; ++i) {
+    const StepShape s{.tokens = 1 + i % 5, .attention = 101.0 * (1 + i % 5)};
+    policy.Observe({.shape = s, .target_seconds = curve(s), .other_seconds = 0});
+  }
+  for (int i = 0; i < 200; ++i) {
+    const BudgetDecision d = policy.Plan(Decoding(1, 100), Candidates(1, "d", 4, 100));
+    ASSERT_GT(d.budgets[0], 0) << "plan " << i;
+    const StepShape s{.tokens = 1 + d.budgets[0], .attention = 101.0 * (1 + d.budgets[0])};
+    policy.Observe({.shape = s,
+                    .target_seconds = curve(s),
+                    .other_seconds = 0,
+                    .drafter_calls = {{.drafter = "d",
+                                       .sequences = 1,
+                                       .nodes = d.budgets[0],
+                                       .max_depth = d.budgets[0],
+                                       .seconds = 1e-5}},
+                    .sequences = {{.id = 1,
+                                   .drafter = "d",
+                                   .nodes = d.budgets[0],
+                                   .depth = d.budgets[0],
+                                   .accepted = d.budgets[0]}}});
+  }
 }
 
 // With a latency bound the step never grows past (1 + bound) x its time without drafts, except
