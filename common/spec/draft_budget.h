@@ -450,11 +450,15 @@ struct DraftBudgetOptions {
   // (or inferred from its neighbours) and drifts from the truth unseen; where the gain is small
   // that error decides. Served at 32 requests/s on the CPU (SpecFormer, ~2 decoding sequences),
   // drafted steps at batch 1 were planned against a no-draft step of 604 us where undrafted ones
-  // measured 442 (794 vs 619 at batch 2): the drafts looked 27% ahead and ran 7% behind. Two
+  // measured 442 (794 vs 619 at batch 2): the drafts looked 27% ahead and ran 7% behind; at the
+  // start of an in-process run at batch 1, 680 us against 470 (38% ahead, 5% behind). Two
   // plans, because the first step after a drafted one is slower (the drafter evicted the
   // target's weights from the caches) and is booked to drafting, not to the shape (Observe); the
   // second one measures it. Costs at most two plans' gain in 64 where drafts gain less than the
-  // factor (< 1%). <= 1: never.
+  // factor (at most 1% of throughput). Not higher: the two plans without drafts perturb a batch
+  // that drafts well (bench-policy's "pays" at batch 64, predicted 1.53x: at 1.5 the
+  // re-measures left 27 of its 64 sequences drafting 7 nodes and the rest none, 0.83x of the
+  // throughput with them spread). <= 1: never.
   double remeasure_below_speedup = 1.25;
   uint64_t seed = 0x5eed;
 };
