@@ -1212,6 +1212,21 @@ TEST(DraftBudgetPolicyTest, TheStepAfterAnExplorationCountsTowardsItsShare) {
 // The undrafted step right after a drafted one runs slower (the drafter evicted the target's
 // weights from the caches): drafting is charged with it, and the step cost fit keeps pricing an
 // undrafted step at its steady time.
+// `times` pairs of a drafted step of 2 nodes at its own steady time on `curve`, then an undrafted
+// 1-token step that takes `after` beyond its steady time.
+void ObserveDraftedThenUndrafted(DraftBudgetPolicy& policy, const Curve& curve, double after,
+                                 int times) {
+  const StepShape decode{.tokens = 1, .attention = 101};
+  for (int i = 0; i < times; ++i) {
+    StepMeasurement drafted{.shape = {.tokens = 3, .attention = 303}};
+    drafted.target_seconds = curve(drafted.shape);
+    drafted.other_seconds = 0;
+    drafted.sequences = {{.id = 1, .drafter = "d", .nodes = 2, .depth = 2, .accepted = 1}};
+    policy.Observe(drafted);
+    policy.Observe({.shape = decode, .target_seconds = curve(decode) + after, .other_seconds = 0});
+  }
+}
+
 TEST(DraftBudgetPolicyTest, TheUndraftedStepAfterADraftedOneIsChargedToDrafting) {
   std::mt19937 rng(5);
   DraftBudgetPolicy policy(NoExploration());
@@ -1219,15 +1234,7 @@ TEST(DraftBudgetPolicyTest, TheUndraftedStepAfterADraftedOneIsChargedToDrafting)
   Train(policy, curve, 300, rng, 0.0);
   const double refill = 3e-4;
   const StepShape decode{.tokens = 1, .attention = 101};
-  for (int i = 0; i < 400; ++i) {
-    // A drafted step of 2 nodes at its own steady time, then an undrafted one that refills.
-    StepMeasurement drafted{.shape = {.tokens = 3, .attention = 303}};
-    drafted.target_seconds = curve(drafted.shape);
-    drafted.other_seconds = 0;
-    drafted.sequences = {{.id = 1, .drafter = "d", .nodes = 2, .depth = 2, .accepted = 1}};
-    policy.Observe(drafted);
-    policy.Observe({.shape = decode, .target_seconds = curve(decode) + refill, .other_seconds = 0});
-  }
+  ObserveDraftedThenUndrafted(policy, curve, refill, 400);
   EXPECT_NEAR(policy.DraftedStepExcess(2), refill, 0.2 * refill);
   EXPECT_NEAR(policy.target_cost().Predict(decode), curve(decode), 0.05 * curve(decode));
 }
@@ -1334,15 +1341,8 @@ TEST(DraftBudgetPolicyTest, AnUndraftedStepFasterThanItsPriceAfterADraftedOneRep
   const Curve curve{.base = 1e-3, .knee = 0, .per_token = 1e-4};
   const Curve slow{.base = 1.4e-3, .knee = 0, .per_token = 1.4e-4};
   Train(policy, slow, 300, rng, 0.0);
+  ObserveDraftedThenUndrafted(policy, curve, 0.0, 200);
   const StepShape decode{.tokens = 1, .attention = 101};
-  for (int i = 0; i < 200; ++i) {
-    StepMeasurement drafted{.shape = {.tokens = 3, .attention = 303}};
-    drafted.target_seconds = curve(drafted.shape);
-    drafted.other_seconds = 0;
-    drafted.sequences = {{.id = 1, .drafter = "d", .nodes = 2, .depth = 2, .accepted = 1}};
-    policy.Observe(drafted);
-    policy.Observe({.shape = decode, .target_seconds = curve(decode), .other_seconds = 0});
-  }
   EXPECT_NEAR(policy.target_cost().Predict(decode), curve(decode), 0.05 * curve(decode));
   EXPECT_GT(policy.DraftedStepExcess(2), -0.05 * curve(decode));
 }
