@@ -1276,14 +1276,10 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   EndQuietPlans();
   ++plans_;
   const size_t n = candidates.size();
-  if (remeasure_plans_left_ > 0) {
-    // The re-measure's second plan (see remeasure_below_speedup), unless prompt chunks came.
-    --remeasure_plans_left_;
-    if (base.chunks.tokens == 0) {
-      pending_exploration_ = {};
-      return ZeroDecision(base, n);
-    }
-    remeasure_plans_left_ = 0;
+  // The re-measure's second plan (see remeasure_below_speedup), unless prompt chunks came.
+  if (std::exchange(remeasure_second_plan_, false) && base.chunks.tokens == 0) {
+    pending_exploration_ = {};
+    return ZeroDecision(base, n);
   }
   BudgetDecision decision;
   decision.budgets.assign(n, 0);
@@ -1313,7 +1309,7 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       // Not an idle plan: no probe, trial or exploration (the step measures the shape alone), no
       // idle count or relaxation, and the sequences keep their hysteresis for the next plan.
       remeasured_at_plan_ = plans_;
-      remeasure_plans_left_ = 1;
+      remeasure_second_plan_ = true;
       pending_exploration_ = {};
       return ZeroDecision(base, n);
     }

@@ -718,10 +718,10 @@ class DraftBudgetPolicy {
   QuietPlan quiet_;
   uint64_t quiet_plans_ = 0;
   uint64_t plans_ = 0;
-  // Re-measuring the step without drafts (DraftBudgetOptions::remeasure_below_speedup): the
-  // plans it has left, and the plan it last started at.
+  // Re-measuring the step without drafts (DraftBudgetOptions::remeasure_below_speedup): whether
+  // the next plan is its second, and the plan it last started at.
   static constexpr uint64_t kPlansPerRemeasure = 64;
-  int32_t remeasure_plans_left_ = 0;
+  bool remeasure_second_plan_ = false;
   uint64_t remeasured_at_plan_ = 0;
   uint64_t rng_;
   double measured_seconds_ = 0;  // every measured step's seconds so far
