@@ -24,6 +24,11 @@ void BudgetPlanner::Forget(RequestId id) {
 }
 
 void BudgetPlanner::OnStep(const StepReport& report, double wall_seconds) {
+  if (trace_ != nullptr) {
+    trace_->Write(trace_label_, traced_steps_++, planned_ ? &traced_ : nullptr, report,
+                  wall_seconds);
+  }
+  planned_ = false;
   StepMeasurement m;
   m.shape = {.tokens = report.prefill_tokens + report.verify_tokens,
              .attention = report.attention,
@@ -106,7 +111,12 @@ std::vector<StepPlan::DraftBudget> BudgetPlanner::Plan() {
   base.shape.attention += base.chunks.attention;
   if (max_step_tokens_ > 0)
     base.max_nodes = std::max<int64_t>(0, max_step_tokens_ - base.shape.tokens);
+  const uint64_t quiet_before = policy_.quiet_plans();
   last_ = policy_.Plan(base, candidates);
+  if (trace_ != nullptr) {
+    traced_ = {.base = base, .decision = last_, .quiet = policy_.quiet_plans() > quiet_before};
+    planned_ = true;
+  }
   std::vector<StepPlan::DraftBudget> budgets;
   for (size_t i = 0; i < candidates.size(); ++i) {
     budgets.push_back({.id = candidates[i].id,

@@ -12,6 +12,7 @@
 
 #include "common/spec/draft_budget.h"
 #include "common/spec/step_contract.h"
+#include "common/spec/step_trace.h"
 
 namespace specula {
 
@@ -35,6 +36,12 @@ class BudgetPlanner {
   const BudgetDecision& last_decision() const { return last_; }
   DraftBudgetPolicy& policy() { return policy_; }
   const DraftBudgetPolicy& policy() const { return policy_; }
+  // Writes each step's plan and measurement to `trace` as `label` (null: no trace); the trace
+  // must outlive the planner's steps.
+  void SetTrace(StepTrace* trace, std::string label) {
+    trace_ = trace;
+    trace_label_ = std::move(label);
+  }
 
  private:
   struct Tracked {
@@ -53,6 +60,11 @@ class BudgetPlanner {
   int64_t max_step_tokens_;
   std::map<RequestId, Tracked> tracked_;  // admission order = id order for router ids
   BudgetDecision last_;
+  StepTrace* trace_ = nullptr;
+  std::string trace_label_;
+  TracedPlan traced_;     // the last plan, for the trace
+  bool planned_ = false;  // a plan preceded the step OnStep reports
+  int64_t traced_steps_ = 0;
 };
 
 }  // namespace specula

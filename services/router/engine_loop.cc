@@ -95,6 +95,7 @@ EngineLoop::EngineLoop(ServedModel model, EngineLoopOptions options, RouterMetri
   if (options_.adaptive_draft_budget) {
     planner_ = std::make_unique<BudgetPlanner>(options_.draft_budget, target.max_step_tokens);
     planner_->policy().target_cost().WarmStart(options_.cost_profile);
+    if (options_.step_trace) planner_->SetTrace(options_.step_trace.get(), "router");
   }
   info_.verify_defaults = options_.verify_defaults;
   info_.max_queue = options_.max_queue;

@@ -73,6 +73,8 @@ struct EngineLoopOptions {
   DraftBudgetOptions draft_budget;
   // Warm start of the step cost model (`specula bench-forward --json` points); may be empty.
   std::vector<std::pair<StepShape, double>> cost_profile;
+  // Adaptive: each step's plan and measurement, one JSON line each (`--step-trace`); null: none.
+  std::shared_ptr<StepTrace> step_trace;
   // Parameters of the lossy rules (specdec beta/tau, typical epsilon/delta) for requests that ask
   // for a lossy rule without giving them; `mode` is ignored (requests choose it).
   VerifyParams verify_defaults;

@@ -6,8 +6,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 
 #include "common/engine/plain_decoder.h"
 #include "common/model/cpu_runtime.h"
@@ -291,6 +293,14 @@ TEST_F(SpeculaCliTest, SpeculationFlagErrors) {
   r = Run(base + " --drafter ngram --draft-budget adaptive --draft-margin -0.5");
   EXPECT_NE(r.err.find("--draft-margin must be a finite number >= 0, got -0.5"), std::string::npos)
       << r.err;
+  r = Run(base + " --drafter ngram --step-trace " + dir_->File("t.jsonl"));
+  EXPECT_NE(r.err.find("--step-trace traces the adaptive draft budget's plans: it needs "
+                       "--draft-budget adaptive"),
+            std::string::npos)
+      << r.err;
+  r = Run(base + " --drafter ngram --draft-budget adaptive --step-trace " +
+          dir_->File("no-such-dir/t.jsonl"));
+  EXPECT_NE(r.err.find("--step-trace: cannot create"), std::string::npos) << r.err;
   r = Run(base + " --drafter ngram --drafter-context 1");
   EXPECT_NE(r.err.find("--drafter-context must be 0 (all) or at least 2, got 1"), std::string::npos)
       << r.err;
@@ -350,8 +360,25 @@ TEST_F(SpeculaCliTest, BenchInterleavesSettingsInTurnsOfRequests) {
                            " --batch-sizes 1,2 --draft-lens 2,adaptive --max-new-tokens 8 "
                            "--repeats 2 --min-requests 5";
   const std::string json_path = dir_->File("turns.json");
-  RunResult r = Run(base + " --interleave-requests 1 --json " + json_path);
+  const std::string trace_path = dir_->File("turns_trace.jsonl");
+  RunResult r =
+      Run(base + " --interleave-requests 1 --json " + json_path + " --step-trace " + trace_path);
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  // The adaptive setting's steps, one line each, labelled by batch size and phase: a repeat's
+  // lines carry all of its tokens.
+  std::map<std::string, int64_t> traced_tokens;
+  std::stringstream trace(ReadFileToString(trace_path).value());
+  for (std::string text; std::getline(trace, text);) {
+    const auto line = nlohmann::json::parse(text);
+    traced_tokens[line["label"].get<std::string>()] += line["new_tokens"].get<int64_t>();
+    EXPECT_TRUE(line.contains("wall_ms") && line.contains("target_ms")) << text;
+  }
+  EXPECT_TRUE(traced_tokens.count("ngram adaptive b1 warm-up"))
+      << ReadFileToString(trace_path)->substr(0, 400);
+  for (const char* label : {"ngram adaptive b1 repeat 1", "ngram adaptive b1 repeat 2",
+                            "ngram adaptive b2 repeat 1", "ngram adaptive b2 repeat 2"}) {
+    EXPECT_EQ(traced_tokens[label], 8 * 5) << label;
+  }
   auto j = nlohmann::json::parse(ReadFileToString(json_path).value());
   EXPECT_EQ(j["interleave_requests"], 1);
   ASSERT_EQ(j["results"].size(), 2u * 3);

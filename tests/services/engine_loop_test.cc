@@ -10,11 +10,14 @@
 
 #include <atomic>
 #include <new>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
+#include "common/util/mapped_file.h"
 #include "tests/services/served_stack.h"
 #include "tests/services/served_test_model.h"
+#include "tests/testing/temp_dir.h"
 
 namespace specula::router {
 namespace {
@@ -157,6 +160,11 @@ TEST_P(EngineLoopTest, AdaptiveBudgetsAreAppliedThroughTheTargetAndKeepGreedyOut
   options.adaptive_draft_budget = true;
   options.draft_budget = {
       .probe_after = 1, .probe_nodes = 3, .explore_every = 2, .exploration_share = 1.0};
+  TempDir dir;
+  const std::string trace_path = dir.File("steps.jsonl");
+  auto trace = StepTrace::Open(trace_path);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  options.step_trace = std::move(*trace);
   auto loop = MakeLoop(options);
   ASSERT_TRUE(loop);
   ASSERT_TRUE(loop->info().adaptive_draft_budget);
@@ -188,6 +196,22 @@ TEST_P(EngineLoopTest, AdaptiveBudgetsAreAppliedThroughTheTargetAndKeepGreedyOut
   }
   EXPECT_TRUE(WaitIdle(*loop));
   EXPECT_GT(drafted, 0);
+  // The step trace (--step-trace): every step the router planned, each tree within its plan, and
+  // every token generated.
+  int64_t traced_tokens = 0, expected_tokens = 0, traced_nodes = 0;
+  for (const Case& c : cases) expected_tokens += c.max_new;
+  std::istringstream lines(ReadFileToString(trace_path).value());
+  for (std::string line; std::getline(lines, line);) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["label"], "router");
+    traced_tokens += j["new_tokens"].get<int64_t>();
+    traced_nodes += j["draft_nodes"].get<int64_t>();
+    if (j.contains("plan")) {
+      EXPECT_LE(j["draft_nodes"].get<int64_t>(), j["plan"]["nodes"].get<int64_t>()) << line;
+    }
+  }
+  EXPECT_EQ(traced_tokens, expected_tokens);
+  EXPECT_GT(traced_nodes, 0);
   const std::string text = metrics_.Text();
   const double planned = MetricValue(text, "specula_draft_budget_nodes_sum");
   EXPECT_GT(MetricValue(text, "specula_draft_budget_nodes_count"), 0) << text;

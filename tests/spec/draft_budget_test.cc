@@ -2,8 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 
@@ -1613,6 +1618,74 @@ TEST(BudgetPlannerTest, LearnsWhatItsBudgetsBroughtBack) {
   EXPECT_LT(planner.policy().acceptance().Supply("ngram", 7, 1), 0.5);
   // Acceptance saw no draft: it keeps its prior.
   EXPECT_DOUBLE_EQ(planner.policy().acceptance().Conditional("ngram", 7, 1), 0.5);
+}
+
+// With a trace set, each step's line holds the plan that preceded it (none for the first) next to
+// what the step's report measured.
+TEST(BudgetPlannerTest, TracesEachStepsPlanNextToItsMeasurement) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("specula_step_trace_" + std::to_string(::getpid()) + ".jsonl"))
+                               .string();
+  {
+    ASSERT_FALSE(StepTrace::Open("/nonexistent-dir/trace.jsonl").ok());
+    auto trace = StepTrace::Open(path);
+    ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+    BudgetPlanner planner({.probe_after = 1, .probe_nodes = 2, .exploration_share = 1.0});
+    planner.SetTrace(trace->get(), "test \"b1\"");
+    SpecRequest request;
+    request.generation.prompt = {1, 2, 3};
+    request.speculation = {.drafter = "ngram", .max_draft_tokens = 8};
+    planner.Admit(7, request);
+    StepReport prefill{.prefill_tokens = 3, .verify_seconds = 2e-3, .forward_seconds = 1.5e-3};
+    prefill.updates.push_back(
+        {.id = 7, .new_tokens = {4}, .context_tokens = 3, .max_draft_nodes = 8});
+    planner.OnStep(prefill, 2.5e-3);
+    for (int step = 0; step < 3; ++step) {
+      int32_t asked = 0;
+      for (const StepPlan::DraftBudget& b : planner.Plan()) asked += b.max_draft_tokens;
+      StepReport report{.verify_tokens = 1 + asked, .draft_seconds = 1e-4, .verify_seconds = 1e-3};
+      if (asked > 0) {
+        report.drafter_calls.push_back(
+            {.drafter = "ngram", .sequences = 1, .nodes = asked, .seconds = 1e-4});
+      }
+      report.updates.push_back({.id = 7,
+                                .new_tokens = {5, 6},
+                                .draft_nodes = asked,
+                                .draft_depth = asked,
+                                .draft_accepted = asked > 0 ? 1 : 0,
+                                .context_tokens = 5 + 2 * step,
+                                .max_draft_nodes = 8});
+      planner.OnStep(report, 1.2e-3);
+    }
+    EXPECT_EQ((*trace)->lines(), 4);
+  }
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string text; std::getline(in, text);) lines.push_back(nlohmann::json::parse(text));
+  std::filesystem::remove(path);
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0]["label"], "test \"b1\"");
+  EXPECT_EQ(lines[0]["step"], 0);
+  EXPECT_FALSE(lines[0].contains("plan")) << "no plan preceded the first step";
+  EXPECT_EQ(lines[0]["prefill_tokens"], 3);
+  EXPECT_DOUBLE_EQ(lines[0]["wall_ms"].get<double>(), 2.5);
+  EXPECT_DOUBLE_EQ(lines[0]["target_ms"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(lines[0]["forward_ms"].get<double>(), 1.5);
+  int64_t traced_nodes = 0;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const nlohmann::json& line = lines[i];
+    EXPECT_EQ(line["step"], static_cast<int64_t>(i));
+    ASSERT_TRUE(line.contains("plan")) << line.dump();
+    EXPECT_EQ(line["plan"]["decoding"], 1);
+    EXPECT_EQ(line["plan"]["nodes"], line["draft_nodes"]) << "the report drafted what was planned";
+    EXPECT_EQ(line["plan"]["drafting"], line["draft_nodes"].get<int64_t>() > 0 ? 1 : 0);
+    EXPECT_GT(line["plan"]["no_draft_ms"].get<double>(), 0.0);
+    EXPECT_EQ(line["new_tokens"], 2);
+    EXPECT_EQ(line["accepted"], line["draft_nodes"].get<int64_t>() > 0 ? 1 : 0);
+    EXPECT_EQ(line["drafter_calls"].size(), line["draft_nodes"].get<int64_t>() > 0 ? 1u : 0u);
+    traced_nodes += line["draft_nodes"].get<int64_t>();
+  }
+  EXPECT_GT(traced_nodes, 0) << "the probes drafted";
 }
 
 // One request at batch 1 driven through the planner in a closed loop: each step's budget is

@@ -292,6 +292,18 @@ Status Run(const BenchFlags& f) {
       ASSIGN_OR_RETURN(planners[s], f.spec.MakePlanner(engine_options.max_step_tokens));
     }
   }
+  const bool any_adaptive =
+      std::any_of(settings.begin(), settings.end(), [](const Setting& s) { return s.adaptive; });
+  ASSIGN_OR_RETURN(std::unique_ptr<StepTrace> trace,
+                   f.spec.OpenStepTrace(any_adaptive, "adaptive in --draft-lens"));
+  // The trace's label of each adaptive setting's steps: "<setting> b<batch> <phase>".
+  auto label_steps = [&](int64_t bs, const std::string& phase) {
+    for (size_t s = 0; s < settings.size(); ++s) {
+      if (trace && planners[s]) {
+        planners[s]->SetTrace(trace.get(), StrCat(settings[s].label(), " b", bs, " ", phase));
+      }
+    }
+  };
 
   nlohmann::json results = nlohmann::json::array();
   std::printf("%-6s %-18s %10s %10s %9s %9s %6s %6s %6s %7s %7s %8s %s\n", "batch", "setting",
@@ -302,6 +314,7 @@ Status Run(const BenchFlags& f) {
     // first forwards of a process pay one-time costs (thread pools, first touch of the KV cache
     // and the allocator's heap), and a batch shape's first steps more; no setting's measured run
     // should. Adaptive policies learn here too.
+    label_steps(bs, "warm-up");
     for (size_t s = 0; s < settings.size(); ++s) {
       std::vector<SpecRequest> warm;
       for (int64_t i = 0; i < bs; ++i) {
@@ -344,6 +357,7 @@ Status Run(const BenchFlags& f) {
       // setting always runs first (the baseline used to) or right after another.
       std::vector<size_t> order;
       for (size_t i = 0; i < settings.size(); ++i) order.push_back((i + rep) % settings.size());
+      label_steps(bs, StrCat("repeat ", rep + 1));
       std::vector<std::vector<SpecRequest>> requests(settings.size());
       for (size_t s : order) {
         ASSIGN_OR_RETURN(requests[s], requests_for(s));

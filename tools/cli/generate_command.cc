@@ -78,6 +78,9 @@ Status Run(const GenerateFlags& f) {
   if (adaptive) {
     ASSIGN_OR_RETURN(planner, f.spec.MakePlanner(engine_options.max_step_tokens));
   }
+  ASSIGN_OR_RETURN(std::unique_ptr<StepTrace> trace,
+                   f.spec.OpenStepTrace(adaptive, "--draft-budget adaptive"));
+  if (trace) planner->SetTrace(trace.get(), "generate");
   SpecRequest spec_request;
   ASSIGN_OR_RETURN(
       spec_request.speculation,

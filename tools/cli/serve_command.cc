@@ -56,7 +56,7 @@ const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSection
       "tau", "typical-epsilon", "typical-delta", "log-stats-interval-s"}},
     {"draft budget flags (--role router, all)",
      {"draft-budget", "draft-len", "draft-cap", "max-draft-slowdown", "max-prefill-step-slowdown",
-      "prune-drafts", "draft-margin", "cost-profile"}},
+      "prune-drafts", "draft-margin", "cost-profile", "step-trace"}},
     {"target flags (--role target, all)",
      {"kv-memory-mb", "kv-block-size", "max-step-tokens", "verify-placement", "drafter-address",
       "drafter-deadline-ms", "drafter-context"}},
@@ -415,6 +415,8 @@ Status Run(ServeFlags& f) {
   if (adaptive && !f.spec.cost_profile.empty()) {
     ASSIGN_OR_RETURN(options.loop.cost_profile, LoadCostProfile(f.spec.cost_profile));
   }
+  ASSIGN_OR_RETURN(options.loop.step_trace,
+                   f.spec.OpenStepTrace(adaptive, "--draft-budget adaptive"));
   // The adaptive budget's cap is what requests without their own are reserved KV room for.
   const int64_t default_draft = adaptive ? f.spec.draft_cap : f.draft_len;
   options.loop.default_max_draft_tokens = static_cast<int32_t>(default_draft);

@@ -70,6 +70,10 @@ void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
                   "sequences, scaled down below, none with one; 0 = any gain, at least 0)");
   flags.AddString("cost-profile", &cost_profile,
                   "adaptive: warm-start the step cost model from `specula bench-forward --json`");
+  flags.AddString("step-trace", &step_trace,
+                  "adaptive: write one JSON line per engine step to this file: the draft budget's "
+                  "plan (its predicted seconds and tokens, with and without drafts) next to what "
+                  "the step measured (common/spec/step_trace.h); empty = none");
   flags.AddString("verify", &verify,
                   "greedy | sample (lossless; default by --temperature) | specdec | typical "
                   "(both LOSSY)");
@@ -186,6 +190,16 @@ StatusOr<std::unique_ptr<BudgetPlanner>> SpecFlags::MakePlanner(int64_t max_step
     planner->policy().target_cost().WarmStart(points);
   }
   return planner;
+}
+
+StatusOr<std::unique_ptr<StepTrace>> SpecFlags::OpenStepTrace(bool adaptive,
+                                                              const char* needs) const {
+  if (step_trace.empty()) return std::unique_ptr<StepTrace>();
+  if (!adaptive) {
+    return InvalidArgumentError(
+        StrCat("--step-trace traces the adaptive draft budget's plans: it needs ", needs));
+  }
+  return StepTrace::Open(step_trace);
 }
 
 StatusOr<std::vector<std::pair<StepShape, double>>> LoadCostProfile(const std::string& path) {

@@ -49,6 +49,7 @@ struct SpecFlags {
   bool prune_drafts = DraftBudgetOptions{}.prune_by_reach;
   // adaptive: DraftBudgetOptions::node_margin.
   double draft_margin = DraftBudgetOptions{}.node_margin;
+  std::string step_trace;  // adaptive: the per-step trace's path (StepTrace); "" = none
 
   void Register(FlagSet& flags, bool many_drafters);
   // The drafter names in --drafter, each "none" or one of the registry's (INVALID_ARGUMENT
@@ -73,6 +74,9 @@ struct SpecFlags {
   // The adaptive policy's driver, warm-started from --cost-profile when given; INVALID_ARGUMENT
   // for a --draft-cap outside [1, kMaxDraftTokens] or an unreadable profile.
   StatusOr<std::unique_ptr<BudgetPlanner>> MakePlanner(int64_t max_step_tokens) const;
+  // The --step-trace file (null without the flag); INVALID_ARGUMENT naming `needs` when no
+  // adaptive budget runs (`adaptive` false) or the file cannot be created.
+  StatusOr<std::unique_ptr<StepTrace>> OpenStepTrace(bool adaptive, const char* needs) const;
   // The adaptive budget's options from these flags (INVALID_ARGUMENT naming a bad one).
   StatusOr<DraftBudgetOptions> BudgetOptions() const;
 };
