@@ -359,6 +359,13 @@ TEST(SpeculaServeFlagsTest, ClearErrors) {
       << r.err;
   r = RunServe("--model " + dirs.target + " --proposal-top-k 8");
   EXPECT_NE(r.err.find("--proposal-top-k is for --role drafter"), std::string::npos) << r.err;
+  r = RunServe("--role target --model " + dirs.target + " --step-trace /tmp/x.jsonl");
+  EXPECT_NE(r.err.find("--step-trace is for --role router or all"), std::string::npos) << r.err;
+  r = RunServe("--model " + dirs.target + " --draft-budget fixed --step-trace /tmp/x.jsonl");
+  EXPECT_NE(r.err.find("--step-trace traces the adaptive draft budget's plans: it needs "
+                       "--draft-budget adaptive"),
+            std::string::npos)
+      << r.err;
   r = RunServe("--role drafter --model " + dirs.target + " --proposal-top-k -1");
   EXPECT_NE(r.err.find("--proposal-top-k must be >= 0 (0 = dense), got -1"), std::string::npos)
       << r.err;

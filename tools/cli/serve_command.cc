@@ -127,6 +127,10 @@ Status CheckRole(const ServeFlags& f) {
   if (f.role != "target" && !f.drafter_address.empty()) {
     return InvalidArgumentError("--drafter-address is for --role target");
   }
+  if ((f.role == "target" || f.role == "drafter") && !f.spec.step_trace.empty()) {
+    return InvalidArgumentError(
+        "--step-trace is for --role router or all (the draft budget plans on the router)");
+  }
   if (f.role != "drafter" && f.proposal_top_k != drafter::kDefaultProposalTopK) {
     return InvalidArgumentError(
         "--proposal-top-k is for --role drafter (in-process drafters keep proposals dense)");
