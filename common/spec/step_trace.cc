@@ -29,7 +29,9 @@ void StepTrace::Write(const std::string& label, int64_t step, const TracedPlan* 
   // Milliseconds to the microsecond (the clocks' useful resolution), in the documented order.
   auto ms = [](double seconds) { return std::round(seconds * 1e6) / 1e3; };
   auto round = [](double x) { return std::round(x * 1e3) / 1e3; };
-  nlohmann::ordered_json line = {{"label", label}, {"step", step}};
+  const double since_open =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - opened_).count();
+  nlohmann::ordered_json line = {{"label", label}, {"step", step}, {"t_ms", ms(since_open)}};
   if (plan != nullptr) {
     int64_t nodes = 0, drafting = 0;
     for (int32_t b : plan->decision.budgets) {

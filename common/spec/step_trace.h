@@ -5,8 +5,9 @@
 // a rebuild. Written by BudgetPlanner::OnStep when a trace is set (`specula bench`, `generate`
 // and `serve` take `--step-trace PATH`). Torch-free.
 //
-// A line (times in ms; "plan" is absent for a step no plan preceded):
-//   {"label":"specformer b1","step":17,
+// A line (times in ms; t_ms: when the step's line was written, since the trace was opened;
+// "plan" is absent for a step no plan preceded):
+//   {"label":"specformer b1","step":17,"t_ms":1234.567,
 //    "plan":{"decoding":1,"prefill_tokens":0,"quiet":true,"nodes":0,"drafting":0,"explored":0,
 //            "ms":0.41,"tokens":1.0,"no_draft_ms":0.41,"no_draft_tokens":1.0},
 //    "prefill_tokens":0,"verify_tokens":1,"draft_nodes":0,"accepted":0,"new_tokens":1,
@@ -15,6 +16,7 @@
 //                      "ms":0.19}]}
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -50,9 +52,10 @@ class StepTrace {
   int64_t lines() const;
 
  private:
-  explicit StepTrace(std::FILE* file) : file_(file) {}
+  explicit StepTrace(std::FILE* file) : file_(file), opened_(std::chrono::steady_clock::now()) {}
   mutable std::mutex mu_;  // planners of several settings (bench) may share one trace
   std::FILE* file_;
+  std::chrono::steady_clock::time_point opened_;
   int64_t lines_ = 0;
 };
 

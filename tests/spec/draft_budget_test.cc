@@ -1675,6 +1675,7 @@ TEST(BudgetPlannerTest, TracesEachStepsPlanNextToItsMeasurement) {
   for (size_t i = 1; i < lines.size(); ++i) {
     const nlohmann::json& line = lines[i];
     EXPECT_EQ(line["step"], static_cast<int64_t>(i));
+    EXPECT_GE(line["t_ms"].get<double>(), lines[i - 1]["t_ms"].get<double>());
     ASSERT_TRUE(line.contains("plan")) << line.dump();
     EXPECT_EQ(line["plan"]["decoding"], 1);
     EXPECT_EQ(line["plan"]["nodes"], line["draft_nodes"]) << "the report drafted what was planned";
