@@ -359,7 +359,11 @@ TEST(SpeculaServeFlagsTest, ClearErrors) {
       << r.err;
   r = RunServe("--model " + dirs.target + " --proposal-top-k 8");
   EXPECT_NE(r.err.find("--proposal-top-k is for --role drafter"), std::string::npos) << r.err;
-  r = RunServe("--role target --model " + dirs.target + " --step-trace /tmp/x.jsonl");
+  // Without the check the target would start: pointed at a drafter that is not there, it exits
+  // at once with another error instead of serving until the test times out.
+  r = RunServe("--role target --model " + dirs.target +
+               " --drafter-address 127.0.0.1:1 --connect-timeout-s 0.3 --port 0"
+               " --step-trace /tmp/x.jsonl");
   EXPECT_NE(r.err.find("--step-trace is for --role router or all"), std::string::npos) << r.err;
   r = RunServe("--model " + dirs.target + " --draft-budget fixed --step-trace /tmp/x.jsonl");
   EXPECT_NE(r.err.find("--step-trace traces the adaptive draft budget's plans: it needs "
