@@ -410,8 +410,8 @@ double DrafterCostModel::Predict(int32_t sequences, int64_t nodes, int32_t max_d
 // ---------------------------------------------------------------------------------------------
 // AcceptanceModel
 
-AcceptanceModel::AcceptanceModel(double rate, double prior_rate, double initial)
-    : rate_(rate), prior_rate_(prior_rate) {
+AcceptanceModel::AcceptanceModel(double rate, double prior_rate, double initial, bool streaks)
+    : rate_(rate), prior_rate_(prior_rate), streaks_(streaks) {
   accept_.initial.assign(kMaxDepth + 1, initial);
   supply_.initial.assign(kMaxDepth + 1, 1.0);  // a drafter returns what it is asked for
 }
@@ -477,23 +477,134 @@ Trials Outcome(int32_t offered, int32_t hits) {
   return {.last = std::min(offered, hits + 1), .hits = hits};
 }
 
+// The streak tables' moving-average weight (see AcceptanceModel::Observe).
+constexpr double kStreakRate = 0.01;
+
+// A sequence's acceptance (or supply) p in a streak that moves it by `shift`. A certain 0 or 1
+// (a drafter that is always or never right) stays.
+double Shifted(double p, double shift) {
+  return p <= 0 || p >= 1 ? p : std::clamp(p + shift, 0.0, 1.0);
+}
+
 }  // namespace
 
 void AcceptanceModel::Observe(const std::string& drafter, int64_t id, int32_t nodes,
-                              int32_t accepted) {
+                              int32_t accepted, int32_t depth) {
   // Position j was tried iff the draft had j nodes and the j-1 before it were accepted.
   const Trials t = Outcome(nodes, accepted);
+  if (t.last <= 0) return;
+  // The streak the draft was made in learns its outcome first; the outcome is the next streak.
+  // Each outcome is compared with the sequence's estimate before its last step (what the plan
+  // used, less the step whose streak it is), so that what a streak table learns is what that
+  // step tells beyond the sequence's level: not which sequences (good or bad) end up in a streak
+  // (in a batch of well and badly accepted sequences a rejection is mostly the bad ones'), nor
+  // how the average itself moved with that step (it dips at a rejected position, and a step
+  // later the truth is above the dip, whatever the text).
+  SequenceStreak& seq = streak_[id];
+  if (!seq.supply_fresh) seq.supply_before.clear();  // its supply was not observed this step
+  seq.supply_fresh = false;
+  if (seq.streak != Streak::kNone && !seq.accept_before.empty()) {
+    streak_rates_[drafter].accept[static_cast<size_t>(seq.streak) - 1].Learn(seq.accept_before,
+                                                                             t.last, t.hits);
+  }
+  seq.accept_before = accept_.Of(drafter, id);
   accept_.Update(drafter, id, t.last, t.hits, rate_, prior_rate_);
+  const int32_t full_depth = std::min(depth > 0 ? depth : nodes, kMaxDepth);
+  seq.streak = t.hits == 0            ? Streak::kRejected
+               : t.hits >= full_depth ? Streak::kFull
+                                      : Streak::kPartial;
+}
+
+void AcceptanceModel::StreakRates::Learn(const std::vector<double>& own, int32_t last,
+                                         int32_t hits) {
+  if (shift.empty()) {
+    mean.assign(kMaxDepth + 1, 0.0);
+    square.assign(kMaxDepth + 1, 0.25);
+    shift.assign(kMaxDepth + 1, 0.0);
+    samples.assign(kMaxDepth + 1, 0);
+  }
+  for (int32_t d = 1; d <= last; ++d) {
+    const double residual = (d <= hits ? 1.0 : 0.0) - own[d];
+    // A running mean that starts as kInitialSamples samples of no shift, then a moving average
+    // over ~1/kStreakRate samples.
+    const double n = static_cast<double>(++samples[d]);
+    const double w = std::max(kStreakRate, 1.0 / (n + kInitialSamples));
+    mean[d] += w * (residual - mean[d]);
+    square[d] += w * (residual * residual - square[d]);
+    // Used beyond one standard error of the mean only: a step's outcome is a coin toss, and over
+    // ~20 samples the means' noise (~0.1) moved estimates as much as a streak does and cost the
+    // closed-loop batch-1 test 6% of its throughput.
+    const double variance = std::max(square[d] - mean[d] * mean[d], 0.0);
+    const double error = std::sqrt(variance / std::min(n + kInitialSamples, 1 / kStreakRate));
+    shift[d] = std::copysign(std::max(std::abs(mean[d]) - error, 0.0), mean[d]);
+  }
+}
+
+AcceptanceModel::Streak AcceptanceModel::StreakOf(int64_t id) const {
+  auto it = streak_.find(id);
+  return it == streak_.end() ? Streak::kNone : it->second.streak;
+}
+
+const AcceptanceModel::StreakRates* AcceptanceModel::StreakTable(const std::string& drafter,
+                                                                 Streak streak, bool supply) const {
+  if (!streaks_ || streak == Streak::kNone) return nullptr;
+  auto it = streak_rates_.find(drafter);
+  if (it == streak_rates_.end()) return nullptr;
+  const size_t i = static_cast<size_t>(streak) - 1;
+  const StreakRates& r = supply ? it->second.supply[i] : it->second.accept[i];
+  return r.shift.empty() ? nullptr : &r;
+}
+
+double AcceptanceModel::StreakShift(const std::string& drafter, Streak streak, int32_t d) const {
+  const StreakRates* r = StreakTable(drafter, streak, /*supply=*/false);
+  return r == nullptr ? 0.0 : r->shift[std::clamp(d, 1, kMaxDepth)];
+}
+
+AcceptanceModel::InStreak AcceptanceModel::Streaked(const std::string& drafter, int64_t id) const {
+  InStreak in;
+  if (!streaks_) return in;
+  auto it = streak_.find(id);
+  if (it == streak_.end() || it->second.streak == Streak::kNone) return in;
+  const SequenceStreak& seq = it->second;
+  const StreakRates* accept = StreakTable(drafter, seq.streak, /*supply=*/false);
+  if (accept != nullptr && !seq.accept_before.empty()) {
+    in.accept = &seq.accept_before;
+    in.accept_shift = &accept->shift;
+  }
+  const StreakRates* supply = StreakTable(drafter, seq.streak, /*supply=*/true);
+  if (supply != nullptr && !seq.supply_before.empty()) {
+    in.supply = &seq.supply_before;
+    in.supply_shift = &supply->shift;
+  }
+  return in;
+}
+
+double AcceptanceModel::SupplyStreakShift(const std::string& drafter, Streak streak,
+                                          int32_t j) const {
+  const StreakRates* r = StreakTable(drafter, streak, /*supply=*/true);
+  return r == nullptr ? 0.0 : r->shift[std::clamp(j, 1, kMaxDepth)];
 }
 
 void AcceptanceModel::ObserveSupply(const std::string& drafter, int64_t id, int32_t asked,
                                     int32_t returned) {
   // Node j was in question iff it was asked for and node j-1 came back.
   const Trials t = Outcome(asked, returned);
+  if (t.last <= 0) return;
+  // In the streak of the sequence's last step, as acceptance (Observe, before which it is
+  // called): an n-gram drafter's match is long where the text repeats, so after a draft kept
+  // whole it returned 6.0 nodes against 1.0 after an undrafted step (batch 1, one trace).
+  SequenceStreak& seq = streak_[id];
+  if (seq.streak != Streak::kNone && !seq.supply_before.empty()) {
+    streak_rates_[drafter].supply[static_cast<size_t>(seq.streak) - 1].Learn(seq.supply_before,
+                                                                             t.last, t.hits);
+  }
+  seq.supply_before = supply_.Of(drafter, id);
+  seq.supply_fresh = true;
   supply_.Update(drafter, id, t.last, t.hits, rate_, prior_rate_);
 }
 
 void AcceptanceModel::Relax(const std::string& drafter, int64_t id, double weight) {
+  streak_.erase(id);
   weight = std::clamp(weight, 0.0, 1.0);
   if (weight <= 0) return;
   accept_.Relax(drafter, id, weight);
@@ -503,6 +614,7 @@ void AcceptanceModel::Relax(const std::string& drafter, int64_t id, double weigh
 void AcceptanceModel::Forget(int64_t id) {
   accept_.seq.erase(id);
   supply_.seq.erase(id);
+  streak_.erase(id);
 }
 
 double AcceptanceModel::Conditional(const std::string& drafter, int64_t id, int32_t d) const {
@@ -522,9 +634,12 @@ double AcceptanceModel::DrafterConditional(const std::string& drafter, int32_t d
 }
 
 double AcceptanceModel::Expected(const std::string& drafter, int64_t id, int32_t nodes) const {
+  const InStreak in = Streaked(drafter, id);
+  const std::vector<double>& p = in.accept != nullptr ? *in.accept : accept_.Of(drafter, id);
   double reach = 1.0, sum = 0.0;
-  for (int32_t d = 1; d <= nodes; ++d) {
-    reach *= Conditional(drafter, id, d);
+  for (int32_t j = 1; j <= nodes; ++j) {
+    const int32_t d = std::min(j, kMaxDepth);
+    reach *= in.accept_shift != nullptr ? Shifted(p[d], (*in.accept_shift)[d]) : p[d];
     sum += reach;
   }
   return sum;
@@ -544,16 +659,18 @@ AcceptanceModel::Tables AcceptanceModel::ExpectedDraft(const std::string& drafte
                                                        int32_t max_nodes, double confidence) const {
   const size_t size = static_cast<size_t>(std::max(max_nodes, 0)) + 1;
   Tables t{.tokens = std::vector<double>(size, 0.0), .rows = std::vector<double>(size, 0.0)};
-  const std::vector<double>& p = accept_.Of(drafter, id);
-  const std::vector<double>& s = supply_.Of(drafter, id);
+  const InStreak in = Streaked(drafter, id);
+  const std::vector<double>& p = in.accept != nullptr ? *in.accept : accept_.Of(drafter, id);
+  const std::vector<double>& s = in.supply != nullptr ? *in.supply : supply_.Of(drafter, id);
   // The upper confidence bound applies to p[1] only (DraftBudgetOptions::acceptance_confidence).
   const double bonus =
       max_nodes > 0 && confidence > 0 ? confidence * DrafterStandardError(drafter, 1) : 0.0;
   double accepted = 1.0, supplied = 1.0;
   for (int32_t j = 1; j <= max_nodes; ++j) {
     const int32_t d = std::min(j, kMaxDepth);
-    accepted *= j == 1 ? std::min(1.0, p[d] + bonus) : p[d];
-    supplied *= s[d];
+    const double pd = in.accept_shift != nullptr ? Shifted(p[d], (*in.accept_shift)[d]) : p[d];
+    accepted *= j == 1 ? std::min(1.0, pd + bonus) : pd;
+    supplied *= in.supply_shift != nullptr ? Shifted(s[d], (*in.supply_shift)[d]) : s[d];
     t.tokens[j] = t.tokens[j - 1] + supplied * accepted;
     t.rows[j] = t.rows[j - 1] + supplied;
   }
@@ -666,6 +783,7 @@ double BudgetDecision::predicted_speedup() const {
 
 DraftBudgetPolicy::DraftBudgetPolicy(DraftBudgetOptions options)
     : options_(options),
+      acceptance_(/*rate=*/0.1, /*prior_rate=*/0.05, /*initial=*/0.5, options.acceptance_streaks),
       drafted_excess_({0.0, 0.0}, /*prior_weight=*/0.5, /*forgetting=*/0.95),
       rng_(options.seed) {}
 
@@ -1113,9 +1231,8 @@ BudgetDecision DraftBudgetPolicy::PlanWithoutRoom(const StepBase& base,
   if (quiet_.reusable > 0) --quiet_.due_in;
   for (const BudgetCandidate& c : candidates) {
     drafted_last_plan_.erase(c.id);
-    if (options_.idle_relaxation > 0 && c.max_nodes > 0) {
-      acceptance_.Relax(c.drafter, c.id, options_.idle_relaxation);
-    }
+    // Ends its streak (it does not draft), and relaxes it if it could have drafted.
+    acceptance_.Relax(c.drafter, c.id, c.max_nodes > 0 ? options_.idle_relaxation : 0);
   }
   return ZeroDecision(base, candidates.size());
 }
@@ -1465,9 +1582,8 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       continue;
     }
     drafted_last_plan_.erase(candidates[i].id);
-    if (options_.idle_relaxation > 0 && candidates[i].max_nodes > 0) {
-      acceptance_.Relax(candidates[i].drafter, candidates[i].id, options_.idle_relaxation);
-    }
+    acceptance_.Relax(candidates[i].drafter, candidates[i].id,
+                      candidates[i].max_nodes > 0 ? options_.idle_relaxation : 0);
   }
 
   // Reported at the estimates, not at the optimism the allocation used.
@@ -1599,7 +1715,11 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
 
   for (const StepMeasurement::Sequence& s : step.sequences) {
     if (s.asked > 0) acceptance_.ObserveSupply(s.drafter, s.id, s.asked, s.nodes);
-    if (s.nodes > 0) acceptance_.Observe(s.drafter, s.id, s.nodes, s.accepted);
+    if (s.nodes > 0) {
+      acceptance_.Observe(s.drafter, s.id, s.nodes, s.accepted, s.depth);
+    } else {
+      acceptance_.Relax(s.drafter, s.id, 0);  // asked, nothing came back: no draft, no streak
+    }
   }
 }
 

@@ -391,6 +391,106 @@ TEST(AcceptanceModelTest, AnIdleSequenceRelaxesTowardItsDraftersAverage) {
   EXPECT_DOUBLE_EQ(model.Conditional("d", 7, 1), average);
 }
 
+// Acceptance in streaks: each sequence's text alternates between stretches its drafter predicts
+// (p = 0.95 at every position) and stretches it does not (p = 0.2), leaving a stretch with
+// probability 0.1 a step. The step after a draft kept whole is likely in a predicted stretch,
+// the step after a rejection likely not: the streak tables learn both against the sequences'
+// own estimates and move a continuing sequence's, which then predicts the next draft better
+// than the average alone; a sequence that did not draft at its last step reads its average.
+TEST(AcceptanceModelTest, AStreakMovesAContinuingSequencesEstimate) {
+  AcceptanceModel model;
+  AcceptanceModel average_only(0.1, 0.05, 0.5, /*streaks=*/false);
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  // Expected tokens of a 4-node chain at p; the next step's truth, given the stretch now.
+  const auto chain = [](double p) { return p + p * p + p * p * p + p * p * p * p; };
+  const auto truth = [&](bool predicted) {
+    return 0.9 * chain(predicted ? 0.95 : 0.2) + 0.1 * chain(predicted ? 0.2 : 0.95);
+  };
+  double error = 0, error_average_only = 0;
+  for (int64_t id = 1; id <= 40; ++id) {
+    bool predicted = unit(rng) < 0.5;
+    for (int step = 0; step < 60; ++step) {
+      if (step >= 20) {
+        error += std::abs(model.Expected("d", id, 4) - truth(predicted));
+        error_average_only += std::abs(average_only.Expected("d", id, 4) - truth(predicted));
+      }
+      if (unit(rng) < 0.1) predicted = !predicted;
+      int32_t a = 0;
+      while (a < 4 && unit(rng) < (predicted ? 0.95 : 0.2)) ++a;
+      model.Observe("d", id, 4, a, 4);
+      average_only.Observe("d", id, 4, a, 4);
+    }
+  }
+  EXPECT_LT(error, 0.9 * error_average_only);
+  using Streak = AcceptanceModel::Streak;
+  EXPECT_GT(model.StreakShift("d", Streak::kFull, 1), 0.1);
+  EXPECT_LT(model.StreakShift("d", Streak::kRejected, 1), -0.05);
+  EXPECT_DOUBLE_EQ(model.StreakShift("d", Streak::kNone, 1), 0.0);
+  EXPECT_DOUBLE_EQ(average_only.StreakShift("d", Streak::kFull, 1), 0.0);
+  // Sequence 41: one draft kept whole, then one rejected.
+  model.Observe("d", 41, 4, 4, 4);
+  average_only.Observe("d", 41, 4, 4, 4);
+  ASSERT_EQ(model.StreakOf(41), Streak::kFull);
+  EXPECT_GT(model.Expected("d", 41, 4), average_only.Expected("d", 41, 4) + 0.3);
+  model.Observe("d", 41, 4, 0, 4);
+  average_only.Observe("d", 41, 4, 0, 4);
+  ASSERT_EQ(model.StreakOf(41), Streak::kRejected);
+  EXPECT_DOUBLE_EQ(model.Conditional("d", 41, 1), average_only.Conditional("d", 41, 1))
+      << "the average itself is not moved";
+  EXPECT_LT(model.Expected("d", 41, 4), average_only.Expected("d", 41, 4));
+  // A step without a draft ends the streak: the next draft starts a run, valued at the average.
+  model.Observe("d", 41, 4, 4, 4);
+  average_only.Observe("d", 41, 4, 4, 4);
+  model.Relax("d", 41, 0);
+  EXPECT_EQ(model.StreakOf(41), Streak::kNone);
+  EXPECT_DOUBLE_EQ(model.Expected("d", 41, 4), average_only.Expected("d", 41, 4));
+  // A tree's draft kept to its depth is kept whole.
+  model.Observe("d", 42, /*nodes=*/6, /*accepted=*/3, /*depth=*/3);
+  EXPECT_EQ(model.StreakOf(42), Streak::kFull);
+  model.Observe("d", 42, 6, 2, 3);
+  EXPECT_EQ(model.StreakOf(42), Streak::kPartial);
+  model.Forget(42);
+  EXPECT_EQ(model.StreakOf(42), Streak::kNone);
+}
+
+// With independent steps (no streaks) the tables find ~nothing, also when the drafter's
+// sequences differ (p = 0.9 for half of them and 0.15 for the rest: against the drafter's
+// average instead of each sequence's own, the bad sequences in the rejected streak would mark the
+// good ones down, and against the sequence's estimate after the step, its dip at a rejected
+// position would read as a streak). The expected tokens of a 4-node draft, over all sequences and
+// steps, are about as far from the truth as from the averages alone (a little farther: the
+// estimate before the last step is one step staler, and a shift is used where its noise
+// exceeds a standard error).
+TEST(AcceptanceModelTest, IndependentStepsAreValuedAboutAsWellInStreaks) {
+  AcceptanceModel model;
+  AcceptanceModel average_only(0.1, 0.05, 0.5, /*streaks=*/false);
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  double error = 0, error_average_only = 0;
+  for (int64_t id = 1; id <= 40; ++id) {
+    const double p = id % 2 == 0 ? 0.9 : 0.15;
+    const double truth = p + p * p + p * p * p + p * p * p * p;
+    for (int step = 0; step < 100; ++step) {
+      if (step >= 20) {
+        error += std::abs(model.Expected("d", id, 4) - truth);
+        error_average_only += std::abs(average_only.Expected("d", id, 4) - truth);
+      }
+      int32_t a = 0;
+      while (a < 4 && unit(rng) < p) ++a;
+      model.Observe("d", id, 4, a, 4);
+      average_only.Observe("d", id, 4, a, 4);
+    }
+  }
+  EXPECT_LT(error, 1.03 * error_average_only);
+  using Streak = AcceptanceModel::Streak;
+  for (Streak st : {Streak::kRejected, Streak::kPartial, Streak::kFull}) {
+    for (int32_t d = 1; d <= 4; ++d) {
+      EXPECT_LT(model.StreakShift("d", st, d), 0.05) << static_cast<int>(st) << " " << d;
+    }
+  }
+}
+
 TEST(AcceptanceModelTest, ShortDraftsScaleTokensAndRows) {
   AcceptanceModel model(/*rate=*/1.0, /*prior_rate=*/1.0);
   // Every node that comes back is accepted; sequence 1's drafter returned 2 of 4 asked nodes,
@@ -706,6 +806,9 @@ TEST(DraftBudgetPolicyTest, AQuietChunkStepIsNotReusedWhereTheDecodesAloneWouldD
   std::mt19937 rng(12);
   DraftBudgetOptions options = NoExploration();
   options.idle_relaxation = 0;  // the averages' check aside: the chunk step's own
+  // The sequences' estimates alone: raised in their streaks, one of them drafts a node in the
+  // chunk step too (the test's premise is a chunk step that drafts nothing).
+  options.acceptance_streaks = false;
   DraftBudgetPolicy policy(options);
   const Curve curve{.base = 1e-3, .knee = 16, .per_token = 1e-4};
   Train(policy, curve, 400, rng, 0.0);
@@ -2066,6 +2169,9 @@ TEST(BudgetPlannerTest, APayingDrafterWhoseAcceptanceDipsKeepsDraftingAtBatchOne
   ASSERT_GT(best_fixed, 1.15 * none) << "the simulated drafter no longer pays";
   const double adaptive = BatchOneTokensPerSecond({}, -1, kRequests);
   EXPECT_GT(adaptive, 0.95 * best_fixed) << "none " << none << ", best fixed " << best_fixed;
+  // Valued at its average alone after a draft (no streaks), the sequence's estimate is what its
+  // last outcomes pushed it to: after a rejection it dipped further than the acceptance did.
+  EXPECT_GT(adaptive, BatchOneTokensPerSecond({.acceptance_streaks = false}, -1, kRequests));
   // The margin stopped it in every dip of its acceptance, and the single-node explorations of
   // an idle sequence could not bring it back in time (the policy as it was: one-step probes, no
   // relaxation, a margin on every node, two standard errors of optimism).
