@@ -15,6 +15,7 @@ undrafted steps after undrafted ones measured).
 import argparse
 import collections
 import json
+import signal
 import statistics
 import sys
 
@@ -87,4 +88,5 @@ def main():
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # piped into head: stop quietly
     sys.exit(main())
