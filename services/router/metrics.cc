@@ -276,6 +276,15 @@ struct RouterMetrics::Impl {
               "drafter returned short or empty (n-gram lookup without a match), recent steps.")
           .Labels(labels)
           .Register(*registry);
+  Family<Gauge>& streak_shift =
+      BuildGauge()
+          .Name("specula_draft_budget_streak_shift")
+          .Help(
+              "Per drafter, what a sequence's last draft (streak: full, partial, rejected) adds to "
+              "P(position accepted | previous position accepted) for its next one, as the budget "
+              "measured it (0: nothing measured beyond the noise).")
+          .Labels(labels)
+          .Register(*registry);
 
   // vLLM V1's per-request histograms (vllm/v1/metrics/loggers.py), same names and buckets.
   Histogram& queue_time = BuildHistogram()
@@ -403,6 +412,13 @@ void RouterMetrics::DraftBudget(const BudgetSnapshot& s) {
   for (const auto& [drafter, q] : s.supply) {
     for (size_t d = 0; d < q.size(); ++d) {
       impl_->supply.Add({{"drafter", drafter}, {"position", std::to_string(d)}}).Set(q[d]);
+    }
+  }
+  for (const BudgetSnapshot::StreakShift& t : s.streak_shift) {
+    for (size_t d = 0; d < t.shift.size(); ++d) {
+      impl_->streak_shift
+          .Add({{"drafter", t.drafter}, {"streak", t.streak}, {"position", std::to_string(d)}})
+          .Set(t.shift[d]);
     }
   }
 }

@@ -33,6 +33,13 @@ struct BudgetSnapshot {
   std::vector<std::pair<std::string, std::vector<double>>> acceptance;
   // Per drafter, P(node j + 1 comes back | node j did): budgets that came back short or empty.
   std::vector<std::pair<std::string, std::vector<double>>> supply;
+  // Per drafter and streak (the sequence's last draft kept "full", "partial" or "rejected"): what
+  // the streak adds to p[d] (AcceptanceModel::StreakShift), d = 0..
+  struct StreakShift {
+    std::string drafter, streak;
+    std::vector<double> shift;
+  };
+  std::vector<StreakShift> streak_shift;
 };
 
 // One request as the router saw it end: what the per-request histograms, request_success and the

@@ -221,6 +221,18 @@ TEST_P(EngineLoopTest, AdaptiveBudgetsAreAppliedThroughTheTargetAndKeepGreedyOut
   const double supply = MetricValue(text, "specula_draft_budget_supply");
   EXPECT_GE(supply, 0) << text;
   EXPECT_LE(supply, 1) << text;
+  // What a streak adds to acceptance, per drafter, streak and position: exported for each streak,
+  // a probability difference.
+  for (const char* streak : {"full", "partial", "rejected"}) {
+    const std::string key = std::string("streak=\"") + streak + "\"";
+    const size_t at = text.find(key);
+    ASSERT_NE(at, std::string::npos) << streak << "\n" << text;
+    const size_t line = text.rfind('\n', at) + 1;
+    EXPECT_EQ(text.compare(line, 33, "specula_draft_budget_streak_shift"), 0) << text.substr(line);
+    const double shift = std::stod(text.substr(text.find("} ", at) + 2));
+    EXPECT_GE(shift, -1) << text;
+    EXPECT_LE(shift, 1) << text;
+  }
 }
 
 TEST_P(EngineLoopTest, StopStringEndsTheRequestAndFreesItsBlocks) {
