@@ -536,7 +536,7 @@ void AcceptanceModel::StreakRates::Learn(const std::vector<double>& own, int32_t
     // closed-loop batch-1 test 6% of its throughput.
     const double variance = std::max(square[d] - mean[d] * mean[d], 0.0);
     const double error = std::sqrt(variance / std::min(n + kInitialSamples, 1 / kStreakRate));
-    shift[d] = std::copysign(std::max(std::abs(mean[d]) - error, 0.0), mean[d]);
+    shift[d] = mean[d] > 0 ? std::max(mean[d] - error, 0.0) : std::min(mean[d] + error, 0.0);
   }
 }
 
