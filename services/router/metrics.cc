@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "services/common/metrics_registry.h"
@@ -49,6 +50,29 @@ Histogram::BucketBoundaries OneTwoFiveBuckets(int64_t max_value) {
   }
   return out;
 }
+
+// A per-position gauge family's gauges for one label set (a drafter, a streak), created on first
+// use: Family::Add builds and hashes its labels on every call, and a step sets every position
+// of every drafter.
+class PositionGauges {
+ public:
+  explicit PositionGauges(Family<Gauge>& family) : family_(family) {}
+  void Set(const prometheus::Labels& labels, const std::vector<double>& values) {
+    std::string key;
+    for (const auto& [name, value] : labels) key += value + '\0';
+    std::vector<Gauge*>& gauges = gauges_[key];
+    while (gauges.size() < values.size()) {
+      prometheus::Labels with = labels;
+      with["position"] = std::to_string(gauges.size());
+      gauges.push_back(&family_.Add(with));
+    }
+    for (size_t d = 0; d < values.size(); ++d) gauges[d]->Set(values[d]);
+  }
+
+ private:
+  Family<Gauge>& family_;
+  std::map<std::string, std::vector<Gauge*>> gauges_;
+};
 
 const Histogram::BucketBoundaries kE2eBuckets = {0.05, 0.1,  0.3,  0.5,  0.8,   1.0,   1.5,
                                                  2.0,  2.5,  5.0,  10.0, 15.0,  20.0,  30.0,
@@ -361,6 +385,9 @@ struct RouterMetrics::Impl {
           .Register(*registry)
           .Add({}, Histogram::BucketBoundaries{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096,
                                                8192, 16384});
+  PositionGauges acceptance_gauges{acceptance};
+  PositionGauges supply_gauges{supply};
+  PositionGauges streak_shift_gauges{streak_shift};
 };
 
 const char* VllmFinishReason(FinishReason reason) {
@@ -405,21 +432,11 @@ void RouterMetrics::DraftBudget(const BudgetSnapshot& s) {
   impl_->theta.Set(s.theta);
   impl_->draft_share.Set(s.draft_share);
   for (const auto& [drafter, p] : s.acceptance) {
-    for (size_t d = 0; d < p.size(); ++d) {
-      impl_->acceptance.Add({{"drafter", drafter}, {"position", std::to_string(d)}}).Set(p[d]);
-    }
+    impl_->acceptance_gauges.Set({{"drafter", drafter}}, p);
   }
-  for (const auto& [drafter, q] : s.supply) {
-    for (size_t d = 0; d < q.size(); ++d) {
-      impl_->supply.Add({{"drafter", drafter}, {"position", std::to_string(d)}}).Set(q[d]);
-    }
-  }
+  for (const auto& [drafter, q] : s.supply) impl_->supply_gauges.Set({{"drafter", drafter}}, q);
   for (const BudgetSnapshot::StreakShift& t : s.streak_shift) {
-    for (size_t d = 0; d < t.shift.size(); ++d) {
-      impl_->streak_shift
-          .Add({{"drafter", t.drafter}, {"streak", t.streak}, {"position", std::to_string(d)}})
-          .Set(t.shift[d]);
-    }
+    impl_->streak_shift_gauges.Set({{"drafter", t.drafter}, {"streak", t.streak}}, t.shift);
   }
 }
 
