@@ -201,8 +201,6 @@ std::vector<double> StepCostModel::Anchor() const {
   // the fit's memory of it does not pull it back out.
   ClampStale(std::span<double>(anchor).first(Knots().size()));
   if (warm_started_) return anchor;
-  // A knot counts as visited once steps put half a step's weight on it.
-  constexpr double kVisited = 0.5;
   const std::vector<int64_t>& k = Knots();
   std::vector<size_t> visited;
   for (size_t i = 0; i < k.size(); ++i) {
@@ -233,6 +231,12 @@ bool StepCostModel::Fresh(size_t knot) const { return recent_visits_[knot] >= kF
 bool StepCostModel::MeasuredRecently(int64_t tokens) const {
   const auto [seg, f] = KnotSegment(tokens);
   return (f >= 1.0 || Fresh(seg)) && (f <= 0.0 || Fresh(seg + 1));
+}
+
+bool StepCostModel::Visited(int64_t tokens, double steps) const {
+  const auto [seg, f] = KnotSegment(tokens);
+  return (f >= 1.0 || visits_[seg] >= steps * std::min(kVisited, 1.0 - f)) &&
+         (f <= 0.0 || visits_[seg + 1] >= steps * std::min(kVisited, f));
 }
 
 void StepCostModel::ClampStale(std::span<double> knots) const {
@@ -1206,14 +1210,20 @@ bool DraftBudgetPolicy::RemeasuresTheStepWithoutDrafts(
     const StepBase& base, const std::vector<BudgetCandidate>& candidates,
     const std::vector<AcceptanceModel::Tables>& expected, const BudgetDecision& decision) const {
   if (options_.remeasure_below_speedup <= 1 || base.chunks.tokens > 0 ||
-      plans_ < remeasured_at_plan_ + kPlansPerRemeasure ||
-      target_cost_.MeasuredRecently(base.shape.tokens)) {
-    return false;
-  }
-  if (std::all_of(decision.budgets.begin(), decision.budgets.end(),
+      std::all_of(decision.budgets.begin(), decision.budgets.end(),
                   [](int32_t b) { return b == 0; })) {
     return false;
   }
+  // Never measured, the price of not drafting is the first guess, whatever gain the drafts show
+  // against it: measured first (see remeasure_below_speedup).
+  if (!target_cost_.Visited(base.shape.tokens)) return true;
+  if (plans_ < remeasured_at_plan_ + kPlansPerRemeasure ||
+      target_cost_.MeasuredRecently(base.shape.tokens)) {
+    return false;
+  }
+  // Measured by a few steps only (a run's first, on cold caches), the price is measured again
+  // whatever the gain.
+  if (!target_cost_.Visited(base.shape.tokens, kSettledSteps)) return true;
   const auto [seconds, tokens] = Evaluate(base, candidates, expected, decision.budgets);
   // tokens / seconds < factor x no-draft tokens / no-draft seconds, without dividing.
   return tokens * decision.no_draft_seconds <

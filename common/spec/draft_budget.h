@@ -182,6 +182,11 @@ class StepCostModel {
   // interpolates between with a nonzero weight): false once they are stale, i.e. their price is
   // held or inferred from other shapes, not measured.
   bool MeasuredRecently(int64_t tokens) const;
+  // Whether `steps` steps ever measured the knots a step of `tokens` tokens is priced from (each
+  // knot with at least the weight that many steps of that shape put on it, up to half a step's
+  // each): with steps = 1, false while its price is the first guess (a roofline scaled from the
+  // first step, often a prompt's prefill) or inferred from other shapes.
+  bool Visited(int64_t tokens, double steps = 1) const;
   int64_t observed() const { return observed_; }
 
   static const std::vector<int64_t>& Knots();
@@ -215,6 +220,8 @@ class StepCostModel {
   // not price shapes today's steps only probe: a stale knot held at 4x its neighbour kept drafts
   // off at batch 4.
   void ClampStale(std::span<double> knots) const;
+  // A knot counts as visited (Anchor, Visited) once steps put half a step's weight on it.
+  static constexpr double kVisited = 0.5;
   // A knot is fresh while its recent visits weigh at least this much.
   static constexpr double kFreshVisits = 0.5;
   // How fast a stale knot's prediction relaxes (RelaxStale): the exponent on its recent visits'
@@ -529,7 +536,16 @@ struct DraftBudgetOptions {
   // factor (at most 1% of throughput). Not higher: the two plans without drafts perturb a batch
   // that drafts well (bench-policy's "pays" at batch 64, predicted 1.53x: at 1.5 the
   // re-measures left 27 of its 64 sequences drafting 7 nodes and the rest none, 0.83x of the
-  // throughput with them spread). <= 1: never.
+  // throughput with them spread). A decode-only shape that no step ever measured
+  // (StepCostModel::Visited) is measured so before its first drafts, whatever their predicted
+  // gain: its price is then the first guess, a roofline scaled from the run's first step (a
+  // prompt's prefill). At the start of a run at batch 1 on the CPU that guess put the step
+  // without drafts at 0.81 ms where it took 0.44, and SpecFormer, which loses there, drafted for
+  // ~300 steps: the drafted steps only measured drafted shapes (slowed by the drafter's evicting
+  // the target's weights), which bound the undrafted one from above only. Measured by fewer
+  // than kSettledSteps steps, the price is measured again every kPlansPerRemeasure plans while
+  // stale, whatever the gain: a run's first steps run on cold caches (0.52-0.62 ms where later
+  // ones took 0.40), and that price, held, kept the drafts on for ~250 steps. <= 1: never.
   double remeasure_below_speedup = 1.25;
   uint64_t seed = 0x5eed;
 };
@@ -792,6 +808,10 @@ class DraftBudgetPolicy {
   // Re-measuring the step without drafts (DraftBudgetOptions::remeasure_below_speedup): whether
   // the next plan is its second, and the plan it last started at.
   static constexpr uint64_t kPlansPerRemeasure = 64;
+  // Steps of a decode-only shape without drafts after which a re-measure waits for the drafts'
+  // predicted gain to fall below remeasure_below_speedup; before, it comes every
+  // kPlansPerRemeasure plans while the shape is stale, whatever the gain.
+  static constexpr double kSettledSteps = 6;
   bool remeasure_second_plan_ = false;
   uint64_t remeasured_at_plan_ = 0;
   uint64_t rng_;
