@@ -564,6 +564,15 @@ double AcceptanceModel::StreakShift(const std::string& drafter, Streak streak, i
   return r == nullptr ? 0.0 : r->shift[std::clamp(d, 1, kMaxDepth)];
 }
 
+std::vector<double> AcceptanceModel::StreakShifts(const std::string& drafter, Streak streak,
+                                                  int32_t positions) const {
+  const StreakRates* r = StreakTable(drafter, streak, /*supply=*/false);
+  std::vector<double> shifts(static_cast<size_t>(std::max(positions, 0)), 0.0);
+  if (r == nullptr) return shifts;
+  for (int32_t d = 1; d <= positions; ++d) shifts[d - 1] = r->shift[std::min(d, kMaxDepth)];
+  return shifts;
+}
+
 AcceptanceModel::InStreak AcceptanceModel::Streaked(const std::string& drafter, int64_t id) const {
   InStreak in;
   if (!streaks_) return in;

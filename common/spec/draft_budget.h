@@ -335,6 +335,10 @@ class AcceptanceModel {
   // How much a streak adds to a sequence's P(depth d accepted | d-1) (< 0: takes away), as
   // measured for the drafter; 0 for kNone or before it is measured.
   double StreakShift(const std::string& drafter, Streak streak, int32_t d) const;
+  // StreakShift at d = 1..positions, with one lookup of the drafter's tables (for metrics, every
+  // step).
+  std::vector<double> StreakShifts(const std::string& drafter, Streak streak,
+                                   int32_t positions) const;
   // The same for its supply, P(node j comes back | j-1 did).
   double SupplyStreakShift(const std::string& drafter, Streak streak, int32_t j) const;
   // The drafter's average P(depth d accepted | d-1), for metrics.

@@ -461,11 +461,11 @@ void EngineLoop::LearnFromStep(const StepOutcome& outcome, double wall_seconds) 
     for (auto [streak, name] :
          {std::pair{Streak::kFull, "full"}, std::pair{Streak::kPartial, "partial"},
           std::pair{Streak::kRejected, "rejected"}}) {
-      BudgetSnapshot::StreakShift t{.drafter = drafter, .streak = name};
-      for (int32_t d = 1; d <= std::max(info_.default_max_draft_tokens, 1); ++d) {
-        t.shift.push_back(planner_->policy().acceptance().StreakShift(drafter, streak, d));
-      }
-      snapshot.streak_shift.push_back(std::move(t));
+      snapshot.streak_shift.push_back(
+          {.drafter = drafter,
+           .streak = name,
+           .shift = planner_->policy().acceptance().StreakShifts(
+               drafter, streak, std::max(info_.default_max_draft_tokens, 1))});
     }
   }
   metrics_->DraftBudget(snapshot);

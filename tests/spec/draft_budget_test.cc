@@ -446,6 +446,11 @@ TEST(AcceptanceModelTest, AStreakMovesAContinuingSequencesEstimate) {
   EXPECT_LT(model.StreakShift("d", Streak::kRejected, 1), -0.05);
   EXPECT_DOUBLE_EQ(model.StreakShift("d", Streak::kNone, 1), 0.0);
   EXPECT_DOUBLE_EQ(average_only.StreakShift("d", Streak::kFull, 1), 0.0);
+  const std::vector<double> shifts = model.StreakShifts("d", Streak::kFull, 4);
+  ASSERT_EQ(shifts.size(), 4u);
+  for (int32_t d = 1; d <= 4; ++d) {
+    EXPECT_DOUBLE_EQ(shifts[d - 1], model.StreakShift("d", Streak::kFull, d));
+  }
   // Sequence 41: one draft kept whole, then one rejected.
   model.Observe("d", 41, 4, 4, 4);
   average_only.Observe("d", 41, 4, 4, 4);
