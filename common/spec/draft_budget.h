@@ -182,10 +182,11 @@ class StepCostModel {
   // interpolates between with a nonzero weight): false once they are stale, i.e. their price is
   // held or inferred from other shapes, not measured.
   bool MeasuredRecently(int64_t tokens) const;
-  // Whether `steps` steps ever measured the knots a step of `tokens` tokens is priced from (each
-  // knot with at least the weight that many steps of that shape put on it, up to half a step's
-  // each): with steps = 1, false while its price is the first guess (a roofline scaled from the
-  // first step, often a prompt's prefill) or inferred from other shapes.
+  // Whether the knots a step of `tokens` tokens is priced from carry at least `steps` times the
+  // weight one step of that shape puts on each, counted up to half a step (kVisited): with
+  // steps = 1, one step of the shape, and false while its price is the first guess (a roofline
+  // scaled from the first step, often a prompt's prefill) or inferred from other shapes; with
+  // more, steps / 2 steps of a knot's own size, `steps` steps of a size between two knots.
   bool Visited(int64_t tokens, double steps = 1) const;
   int64_t observed() const { return observed_; }
 
@@ -546,10 +547,11 @@ struct DraftBudgetOptions {
   // prompt's prefill). At the start of a run at batch 1 on the CPU that guess put the step
   // without drafts at 0.81 ms where it took 0.44, and SpecFormer, which loses there, drafted for
   // ~300 steps: the drafted steps only measured drafted shapes (slowed by the drafter's evicting
-  // the target's weights), which bound the undrafted one from above only. Measured by fewer
-  // than kSettledSteps steps, the price is measured again every kPlansPerRemeasure plans while
-  // stale, whatever the gain: a run's first steps run on cold caches (0.52-0.62 ms where later
-  // ones took 0.40), and that price, held, kept the drafts on for ~250 steps. <= 1: never.
+  // the target's weights), which bound the undrafted one from above only. Measured by few steps
+  // (StepCostModel::Visited(tokens, kSettledSteps) false), the price is measured again every
+  // kPlansPerRemeasure plans while stale, whatever the gain: a run's first steps run on cold caches
+  // (0.52-0.62 ms where later ones took 0.40), and that price, held, kept the drafts on for ~250
+  // steps. <= 1: never.
   double remeasure_below_speedup = 1.25;
   uint64_t seed = 0x5eed;
 };
@@ -812,9 +814,10 @@ class DraftBudgetPolicy {
   // Re-measuring the step without drafts (DraftBudgetOptions::remeasure_below_speedup): whether
   // the next plan is its second, and the plan it last started at.
   static constexpr uint64_t kPlansPerRemeasure = 64;
-  // Steps of a decode-only shape without drafts after which a re-measure waits for the drafts'
-  // predicted gain to fall below remeasure_below_speedup; before, it comes every
-  // kPlansPerRemeasure plans while the shape is stale, whatever the gain.
+  // How much a decode-only shape must have been measured (StepCostModel::Visited: 3 steps of a
+  // knot's own size, 6 between two knots) before a re-measure waits for the drafts' predicted
+  // gain to fall below remeasure_below_speedup; before, it comes every kPlansPerRemeasure plans
+  // while the shape is stale, whatever the gain.
   static constexpr double kSettledSteps = 6;
   bool remeasure_second_plan_ = false;
   uint64_t remeasured_at_plan_ = 0;
