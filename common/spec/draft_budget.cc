@@ -153,6 +153,7 @@ void StepCostModel::WarmStart(const std::vector<std::pair<StepShape, double>>& p
     warm_started_ = true;
   }
   knots_observed_ = -1;  // refreshed at the next prediction
+  recent_observed_ = -1;
 }
 
 void StepCostModel::Observe(const StepShape& shape, double seconds) {
@@ -310,11 +311,19 @@ double StepCostModel::Predict(const StepShape& shape) const {
 double StepCostModel::PredictRecent(const StepShape& shape) const {
   if (shape.tokens <= 0 || !ready()) return 0;
   // While the fit is young (its first kAnchorEvery steps) every step moves it: fresh knots.
-  if (knots_observed_ < 0 || observed_ < kAnchorEvery ||
-      observed_ - knots_observed_ >= kOutlierRefreshEvery) {
+  if (recent_observed_ < 0 || observed_ < kAnchorEvery ||
+      observed_ - recent_observed_ >= kOutlierRefreshEvery) {
     EnsureKnots();
+    recent_knots_ = knots_;
+    recent_per_attention_ = per_attention_;
+    recent_chunk_step_ = chunk_step_;
+    recent_observed_ = observed_;
   }
-  return PredictWith(KnotPartAsRefreshed(shape.tokens), shape);
+  const auto [seg, f] = KnotSegment(shape.tokens);
+  const double y = recent_knots_[seg] * (1.0 - f) + recent_knots_[seg + 1] * f +
+                   recent_per_attention_ * shape.attention +
+                   (shape.chunk_tokens > 0 ? recent_chunk_step_ : 0.0);
+  return std::max(y, 0.0);
 }
 
 double StepCostModel::KnotPart(int64_t tokens) const {
@@ -1642,20 +1651,14 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   if (std::isfinite(wall) && wall > 0) {
     measured_seconds_ += wall;
     // Exploration is bounded by what it measurably cost: a probe whose catch-up took longer
-    // than predicted uses up more of the share.
+    // than predicted uses up more of the share (and so do the steps after it, see aftermath_).
     if (explored) {
       const double measured_extra = wall - pending_exploration_.optimum_seconds;
       if (measured_extra > pending_exploration_.charged_seconds) {
         explored_seconds_ += measured_extra - pending_exploration_.charged_seconds;
       }
-    } else if (after_exploration_ && predictable && std::isfinite(step.target_seconds)) {
-      // So is the step after it: the drafter's call evicted the target's weights from the
-      // caches (SpecFormer at batch 4 on the CPU: the three decode steps after a drafted one
-      // took 68, 39 and 20 us longer than the steady 582 us; after a catch-up 1.4x, below).
-      explored_seconds_ += std::max(0.0, step.target_seconds - predicted_target);
     }
   }
-  after_exploration_ = explored;
   pending_exploration_ = {};
   // A drafter's catch-up (a forward over a sequence's whole backlog) evicts the target's weights
   // from the caches: on the CPU the target's step with it ran 1.6x and the next one 1.4x their
@@ -1680,36 +1683,47 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   // before the models learn from it. Catch-up steps book their excess to the calls (above).
   int64_t draft_rows = 0;
   for (const StepMeasurement::Sequence& s : step.sequences) draft_rows += std::max(s.nodes, 0);
-  // The last drafted step's sample, with this step's excess if this one drafts nothing (see
-  // pending_excess_).
-  if (pending_excess_.waiting) {
-    double after = 0;
-    if (draft_rows == 0 && !caught_up && predictable && std::isfinite(step.target_seconds)) {
-      // Slower than a price recent steps measured, it ran on caches the drafter evicted: that
-      // is drafting's cost. Slower than a stale price, it may as well be the price that is
-      // wrong (the step of a re-measure, remeasure_below_speedup): booked to neither. Faster,
-      // the price was too high (evicted caches only slow a step), and the fit learns it. Held
-      // at its price instead, a stale price of not drafting (the first steps of a run, 680 us
-      // where undrafted steps took 470 at batch 1) was never corrected while drafting went on,
-      // and was booked to drafted steps as a saving.
-      if (target_cost_.MeasuredRecently(step.shape.tokens)) {
-        after =
-            std::max(0.0, WithoutOutlier(step.target_seconds, predicted_target) - predicted_target);
-      }
-      target_seconds = std::min(step.target_seconds, predicted_target);
+  const bool drafted = draft_rows > 0 || !step.drafter_calls.empty();
+  // A step of decodes alone, against a price recent steps measured, measures how much slower the
+  // steps after a draft run (a step with prompt chunks is priced less closely; against a stale
+  // price, it may as well be the price that is wrong). See after_ratio_.
+  const bool comparable = !drafted && predictable && predicted_target > 0 &&
+                          step.shape.chunk_tokens == 0 && std::isfinite(step.target_seconds) &&
+                          target_cost_.MeasuredRecently(step.shape.tokens);
+  if (drafted) {
+    CloseAftermath();  // the previous drafted step's window ends: this step's excess is its own
+    since_drafted_ = 0;
+    exploration_window_ = explored;
+    if (draft_rows > 0 && !caught_up && !after_catch_up_ && predictable && other_seen_ &&
+        std::isfinite(step.other_seconds)) {
+      const double predicted = predicted_target + other_seconds_;
+      const double measured =
+          WithoutOutlier(step.target_seconds + std::max(0.0, step.other_seconds),
+                         predicted + DraftedStepExcess(static_cast<double>(draft_rows)));
+      pending_sample_ = {.waiting = true,
+                         .rows = static_cast<double>(draft_rows) / kDraftRowUnit,
+                         .excess = measured - predicted};
     }
-    drafted_excess_.Add({1.0, pending_excess_.rows}, pending_excess_.excess + after);
-    pending_excess_ = {};
-  }
-  if (draft_rows > 0 && !caught_up && !after_catch_up_ && predictable && other_seen_ &&
-      std::isfinite(step.other_seconds)) {
-    const double predicted = predicted_target + other_seconds_;
-    const double measured =
-        WithoutOutlier(step.target_seconds + std::max(0.0, step.other_seconds),
-                       predicted + DraftedStepExcess(static_cast<double>(draft_rows)));
-    pending_excess_ = {.waiting = true,
-                       .rows = static_cast<double>(draft_rows) / kDraftRowUnit,
-                       .excess = measured - predicted};
+  } else if (since_drafted_ < kAftermathSteps) {
+    const int32_t k = since_drafted_++;
+    if (comparable) {
+      const double ratio = std::min(step.target_seconds / predicted_target, kAftermathRatioCap);
+      after_ratio_[k] +=
+          std::max(kAftermathRate, 1.0 / ++after_samples_[k]) * (ratio - after_ratio_[k]);
+      const double aftermath = AftermathSeconds(k, predicted_target);
+      pending_sample_.aftermath += aftermath;
+      if (exploration_window_) explored_seconds_ += std::max(0.0, aftermath);
+    }
+    // The step right after a drafted one stays out of the step cost fit above its price (its
+    // excess is the drafted step's). Faster, the price was too high, and the fit learns it: held
+    // at its price instead, a stale price of not drafting (the first steps of a run, 680 us
+    // where undrafted steps took 470 at batch 1) was never corrected while drafting went on.
+    if (k == 0 && predictable) target_seconds = std::min(target_seconds, predicted_target);
+    if (since_drafted_ == kAftermathSteps) CloseAftermath();
+  } else if (comparable) {
+    const double ratio = std::min(step.target_seconds / predicted_target, kAftermathRatioCap);
+    far_ratio_ +=
+        std::max(kFarRate, 1.0 / static_cast<double>(++far_samples_)) * (ratio - far_ratio_);
   }
   after_catch_up_ = caught_up;
   if (step.shape.tokens > 0) target_cost_.Observe(step.shape, target_seconds);
@@ -1740,6 +1754,21 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
       acceptance_.Relax(s.drafter, s.id, 0);  // asked, nothing came back: no draft, no streak
     }
   }
+}
+
+void DraftBudgetPolicy::CloseAftermath() {
+  // Evicted caches only slow the steps after: a window estimated faster is noise.
+  if (pending_sample_.waiting) {
+    drafted_excess_.Add({1.0, pending_sample_.rows},
+                        pending_sample_.excess + std::max(0.0, pending_sample_.aftermath));
+  }
+  pending_sample_ = {};
+  exploration_window_ = false;
+}
+
+double DraftBudgetPolicy::AftermathSeconds(int32_t k, double predicted) const {
+  if (after_samples_[k] == 0) return 0;
+  return (after_ratio_[k] - far_ratio_) * predicted;
 }
 
 double DraftBudgetPolicy::SpareTokens(const StepShape& base, double tolerance) const {

@@ -77,10 +77,11 @@
 // catch-up and the rest measuring what that step cannot. All of it is capped by the requests'
 // own limits, and its cost by `exploration_share` (1%) of the measured time of all steps (each
 // exploration is charged its predicted cost, or what its step measured beyond the prediction
-// without it, whichever is more; a trial that has started goes on and is charged): an expensive
-// drafter (whose catch-up Observe costs more than a step) is probed rarely. Between probes, an
-// idle sequence's acceptance estimate relaxes toward its drafter's average, so a paying drafter
-// resumes after a dip without waiting for one.
+// without it, whichever is more, and what the undrafted steps after it are measured to take
+// longer on the caches its drafts evicted; a trial that has started goes on and is charged): an
+// expensive drafter (whose catch-up Observe costs more than a step) is probed rarely. Between
+// probes, an idle sequence's acceptance estimate relaxes toward its drafter's average, so a paying
+// drafter resumes after a dip without waiting for one.
 //
 // Quiet plans: a plan that leaves every sequence at 0 with nothing to explore is reused by the
 // next plans (up to `quiet_replan_every` - 1 of them) until a probe, an extra node or a share that
@@ -175,7 +176,8 @@ class StepCostModel {
   // Predict from knots refreshed at most kOutlierRefreshEvery observations ago: what a measured
   // step is compared to (Observe's outlier bound, the policy's excess over prediction). Refreshing
   // the knots every step for it cost 2 us a step at batch 1 on the CPU (a 15 x 15 solve and the
-  // stale knots' bounds), 0.5% of a 0.4 ms step.
+  // stale knots' bounds), 0.5% of a 0.4 ms step. Its knots are a copy taken on that schedule, so
+  // that what it returns depends on the observations alone, not on when plans predicted.
   double PredictRecent(const StepShape& shape) const;
   bool ready() const { return observed_ > 0; }
   // Whether recent steps measured the knots a step of `tokens` tokens is priced from (those it
@@ -255,6 +257,11 @@ class StepCostModel {
   // do not price the knots that drafts use.
   mutable double chunk_step_ = 0;
   mutable int64_t knots_observed_ = -1;  // observed_ when knots_ were refreshed
+  // PredictRecent's copy of the knots, per_attention_ and chunk_step_, and observed_ then.
+  mutable std::vector<double> recent_knots_;
+  mutable double recent_per_attention_ = 0;
+  mutable double recent_chunk_step_ = 0;
+  mutable int64_t recent_observed_ = -1;
   bool has_prior_ = false;
   bool warm_started_ = false;  // a measured curve anchors every knot: kept as the anchor
   double forgetting_;
@@ -737,19 +744,41 @@ class DraftBudgetPolicy {
   // rows took 2.4-2.8 ms in the target where the fit, its 16-64-token knots relaxed to the 4-token
   // decode's 0.7-1.1 ms, predicted ~1 ms; the plans drafted 20-28 nodes into them and the runs read
   // 0.90-0.93x of no speculation.
-  // A drafted step's sample waits for the next step: if that one drafts nothing, what it took
-  // beyond the step cost fit's prediction is added to it (the drafter's call evicted the
-  // target's weights from the caches: at batch 4 on the CPU the decode step after one of
-  // SpecFormer's took 68 us longer than the steady 582 us), and that step stays out of the step
-  // cost fit. Charged to nothing, a sequence that drafts now and then paid it unseen, and the fit,
-  // fed those slow undrafted steps, priced decoding without drafts higher: drafting at break-even
-  // lost 1-2% of no speculation's rate.
+  // A drafter's call (and the verify forward's other kernels) evicted the target's weights from
+  // the caches, and they come back over several steps, not one: at batch 1 on the CPU (the 6M
+  // target's weights fill most of the last-level cache) the ten decode steps after a lone
+  // SpecFormer draft took 196, 165, 111, 96, 69, 55, 54, 43, 36 and 22 us longer than the steady
+  // 385 us, 2.2 steps' time in all, of which the policy charged the first. Charged to nothing, a
+  // sequence that drafts now and then paid it unseen. So the undrafted steps at each position k
+  // (up to kAftermathSteps) after a drafted one are measured: their time over the step cost fit's
+  // prediction, averaged over windows (after_ratio_), against the same ratio of undrafted steps
+  // further from any draft (far_ratio_, so that a fit that is off prices nothing). A drafted
+  // step's sample in drafted_excess_ waits for its window and adds the estimated excess of the
+  // undrafted steps that followed it (not of those a next drafted step absorbed: drafting every
+  // step pays its own eviction in its own steps); an exploration's window is charged to the
+  // share. On a GPU (nothing evicted) the ratios agree and nothing is charged.
   ForgettingLeastSquares drafted_excess_;
-  struct PendingExcess {
+  static constexpr int32_t kAftermathSteps = 16;
+  static constexpr double kAftermathRatioCap = 3;  // a step's ratio counts as at most this
+  static constexpr double kAftermathRate = 0.05;   // the positions' averages (~20 windows)
+  static constexpr double kFarRate = 0.01;
+  std::array<double, kAftermathSteps> after_ratio_{};
+  std::array<int32_t, kAftermathSteps> after_samples_{};
+  double far_ratio_ = 1.0;  // the fit's own prediction until steps far from drafts are seen
+  int64_t far_samples_ = 0;
+  int32_t since_drafted_ = kAftermathSteps;  // undrafted steps since the last drafted one
+  bool exploration_window_ = false;          // the last drafted step explored
+  struct PendingSample {
     bool waiting = false;
-    double rows = 0;    // the drafted step's draft rows / kDraftRowUnit
-    double excess = 0;  // its measured excess so far
-  } pending_excess_;
+    double rows = 0;       // the drafted step's draft rows / kDraftRowUnit
+    double excess = 0;     // its own measured excess
+    double aftermath = 0;  // its window's so far
+  } pending_sample_;
+  // The estimated excess of an undrafted step k positions after a drafted one (0: the next),
+  // priced `predicted` without it (0 before any window reached k).
+  double AftermathSeconds(int32_t k, double predicted) const;
+  // Ends the drafted step's window: its sample, if any, is learned.
+  void CloseAftermath();
   static constexpr double kDraftRowUnit = 16;
   bool after_catch_up_ = false;  // the last observed step had a drafter's catch-up
   std::unordered_map<int64_t, int32_t> idle_plans_;  // plans in a row at budget 0
@@ -828,9 +857,6 @@ class DraftBudgetPolicy {
     double optimum_seconds = 0;  // the plan's predicted seconds without its exploration
     double charged_seconds = 0;  // what exploration was charged when planned
   } pending_exploration_;
-  // The last observed step explored: the next one's time beyond the fit's prediction is charged
-  // to exploration too (see Observe).
-  bool after_exploration_ = false;
 };
 
 }  // namespace specula

@@ -1268,13 +1268,14 @@ TEST(DraftBudgetPolicyTest, AQuietPlanIsNotReusedWhereAJoinerWouldDraftOrTheBatc
 }
 
 // Plans and measures `steps` decode steps of 4 sequences of `drafter` at context 10: the target
-// as `curve`, a drafting call `per_call` seconds, and the step after one `refill` seconds slower.
-// Returns the seconds all steps took beyond `curve`'s undrafted step (what exploration cost);
-// `probes`, if given, counts the steps that drafted.
+// as `curve`, a drafting call `per_call` seconds, and the k-th step after one refill[k] seconds
+// slower. Returns the seconds all steps took beyond `curve`'s undrafted step (what exploration
+// cost); `probes`, if given, counts the steps that drafted.
 double RunExplorations(DraftBudgetPolicy& policy, const Curve& curve, const std::string& drafter,
-                       double per_call, double refill, int steps, int* probes = nullptr) {
+                       double per_call, const std::vector<double>& refill, int steps,
+                       int* probes = nullptr) {
   double explored = 0;
-  bool after = false;
+  size_t after = refill.size();  // steps since the last that drafted
   for (int step = 0; step < steps; ++step) {
     const StepBase base = Decoding(4, 10);
     const auto c = Candidates(4, drafter, 8, 10);
@@ -1285,13 +1286,13 @@ double RunExplorations(DraftBudgetPolicy& policy, const Curve& curve, const std:
       m.shape.tokens += d.budgets[i];
       if (d.budgets[i] > 0) ++drafting;
     }
-    m.target_seconds = curve(m.shape) + (after ? refill : 0);
+    m.target_seconds = curve(m.shape) + (after < refill.size() ? refill[after] : 0);
     if (drafting > 0) {
       m.drafter_calls = {{.drafter = drafter, .sequences = drafting, .seconds = per_call}};
       if (probes) ++*probes;
     }
     explored += m.target_seconds + (drafting > 0 ? per_call : 0) - curve(base.shape);
-    after = drafting > 0;
+    after = drafting > 0 ? 0 : std::min(after + 1, refill.size());
     policy.Observe(m);
   }
   return explored;
@@ -1309,7 +1310,7 @@ TEST(DraftBudgetPolicyTest, ExplorationStaysWithinItsShareOfMeasuredTime) {
   // The drafter now really costs 3x what the model learned (its catch-up grew, the machine got
   // busy): exploration must be bounded by what it measurably costs, not by the prediction.
   const double real_per_call = 6e-3;
-  const double explored = RunExplorations(policy, curve, "slow", real_per_call, 0, 400);
+  const double explored = RunExplorations(policy, curve, "slow", real_per_call, {}, 400);
   EXPECT_GT(explored, 0) << "some exploration must happen";
   // Every measured second counts toward the share (training included); the last probe may
   // overshoot by its own cost before it is measured.
@@ -1334,10 +1335,72 @@ TEST(DraftBudgetPolicyTest, TheStepAfterAnExplorationCountsTowardsItsShare) {
   // ~6x what the probe itself costs.
   const double refill = 2e-3;
   int probes = 0;
-  const double explored = RunExplorations(policy, curve, "cheap", 1e-4, refill, 4000, &probes);
+  const double explored = RunExplorations(policy, curve, "cheap", 1e-4, {refill}, 4000, &probes);
   EXPECT_GT(probes, 2) << "some exploration must happen";
   // The share (1%) of every measured second, and the last probe's own cost and refill.
   EXPECT_LE(explored, 0.01 * policy.measured_seconds() + 1e-4 + 4 * 1e-4 + refill);
+}
+
+// The evicted caches come back over several steps (on the CPU the ten decode steps after a lone
+// SpecFormer draft took 2.2 steps' time more in all): every one of them counts toward the share.
+TEST(DraftBudgetPolicyTest, TheStepsAfterAnExplorationCountTowardsItsShareUntilTheCachesAreBack) {
+  std::mt19937 rng(9);
+  DraftBudgetPolicy policy({.probe_after = 1,
+                            .probe_nodes = 2,
+                            .max_probe_backoff = 1,
+                            .explore_every = 1,
+                            .trial_plans = 1});
+  const Curve curve{.base = 1e-3, .knee = 0, .per_token = 1e-4};
+  Train(policy, curve, 300, rng);
+  TrainDrafter(policy, "cheap", 1e-4, 1e-6);
+  for (int64_t id = 1; id <= 4; ++id) TrainAcceptance(policy, "cheap", id, 0.02, 40, rng);
+  // 2 ms in all over the seven steps after a drafted one; the first alone is what was charged.
+  const std::vector<double> refill = {0.5e-3, 0.4e-3, 0.3e-3, 0.3e-3, 0.2e-3, 0.2e-3, 0.1e-3};
+  int probes = 0;
+  const double explored = RunExplorations(policy, curve, "cheap", 1e-4, refill, 6000, &probes);
+  EXPECT_GT(probes, 2) << "some exploration must happen";
+  EXPECT_LE(explored, 0.01 * policy.measured_seconds() + 1e-4 + 4 * 1e-4 + 2e-3);
+}
+
+// A sequence that drafts now and then pays for the steps after each draft that run on evicted
+// caches: the drafted steps are priced with them (and the step cost fit keeps the undrafted
+// step's steady price). Where nothing is evicted (a GPU), the noise of the steps after a draft
+// prices next to nothing.
+TEST(DraftBudgetPolicyTest, ADraftIsPricedWithTheSlowerStepsAfterIt) {
+  const StepShape one{.tokens = 1, .attention = 100};
+  const StepShape four{.tokens = 4, .attention = 400};
+  auto run = [&](const std::vector<double>& slower, double noise) {
+    DraftBudgetPolicy policy(NoExploration());
+    std::mt19937 rng(5);
+    std::normal_distribution<double> jitter(1.0, noise);
+    const Curve curve{.base = 1e-3, .knee = 16, .per_token = 1e-4};
+    Train(policy, curve, 300, rng, noise);
+    for (int draft = 0; draft < 60; ++draft) {
+      StepMeasurement drafted{.shape = four,
+                              .target_seconds = curve(four) * jitter(rng),
+                              .drafter_calls = {{.drafter = "lm",
+                                                 .sequences = 1,
+                                                 .nodes = 3,
+                                                 .max_depth = 3,
+                                                 .observed_tokens = 4,
+                                                 .seconds = 0.1e-3}}};
+      drafted.sequences.push_back(
+          {.id = 1, .drafter = "lm", .nodes = 3, .depth = 3, .accepted = 0, .asked = 3});
+      policy.Observe(drafted);
+      for (int k = 0; k < 30; ++k) {
+        const double evicted = k < static_cast<int>(slower.size()) ? slower[k] : 0.0;
+        policy.Observe({.shape = one, .target_seconds = curve(one) * jitter(rng) + evicted});
+      }
+    }
+    return std::pair{policy.DraftedStepExcess(3), policy.target_cost().Predict(one)};
+  };
+  // 1 ms in all over the four steps after each draft.
+  const auto [excess, price] = run({0.4e-3, 0.3e-3, 0.2e-3, 0.1e-3}, 0.02);
+  EXPECT_NEAR(excess, 1.0e-3, 0.2e-3);
+  EXPECT_LT(price, 1.05e-3);
+  const auto [noise_only, noise_price] = run({}, 0.05);
+  EXPECT_LT(noise_only, 0.15e-3);
+  EXPECT_LT(noise_price, 1.05e-3);
 }
 
 // The undrafted step right after a drafted one runs slower (the drafter evicted the target's
