@@ -9,6 +9,17 @@ step pays its catch-up). Per group: the plan's predicted ms and tokens, the meas
 and tokens, and tokens per ms predicted, measured and without drafts (as planned and as the
 undrafted steps after undrafted ones measured).
 
+Then the steps after a draft: the target's median ms of the undrafted decode-only steps 1, 2, ...
+steps after the last step that drafted, against those further than --aftermath-steps from any
+(per decoding sequences), and what the steps after a draft took beyond those, summed per draft
+(a drafter's call and the verify forward evict the target's weights from the caches).
+
+Last, where drafting gained or lost time: each decode-only step's wall ms less its tokens at the
+far undrafted steps' mean ms per token, summed by what it was (a drafted step that starts a run
+of drafted steps or continues one, by the optimum or exploration; the undrafted steps within
+--aftermath-steps after either), as a share of all traced steps' wall time (prompt steps
+included). Negative: drafting gained.
+
   specula bench ... --draft-lens adaptive --step-trace trace.jsonl
   scripts/step_trace_summary.py trace.jsonl [--label-contains "b1 repeat"] [--json out.json]
 """
@@ -27,10 +38,17 @@ def main():
                    help="only lines whose label contains this (default: bench's timed repeats; "
                         "'' = all)")
     p.add_argument("--json", help="also write the table here")
+    p.add_argument("--aftermath-steps", type=int, default=20,
+                   help="steps after a draft in the second table; steps further count as far")
     args = p.parse_args()
 
     groups = collections.defaultdict(list)
+    accounted = []  # (what the step was, its line) for the last table
+    kind_of = {}  # label -> what its last drafted step was (exploit / explore)
+    total_ms = 0.0
     previous = {}  # label -> whether its previous step drafted
+    since = {}  # label -> steps since its last drafted step (None: none yet, or a prompt since)
+    after_draft = collections.defaultdict(list)  # (decoding, steps since a draft) -> target ms
     with open(args.trace) as f:
         for text in f:
             line = json.loads(text)
@@ -38,8 +56,26 @@ def main():
             drafted = line["draft_nodes"] > 0
             after = "after draft" if previous.get(label, False) else "after none"
             previous[label] = drafted
+            k = since.get(label)
+            k = None if k is None else k + 1
+            since[label] = 0 if drafted else (None if line["prefill_tokens"] > 0 else k)
             if args.label_contains and args.label_contains not in label:
                 continue
+            plan = line.get("plan")
+            if not drafted and line["prefill_tokens"] == 0 and plan is not None:
+                far = k is None or k > args.aftermath_steps
+                after_draft[(plan["decoding"], "far" if far else k)].append(line["target_ms"])
+            total_ms += line["wall_ms"]
+            if line["prefill_tokens"] == 0 and plan is not None:
+                if drafted:
+                    kind = "explore" if plan["explored"] > 0 else "exploit"
+                    kind_of[label] = kind
+                    what = kind + (" continues" if after == "after draft" else " starts")
+                elif k is not None and k <= args.aftermath_steps and label in kind_of:
+                    what = "after " + kind_of[label]
+                else:
+                    what = "far"
+                accounted.append((what, plan["decoding"], line))
             plan = line.get("plan")
             if plan is None or line["prefill_tokens"] > 0 or plan["prefill_tokens"] > 0:
                 continue
@@ -80,10 +116,56 @@ def main():
             decoding, kind, after, len(lines), pred_ms, wall_ms, pred_tok, tok,
             row["predicted_tokens_per_ms"] or 0, row["tokens_per_ms"] or 0, no_draft_planned,
             "%.2f" % measured if measured is not None else "-"))
+
+    aftermath = []
+    print("\nundrafted decode steps by steps since the last draft: target median ms (steps)")
+    for decoding in sorted({d for d, _ in after_draft}):
+        far = after_draft.get((decoding, "far"))
+        if not far:
+            continue
+        far_ms = statistics.median(far)
+        cells, excess = [], 0.0
+        for k in range(1, args.aftermath_steps + 1):
+            ms = after_draft.get((decoding, k))
+            if not ms:
+                continue
+            median = statistics.median(ms)
+            excess += median - far_ms
+            cells.append({"steps_since_draft": k, "steps": len(ms), "median_ms": median})
+        aftermath.append({"decoding": decoding, "far_steps": len(far), "far_median_ms": far_ms,
+                          "after_draft": cells, "excess_ms_per_draft": excess})
+        print("%4d far %.3f (%d); " % (decoding, far_ms, len(far)) +
+              " ".join("%d:%.3f(%d)" % (c["steps_since_draft"], c["median_ms"], c["steps"])
+                       for c in cells) +
+              "; excess per draft %.3f ms" % excess)
+
+    # Per decoding sequences: the far undrafted steps' ms per token is the rate drafting is
+    # measured against.
+    far_rate = {}
+    for decoding in {d for _, d, _ in accounted}:
+        far = [l for w, d, l in accounted if w == "far" and d == decoding]
+        if far:
+            far_rate[decoding] = (sum(l["wall_ms"] for l in far) /
+                                  sum(max(l["new_tokens"], 1) for l in far))
+    balance = collections.defaultdict(lambda: [0, 0.0])
+    for what, decoding, line in accounted:
+        if decoding in far_rate and what != "far":
+            balance[what][0] += 1
+            balance[what][1] += line["wall_ms"] - line["new_tokens"] * far_rate[decoding]
+    print("\ntime beyond the far undrafted steps' rate, by what the step was (%% of %.0f ms)" %
+          total_ms)
+    for what in sorted(balance):
+        steps, ms = balance[what]
+        print("  %-18s %6d steps %9.1f ms %7.2f%%" % (what, steps, ms, 100 * ms / total_ms))
+    net = sum(ms for _, ms in balance.values())
+    print("  %-18s %6s       %9.1f ms %7.2f%%" % ("all drafting", "", net, 100 * net / total_ms))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"trace": args.trace, "label_contains": args.label_contains, "groups": rows},
-                      f, indent=1)
+            json.dump({"trace": args.trace, "label_contains": args.label_contains, "groups": rows,
+                       "after_draft": aftermath,
+                       "balance": {w: {"steps": n, "ms": ms, "share": ms / total_ms}
+                                   for w, (n, ms) in balance.items()},
+                       "total_ms": total_ms}, f, indent=1)
     return 0 if rows else 1
 
 
