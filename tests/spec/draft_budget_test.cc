@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <set>
 
@@ -1317,11 +1318,12 @@ TEST(DraftBudgetPolicyTest, ExplorationStaysWithinItsShareOfMeasuredTime) {
   EXPECT_LE(explored, 0.02 * policy.measured_seconds() + real_per_call + 4 * 1e-4);
 }
 
-// A drafter's call slows the target's next step (its weights evicted the target's from the
-// caches): that step's excess counts toward the exploration share as well.
-TEST(DraftBudgetPolicyTest, TheStepAfterAnExplorationCountsTowardsItsShare) {
+// Single-step probes of a cheap drafter that never pays, as often as the share allows, on a
+// 1 ms step plus 0.1 ms per token, with the k-th step after each drafted one refill[k] slower
+// (RunExplorations). Expects the share (1%) of every measured second, plus the last probe's own
+// cost and its refill, to bound what all steps took beyond the undrafted step.
+void ExpectExplorationWithinItsShare(const std::vector<double>& refill, int steps) {
   std::mt19937 rng(9);
-  // Single-step probes of a cheap drafter, as often as the share allows.
   DraftBudgetPolicy policy({.probe_after = 1,
                             .probe_nodes = 2,
                             .max_probe_backoff = 1,
@@ -1331,35 +1333,27 @@ TEST(DraftBudgetPolicyTest, TheStepAfterAnExplorationCountsTowardsItsShare) {
   Train(policy, curve, 300, rng);
   TrainDrafter(policy, "cheap", 1e-4, 1e-6);
   for (int64_t id = 1; id <= 4; ++id) TrainAcceptance(policy, "cheap", id, 0.02, 40, rng);
-  // The drafter's calls cost what the model learned, but the step after one takes 2 ms longer:
-  // ~6x what the probe itself costs.
-  const double refill = 2e-3;
   int probes = 0;
-  const double explored = RunExplorations(policy, curve, "cheap", 1e-4, {refill}, 4000, &probes);
+  const double explored = RunExplorations(policy, curve, "cheap", 1e-4, refill, steps, &probes);
   EXPECT_GT(probes, 2) << "some exploration must happen";
-  // The share (1%) of every measured second, and the last probe's own cost and refill.
-  EXPECT_LE(explored, 0.01 * policy.measured_seconds() + 1e-4 + 4 * 1e-4 + refill);
+  const double refilled = std::accumulate(refill.begin(), refill.end(), 0.0);
+  EXPECT_LE(explored, 0.01 * policy.measured_seconds() + 1e-4 + 4 * 1e-4 + refilled);
+}
+
+// A drafter's call slows the target's next step (its weights evicted the target's from the
+// caches): that step's excess counts toward the exploration share as well. Here the drafter's
+// calls cost what the model learned, but the step after one takes 2 ms longer: ~6x what the
+// probe itself costs.
+TEST(DraftBudgetPolicyTest, TheStepAfterAnExplorationCountsTowardsItsShare) {
+  ExpectExplorationWithinItsShare({2e-3}, 4000);
 }
 
 // The evicted caches come back over several steps (on the CPU the ten decode steps after a lone
 // SpecFormer draft took 2.2 steps' time more in all): every one of them counts toward the share.
+// Here 2 ms in all over the seven steps after a drafted one (charging the first alone, the
+// probes took 1.7x the share).
 TEST(DraftBudgetPolicyTest, TheStepsAfterAnExplorationCountTowardsItsShareUntilTheCachesAreBack) {
-  std::mt19937 rng(9);
-  DraftBudgetPolicy policy({.probe_after = 1,
-                            .probe_nodes = 2,
-                            .max_probe_backoff = 1,
-                            .explore_every = 1,
-                            .trial_plans = 1});
-  const Curve curve{.base = 1e-3, .knee = 0, .per_token = 1e-4};
-  Train(policy, curve, 300, rng);
-  TrainDrafter(policy, "cheap", 1e-4, 1e-6);
-  for (int64_t id = 1; id <= 4; ++id) TrainAcceptance(policy, "cheap", id, 0.02, 40, rng);
-  // 2 ms in all over the seven steps after a drafted one; the first alone is what was charged.
-  const std::vector<double> refill = {0.5e-3, 0.4e-3, 0.3e-3, 0.3e-3, 0.2e-3, 0.2e-3, 0.1e-3};
-  int probes = 0;
-  const double explored = RunExplorations(policy, curve, "cheap", 1e-4, refill, 6000, &probes);
-  EXPECT_GT(probes, 2) << "some exploration must happen";
-  EXPECT_LE(explored, 0.01 * policy.measured_seconds() + 1e-4 + 4 * 1e-4 + 2e-3);
+  ExpectExplorationWithinItsShare({0.5e-3, 0.4e-3, 0.3e-3, 0.3e-3, 0.2e-3, 0.2e-3, 0.1e-3}, 6000);
 }
 
 // A sequence that drafts now and then pays for the steps after each draft that run on evicted
