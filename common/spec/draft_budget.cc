@@ -213,15 +213,15 @@ std::vector<double> StepCostModel::Anchor() const {
     if (visits_[i] >= kVisited) continue;
     auto hi = std::upper_bound(visited.begin(), visited.end(), i);
     if (hi == visited.begin()) {  // below every visited knot: the prior's flat-then-linear shape
-      anchor[i] = knots_[*hi] * std::max(tokens(i), kPriorKneeTokens) /
+      anchor[i] = prices_.knots[*hi] * std::max(tokens(i), kPriorKneeTokens) /
                   std::max(tokens(*hi), kPriorKneeTokens);
     } else if (hi == visited.end()) {  // above them: linear in tokens past the last one
       const size_t lo = visited.back();
-      anchor[i] = knots_[lo] * tokens(i) / tokens(lo);
+      anchor[i] = prices_.knots[lo] * tokens(i) / tokens(lo);
     } else {  // between: the chord, an upper bound wherever the cost is convex in tokens
       const size_t lo = *(hi - 1);
       const double f = (tokens(i) - tokens(lo)) / (tokens(*hi) - tokens(lo));
-      anchor[i] = knots_[lo] + f * (knots_[*hi] - knots_[lo]);
+      anchor[i] = prices_.knots[lo] + f * (prices_.knots[*hi] - prices_.knots[lo]);
     }
   }
   return anchor;
@@ -293,12 +293,13 @@ void StepCostModel::RefreshKnots() const {
   // look cheaper), and the attention term at least 0.
   const std::vector<double>& theta = fit_.coefficients();
   const size_t nk = Knots().size();
-  knots_.assign(theta.begin(), theta.begin() + static_cast<std::ptrdiff_t>(nk));
-  ClampStale(knots_);
-  RelaxStale(knots_);
-  for (size_t i = 1; i < nk; ++i) knots_[i] = std::max(knots_[i], knots_[i - 1]);
-  per_attention_ = std::max(theta[nk], 0.0) / kAttentionUnit;
-  chunk_step_ = std::max(theta[nk + 1], 0.0);
+  std::vector<double>& knots = prices_.knots;
+  knots.assign(theta.begin(), theta.begin() + static_cast<std::ptrdiff_t>(nk));
+  ClampStale(knots);
+  RelaxStale(knots);
+  for (size_t i = 1; i < nk; ++i) knots[i] = std::max(knots[i], knots[i - 1]);
+  prices_.per_attention = std::max(theta[nk], 0.0) / kAttentionUnit;
+  prices_.chunk_step = std::max(theta[nk + 1], 0.0);
 }
 
 double StepCostModel::Predict(const StepShape& shape) const {
@@ -314,32 +315,30 @@ double StepCostModel::PredictRecent(const StepShape& shape) const {
   if (recent_observed_ < 0 || observed_ < kAnchorEvery ||
       observed_ - recent_observed_ >= kOutlierRefreshEvery) {
     EnsureKnots();
-    recent_knots_ = knots_;
-    recent_per_attention_ = per_attention_;
-    recent_chunk_step_ = chunk_step_;
+    recent_ = prices_;
     recent_observed_ = observed_;
   }
-  const auto [seg, f] = KnotSegment(shape.tokens);
-  const double y = recent_knots_[seg] * (1.0 - f) + recent_knots_[seg + 1] * f +
-                   recent_per_attention_ * shape.attention +
-                   (shape.chunk_tokens > 0 ? recent_chunk_step_ : 0.0);
-  return std::max(y, 0.0);
+  return recent_.Predict(recent_.KnotPart(shape.tokens), shape);
 }
 
 double StepCostModel::KnotPart(int64_t tokens) const {
   EnsureKnots();
-  return KnotPartAsRefreshed(tokens);
-}
-
-double StepCostModel::KnotPartAsRefreshed(int64_t tokens) const {
-  const auto [seg, f] = KnotSegment(tokens);
-  return knots_[seg] * (1.0 - f) + knots_[seg + 1] * f;
+  return prices_.KnotPart(tokens);
 }
 
 double StepCostModel::PredictWith(double knot_part, const StepShape& shape) const {
-  // per_attention_ and chunk_step_ as refreshed with the knots that knot_part came from.
+  // The attention and chunk terms as refreshed with the knots that knot_part came from.
+  return prices_.Predict(knot_part, shape);
+}
+
+double StepCostModel::Prices::KnotPart(int64_t tokens) const {
+  const auto [seg, f] = KnotSegment(tokens);
+  return knots[seg] * (1.0 - f) + knots[seg + 1] * f;
+}
+
+double StepCostModel::Prices::Predict(double knot_part, const StepShape& shape) const {
   const double y =
-      knot_part + per_attention_ * shape.attention + (shape.chunk_tokens > 0 ? chunk_step_ : 0.0);
+      knot_part + per_attention * shape.attention + (shape.chunk_tokens > 0 ? chunk_step : 0.0);
   return std::max(y, 0.0);
 }
 
@@ -1690,6 +1689,13 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   const bool comparable = !drafted && predictable && predicted_target > 0 &&
                           step.shape.chunk_tokens == 0 && std::isfinite(step.target_seconds) &&
                           target_cost_.MeasuredRecently(step.shape.tokens);
+  const double ratio =
+      comparable ? std::min(step.target_seconds / predicted_target, kAftermathRatioCap) : 0.0;
+  // A running mean over the first samples, a moving average at `rate` after.
+  auto average = [&](double& mean, auto& samples, double rate) {
+    ++samples;
+    mean += std::max(rate, 1.0 / static_cast<double>(samples)) * (ratio - mean);
+  };
   if (drafted) {
     CloseAftermath();  // the previous drafted step's window ends: this step's excess is its own
     since_drafted_ = 0;
@@ -1707,9 +1713,7 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   } else if (since_drafted_ < kAftermathSteps) {
     const int32_t k = since_drafted_++;
     if (comparable) {
-      const double ratio = std::min(step.target_seconds / predicted_target, kAftermathRatioCap);
-      after_ratio_[k] +=
-          std::max(kAftermathRate, 1.0 / ++after_samples_[k]) * (ratio - after_ratio_[k]);
+      average(after_ratio_[k], after_samples_[k], kAftermathRate);
       const double aftermath = AftermathSeconds(k, predicted_target);
       pending_sample_.aftermath += aftermath;
       if (exploration_window_) explored_seconds_ += std::max(0.0, aftermath);
@@ -1721,9 +1725,7 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
     if (k == 0 && predictable) target_seconds = std::min(target_seconds, predicted_target);
     if (since_drafted_ == kAftermathSteps) CloseAftermath();
   } else if (comparable) {
-    const double ratio = std::min(step.target_seconds / predicted_target, kAftermathRatioCap);
-    far_ratio_ +=
-        std::max(kFarRate, 1.0 / static_cast<double>(++far_samples_)) * (ratio - far_ratio_);
+    average(far_ratio_, far_samples_, kFarRate);
   }
   after_catch_up_ = caught_up;
   if (step.shape.tokens > 0) target_cost_.Observe(step.shape, target_seconds);

@@ -211,8 +211,6 @@ class StepCostModel {
     if (knots_observed_ != observed_) RefreshKnots();
   }
   static constexpr int64_t kOutlierRefreshEvery = 8;
-  // KnotPart from the knots as last refreshed.
-  double KnotPartAsRefreshed(int64_t tokens) const;
   // A knot that the fit's memory still holds steps on (its recent visits, forgotten at the fit's
   // rate, weigh at least half a step).
   bool Fresh(size_t knot) const;
@@ -250,17 +248,22 @@ class StepCostModel {
   std::vector<double> Anchor() const;
 
   ForgettingLeastSquares fit_;
-  mutable std::vector<double> knots_;
-  mutable double per_attention_ = 0;
-  // What a step with a prompt chunk costs beyond its rows (the chunk's first-token sampling, the
-  // caches the prefill left cold): fitted apart, so that the few short steps that end a prompt
-  // do not price the knots that drafts use.
-  mutable double chunk_step_ = 0;
-  mutable int64_t knots_observed_ = -1;  // observed_ when knots_ were refreshed
-  // PredictRecent's copy of the knots, per_attention_ and chunk_step_, and observed_ then.
-  mutable std::vector<double> recent_knots_;
-  mutable double recent_per_attention_ = 0;
-  mutable double recent_chunk_step_ = 0;
+  // The fit as refreshed into prices: a step's seconds at each knot, per attention unit, and
+  // for a prompt chunk.
+  struct Prices {
+    std::vector<double> knots;
+    double per_attention = 0;
+    // What a step with a prompt chunk costs beyond its rows (the chunk's first-token sampling,
+    // the caches the prefill left cold): fitted apart, so that the few short steps that end a
+    // prompt do not price the knots that drafts use.
+    double chunk_step = 0;
+    double KnotPart(int64_t tokens) const;
+    double Predict(double knot_part, const StepShape& shape) const;
+  };
+  mutable Prices prices_;
+  mutable int64_t knots_observed_ = -1;  // observed_ when prices_ were refreshed
+  // PredictRecent's copy of prices_, and observed_ when it was taken.
+  mutable Prices recent_;
   mutable int64_t recent_observed_ = -1;
   bool has_prior_ = false;
   bool warm_started_ = false;  // a measured curve anchors every knot: kept as the anchor
