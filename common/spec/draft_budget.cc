@@ -331,6 +331,16 @@ double StepCostModel::PredictWith(double knot_part, const StepShape& shape) cons
   return prices_.Predict(knot_part, shape);
 }
 
+StepCostModel::Prices StepCostModel::Snapshot() const {
+  EnsureKnots();
+  return prices_;
+}
+
+double StepCostModel::Prices::Predict(const StepShape& shape) const {
+  if (knots.empty() || shape.tokens <= 0) return 0;
+  return Predict(KnotPart(shape.tokens), shape);
+}
+
 double StepCostModel::Prices::KnotPart(int64_t tokens) const {
   const auto [seg, f] = KnotSegment(tokens);
   return knots[seg] * (1.0 - f) + knots[seg + 1] * f;
@@ -806,6 +816,7 @@ DraftBudgetPolicy::DraftBudgetPolicy(DraftBudgetOptions options)
     : options_(options),
       acceptance_(/*rate=*/0.1, /*prior_rate=*/0.05, /*initial=*/0.5, options.acceptance_streaks),
       drafted_excess_({0.0, 0.0}, /*prior_weight=*/0.5, /*forgetting=*/0.95),
+      audit_(options.audit),
       rng_(options.seed) {}
 
 const DrafterCostModel* DraftBudgetPolicy::drafter_cost(const std::string& drafter) const {
@@ -1412,8 +1423,38 @@ void DraftBudgetPolicy::KeepIfQuiet(const StepBase& base,
   quiet_.decision = decision;
 }
 
+BudgetDecision DraftBudgetPolicy::PlanWithoutDrafting(
+    const StepBase& base, const std::vector<BudgetCandidate>& candidates) {
+  ++audited_plans_;
+  if (quiet_.reusable > 0 || quiet_.reused > 0) EndQuietPlans();
+  remeasure_second_plan_ = false;
+  pending_exploration_ = {};
+  drafted_last_plan_.clear();
+  // Priced from PredictRecent's knots, not a refreshed fit: the fit is solved when read, and a
+  // solve every step cost ~2 us at batch 1 on the CPU (see PredictRecent), where a reused quiet
+  // plan costs nothing. Nothing drafts, so no node is priced (min_reach 0).
+  BudgetDecision d;
+  d.budgets.assign(candidates.size(), 0);
+  d.depth_reach.assign(candidates.size(), 0.0);
+  d.no_draft_seconds = target_cost_.PredictRecent(base.shape) + other_seconds_;
+  d.no_draft_tokens = static_cast<double>(base.decoding);
+  d.predicted_seconds = d.no_draft_seconds;
+  d.predicted_tokens = d.no_draft_tokens;
+  return d;
+}
+
 BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
                                        const std::vector<BudgetCandidate>& candidates) {
+  audited_step_ = {
+      .planned = true,
+      .countable = base.chunks.tokens == 0 && base.decoding > 0 &&
+                   std::any_of(candidates.begin(), candidates.end(),
+                               [](const BudgetCandidate& c) { return c.max_nodes > 0; }),
+      .decoding = base.decoding,
+      .shape = base.shape};
+  if (!audit_.drafting() && target_cost_.observed() >= kAuditAfterSteps) {
+    return PlanWithoutDrafting(base, candidates);
+  }
   if (base.max_nodes == 0) return PlanWithoutRoom(base, candidates);
   BudgetDecision reused;
   if (ReuseQuietPlan(base, candidates, &reused)) return reused;
@@ -1642,6 +1683,7 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   double drafters_seconds = 0;
   for (const DrafterCall& call : step.drafter_calls) drafters_seconds += call.seconds;
   const double wall = step.target_seconds + drafters_seconds + std::max(0.0, step.other_seconds);
+  Audit(step, wall);
   const bool explored = pending_exploration_.charged_seconds > 0;
   // The step cost fit's prediction for this step's shape, before it learns from it: what the
   // steps around a drafter's call are measured against (the caches it evicted).
@@ -1756,6 +1798,25 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
       acceptance_.Relax(s.drafter, s.id, 0);  // asked, nothing came back: no draft, no streak
     }
   }
+}
+
+void DraftBudgetPolicy::Audit(const StepMeasurement& step, double wall) {
+  const AuditedStep audited = std::exchange(audited_step_, {});
+  if (!audited.planned || target_cost_.observed() < kAuditAfterSteps) return;
+  if (!audited.countable) {
+    audit_.Skip();
+    return;
+  }
+  // The yardstick is frozen for each pair of epochs (drafting_audit.h): taken at the first
+  // counted step after the last pair ended, it prices the long epoch's next stretch, whose tail
+  // is the next pair's window before its short epoch.
+  if (audit_prices_pair_ != audit_.ended_pairs()) {
+    audit_prices_ = target_cost_.Snapshot();
+    audit_prices_pair_ = audit_.ended_pairs();
+  }
+  double tokens = audited.decoding;
+  for (const StepMeasurement::Sequence& s : step.sequences) tokens += std::max(s.accepted, 0);
+  audit_.Observe(wall, tokens, audited.decoding, audit_prices_.Predict(audited.shape));
 }
 
 void DraftBudgetPolicy::CloseAftermath() {

@@ -108,6 +108,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/spec/drafting_audit.h"
+
 namespace specula {
 
 struct DrafterIndex;  // a plan's drafters (draft_budget.cc)
@@ -192,6 +194,24 @@ class StepCostModel {
   bool Visited(int64_t tokens, double steps = 1) const;
   int64_t observed() const { return observed_; }
 
+  // The fit as refreshed into prices: a step's seconds at each knot, per attention unit, and
+  // for a prompt chunk.
+  struct Prices {
+    std::vector<double> knots;
+    double per_attention = 0;
+    // What a step with a prompt chunk costs beyond its rows (the chunk's first-token sampling,
+    // the caches the prefill left cold): fitted apart, so that the few short steps that end a
+    // prompt do not price the knots that drafts use.
+    double chunk_step = 0;
+    double KnotPart(int64_t tokens) const;
+    double Predict(double knot_part, const StepShape& shape) const;
+    // 0 without knots (a default Prices) or tokens.
+    double Predict(const StepShape& shape) const;
+  };
+  // A copy of the current prices, which later observations do not move (a yardstick: the
+  // drafting audit's).
+  Prices Snapshot() const;
+
   static const std::vector<int64_t>& Knots();
   static constexpr std::array<int64_t, 13> kKnotTokens = {1,   2,   4,   8,    16,   32,  64,
                                                           128, 256, 512, 1024, 2048, 4096};
@@ -248,18 +268,6 @@ class StepCostModel {
   std::vector<double> Anchor() const;
 
   ForgettingLeastSquares fit_;
-  // The fit as refreshed into prices: a step's seconds at each knot, per attention unit, and
-  // for a prompt chunk.
-  struct Prices {
-    std::vector<double> knots;
-    double per_attention = 0;
-    // What a step with a prompt chunk costs beyond its rows (the chunk's first-token sampling,
-    // the caches the prefill left cold): fitted apart, so that the few short steps that end a
-    // prompt do not price the knots that drafts use.
-    double chunk_step = 0;
-    double KnotPart(int64_t tokens) const;
-    double Predict(double knot_part, const StepShape& shape) const;
-  };
   mutable Prices prices_;
   mutable int64_t knots_observed_ = -1;  // observed_ when prices_ were refreshed
   // PredictRecent's copy of prices_, and observed_ when it was taken.
@@ -564,6 +572,9 @@ struct DraftBudgetOptions {
   // steps. <= 1: never.
   double remeasure_below_speedup = 1.25;
   uint64_t seed = 0x5eed;
+  // Drafting epochs against no-draft epochs, measured end to end: drafting stops where it does
+  // not beat not drafting (drafting_audit.h).
+  DraftingAuditOptions audit;
 };
 
 // A running, decoding sequence that may draft this step.
@@ -663,6 +674,9 @@ class DraftBudgetPolicy {
   double measured_seconds() const { return measured_seconds_; }
   // Plans that reused a quiet plan (DraftBudgetOptions::quiet_replan_every).
   uint64_t quiet_plans() const { return quiet_plans_; }
+  const DraftingAudit& audit() const { return audit_; }
+  // Plans the audit kept without drafts (a no-draft epoch).
+  uint64_t audited_plans() const { return audited_plans_; }
 
  private:
   // Each candidate's expected draft (tokens and rows) at every budget up to its max_nodes.
@@ -842,6 +856,26 @@ class DraftBudgetPolicy {
                    const BudgetDecision& decision, double waiting_extra);
   QuietPlan quiet_;
   uint64_t quiet_plans_ = 0;
+  // The drafting audit (drafting_audit.h): it counts steps once the step cost fit has seen
+  // kAuditAfterSteps (its yardstick is the fit's prices, frozen per pair of epochs).
+  static constexpr int64_t kAuditAfterSteps = 64;
+  DraftingAudit audit_;
+  StepCostModel::Prices audit_prices_;
+  uint64_t audit_prices_pair_ = std::numeric_limits<uint64_t>::max();  // ended_pairs() at the copy
+  struct AuditedStep {
+    bool planned = false;    // a plan preceded the step that Observe reports next
+    bool countable = false;  // decode-only, and some sequence could draft
+    int32_t decoding = 0;
+    StepShape shape;  // the step without drafts
+  } audited_step_;
+  uint64_t audited_plans_ = 0;
+  // A plan in the audit's no-draft epoch: every sequence at 0, nothing explored, the policy's own
+  // state as after a plan that drafted nothing (its quiet plan ended), and its predictions from
+  // the step cost fit's recent prices.
+  BudgetDecision PlanWithoutDrafting(const StepBase& base,
+                                     const std::vector<BudgetCandidate>& candidates);
+  // Feeds the step Observe measured to the audit.
+  void Audit(const StepMeasurement& step, double wall);
   uint64_t plans_ = 0;
   // Re-measuring the step without drafts (DraftBudgetOptions::remeasure_below_speedup): whether
   // the next plan is its second, and the plan it last started at.

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -72,9 +73,17 @@ void TrainDrafter(DraftBudgetPolicy& policy, const std::string& drafter, double 
   }
 }
 
-// No probes, extra nodes or re-measured steps without drafts: each plan is the optimum.
+// The policy alone, without the drafting audit's no-draft epochs (drafting_audit.h): for tests of
+// the policy's own decisions, which the audit would interleave with plans it makes itself.
+DraftBudgetOptions Unaudited(DraftBudgetOptions options = {}) {
+  options.audit.enabled = false;
+  return options;
+}
+
+// No probes, extra nodes, re-measured steps or audit checks without drafts: each plan is the
+// optimum.
 DraftBudgetOptions NoExploration() {
-  return {.probe_after = 0, .explore_every = 0, .remeasure_below_speedup = 0};
+  return Unaudited({.probe_after = 0, .explore_every = 0, .remeasure_below_speedup = 0});
 }
 
 StepBase Decoding(int32_t sequences, int64_t context) {
@@ -1083,7 +1092,7 @@ TEST(DraftBudgetPolicyTest, QuietPlansKeepEveryDecision) {
   uint64_t quiet[2];
   for (int run = 0; run < 2; ++run) {
     std::mt19937 rng(21);
-    DraftBudgetOptions options;
+    DraftBudgetOptions options = Unaudited();
     options.probe_after = 8;
     options.max_probe_backoff = 4;
     options.quiet_replan_every = run == 0 ? 1 : DraftBudgetOptions{}.quiet_replan_every;
@@ -1117,7 +1126,7 @@ TEST(DraftBudgetPolicyTest, QuietPlansGoPastDueProbesWhileTheShareHasNoRoom) {
   uint64_t quiet[2];
   for (int run = 0; run < 2; ++run) {
     std::mt19937 rng(23);
-    DraftBudgetOptions options;
+    DraftBudgetOptions options = Unaudited();
     options.probe_after = 8;
     options.max_probe_backoff = 2;
     options.quiet_replan_every = run == 0 ? 1 : DraftBudgetOptions{}.quiet_replan_every;
@@ -1492,7 +1501,7 @@ TEST(DraftBudgetPolicyTest, AStalePriceOfNotDraftingIsMeasuredAgain) {
 // loss: every plan drafts (no step spent re-measuring).
 TEST(DraftBudgetPolicyTest, AStalePriceOfNotDraftingIsKeptWhereDraftsGainMuch) {
   std::mt19937 rng(19);
-  DraftBudgetPolicy policy(DraftBudgetOptions{.probe_after = 0, .explore_every = 0});
+  DraftBudgetPolicy policy(Unaudited({.probe_after = 0, .explore_every = 0}));
   const Curve curve{.base = 1e-3, .knee = 0, .per_token = 1e-5};
   TrainDrafter(policy, "d", 1e-5, 1e-9);
   TrainAcceptance(policy, "d", 1, 0.9, 200, rng, 4);
@@ -1952,7 +1961,8 @@ TEST(BudgetPlannerTest, TracesEachStepsPlanNextToItsMeasurement) {
 // cost per_call plus 20 us per observed token and 50 us per depth, on a 1 ms step. Returns the
 // share of the last 300 steps that drafted. The first `unlucky` drafts accept nothing (a
 // drafter's first, odd request).
-double DraftingShare(double per_call, double p, int unlucky = 0, DraftBudgetOptions options = {}) {
+double DraftingShare(double per_call, double p, int unlucky = 0,
+                     DraftBudgetOptions options = Unaudited()) {
   BudgetPlanner planner(options);
   SpecRequest request;
   request.generation.prompt.assign(128, 1);
@@ -2026,10 +2036,10 @@ TEST(BudgetPlannerTest, AFewUnluckyFirstDraftsDoNotTurnADrafterOff) {
   // its upper confidence bound the drafter keeps drafting until its samples tell.
   EXPECT_GT(DraftingShare(/*per_call=*/4e-4, /*p=*/0.75, /*unlucky=*/6), 0.9);
   EXPECT_LT(DraftingShare(4e-4, 0.75, 6,
-                          {.young_drafter_calls = 0,
-                           .acceptance_confidence = 0,
-                           .margin_hysteresis = false,
-                           .margin_full_batch = 1}),
+                          Unaudited({.young_drafter_calls = 0,
+                                     .acceptance_confidence = 0,
+                                     .margin_hysteresis = false,
+                                     .margin_full_batch = 1})),
             0.5);
   // The bonus shrinks with samples: a drafter that does not pay (p = 0.3) still stops.
   EXPECT_LT(DraftingShare(4e-4, 0.3), 0.05);
@@ -2216,6 +2226,11 @@ struct BatchOneMachine {
   // What the drafter's first calls take beyond their cost, in order (on a GPU: the first
   // launches of each kernel, the GEMM library's first use of a shape).
   std::vector<double> cold;
+  // The target's steps with a draft and the `footprint_steps` after one run `footprint` times
+  // slower (the drafter's weights crowd the target's out of the cache).
+  double footprint = 1;
+  int32_t footprint_steps = 0;
+  uint32_t seed = 23;  // acceptance draws and noise
 };
 
 // Batch 1 as the self-distilled draft LM runs it on the CPU (measured in a trace of `specula
@@ -2231,7 +2246,7 @@ struct BatchOneMachine {
 double BatchOneTokensPerSecond(const DraftBudgetOptions& options, int32_t fixed, int requests,
                                const BatchOneMachine& m = {}) {
   BudgetPlanner planner(options);
-  std::mt19937 rng(23);
+  std::mt19937 rng(m.seed);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   std::normal_distribution<double> noise(1.0, 0.05);
   double seconds = 0, tokens = 0;
@@ -2253,6 +2268,7 @@ double BatchOneTokensPerSecond(const DraftBudgetOptions& options, int32_t fixed,
     planner.OnStep(prefill, m.prefill);
     int64_t generated = 1, context = 129, unobserved = 129;
     bool after_catch_up = false;
+    int32_t since_draft = std::numeric_limits<int32_t>::max() / 2;
     while (generated < 64) {
       int32_t n = 0;
       if (fixed >= 0) {
@@ -2274,6 +2290,8 @@ double BatchOneTokensPerSecond(const DraftBudgetOptions& options, int32_t fixed,
         target *= m.after_catch_up;
       }
       after_catch_up = catch_up;
+      since_draft = n > 0 ? 0 : since_draft + 1;
+      if (since_draft <= m.footprint_steps) target *= m.footprint;
       StepReport report{.verify_tokens = 1 + n, .verify_seconds = target};
       RequestUpdate u{.id = id};
       double draft = 0;
@@ -2325,17 +2343,48 @@ TEST(BudgetPlannerTest, APayingDrafterWhoseAcceptanceDipsKeepsDraftingAtBatchOne
   EXPECT_GT(adaptive, 0.95 * best_fixed) << "none " << none << ", best fixed " << best_fixed;
   // Valued at its average alone after a draft (no streaks), the sequence's estimate is what its
   // last outcomes pushed it to: after a rejection it dipped further than the acceptance did.
-  EXPECT_GT(adaptive, BatchOneTokensPerSecond({.acceptance_streaks = false}, -1, kRequests));
+  // (The policy alone, both ways: the audit's checks would blur the difference.)
+  EXPECT_GT(BatchOneTokensPerSecond(Unaudited(), -1, kRequests),
+            BatchOneTokensPerSecond(Unaudited({.acceptance_streaks = false}), -1, kRequests));
   // The margin stopped it in every dip of its acceptance, and the single-node explorations of
   // an idle sequence could not bring it back in time (the policy as it was: one-step probes, no
   // relaxation, a margin on every node, two standard errors of optimism).
-  const double before = BatchOneTokensPerSecond({.trial_plans = 1,
-                                                 .acceptance_confidence = 2,
-                                                 .idle_relaxation = 0,
-                                                 .margin_hysteresis = false,
-                                                 .margin_full_batch = 1},
+  const double before = BatchOneTokensPerSecond(Unaudited({.trial_plans = 1,
+                                                           .acceptance_confidence = 2,
+                                                           .idle_relaxation = 0,
+                                                           .margin_hysteresis = false,
+                                                           .margin_full_batch = 1}),
                                                 -1, kRequests);
   EXPECT_LT(before, 0.95 * best_fixed);
+}
+
+// A cost the policy cannot see (drafting_audit.h): the drafter slows the target's steps 1.6x
+// while it drafts and for 24 steps after each draft, longer than the policy's aftermath window
+// (16 steps), so that the undrafted steps it compares drafts with are as slow as the drafted
+// ones; against those, the draft LM of the machine above pays, while a run that never drafts is
+// faster still. The policy alone drafts at a loss (0.84x of no speculation); with the audit, its
+// no-draft epochs measure the clean steps and drafting stops but for short trials (0.99x).
+// Where drafting pays (no footprint), the audit's checks cost it little.
+TEST(BudgetPlannerTest, TheAuditStopsDraftingThatLosesWhereThePolicyCannotSeeWhy) {
+  const int kRequests = 240;
+  BatchOneMachine m;
+  m.footprint = 1.6;
+  m.footprint_steps = 24;
+  const double none = BatchOneTokensPerSecond({}, 0, kRequests, m);
+  const double unaudited = BatchOneTokensPerSecond(Unaudited(), -1, kRequests, m);
+  const double audited = BatchOneTokensPerSecond({}, -1, kRequests, m);
+  EXPECT_LT(unaudited, 0.9 * none) << "the footprint no longer fools the policy";
+  EXPECT_GT(audited, 0.97 * none) << "unaudited " << unaudited / none;
+  // The checks change which acceptance draws each step gets, so one run's ratio moves by ~2%
+  // with the seed (0.975-1.011): the mean over six.
+  double ratio = 0;
+  for (uint32_t seed = 1; seed <= 6; ++seed) {
+    BatchOneMachine p;
+    p.seed = seed;
+    ratio += BatchOneTokensPerSecond({}, -1, kRequests, p) /
+             BatchOneTokensPerSecond(Unaudited(), -1, kRequests, p) / 6;
+  }
+  EXPECT_GT(ratio, 0.98);
 }
 
 // Batch 1 on the H200 (bf16; docs/BENCHMARKS.md, the eighteenth session): the target's step and

@@ -79,7 +79,11 @@ struct Timings {
 
 // One scenario at one batch size: warm-up, then `steps` timed steps.
 Timings RunScenario(const BenchFlags& f, const Machine& m, int64_t batch) {
-  BudgetPlanner planner({}, /*max_step_tokens=*/0);
+  // The policy's own plans are what is timed: the drafting audit's no-draft epochs (which plan
+  // nothing) would fall on some timed steps and not on others.
+  DraftBudgetOptions options;
+  options.audit.enabled = false;
+  BudgetPlanner planner(options, /*max_step_tokens=*/0);
   std::mt19937_64 rng(static_cast<uint64_t>(f.seed));
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   struct Request {

@@ -1,0 +1,147 @@
+#include "common/spec/drafting_audit.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+namespace specula {
+namespace {
+
+// A synthetic engine under the audit: every step is a sample with a 1 ms yardstick. A step the
+// audit lets draft takes `drafted(step)` seconds and yields `tokens` tokens; one it does not
+// takes `undrafted(step, steps since the last drafting step)` seconds for one token; both times
+// `speed(step)` (the machine) and 5% noise.
+struct Engine {
+  double drafted_seconds = 1e-3;
+  double drafted_tokens = 1;
+  std::function<double(int64_t since_draft)> undrafted = [](int64_t) { return 1e-3; };
+  std::function<double(int64_t step)> speed = [](int64_t) { return 1.0; };
+  double noise = 0.05;
+};
+
+struct Tally {
+  int64_t drafting_steps = 0;
+  int64_t steps = 0;
+  double share() const { return steps > 0 ? static_cast<double>(drafting_steps) / steps : 0; }
+};
+
+// Runs `steps` steps from `first` on; the drafting share is counted from `count_from` on.
+Tally RunSteps(DraftingAudit& audit, const Engine& e, int64_t first, int64_t steps,
+               int64_t count_from = 0, uint32_t seed = 7) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> noise(1.0, e.noise);
+  Tally t;
+  int64_t since_draft = 1 << 20;
+  for (int64_t step = first; step < first + steps; ++step) {
+    const bool drafting = audit.drafting();
+    const double base = drafting ? e.drafted_seconds : e.undrafted(since_draft);
+    const double seconds = base * e.speed(step) * std::max(noise(rng), 0.5);
+    audit.Observe(seconds, drafting ? e.drafted_tokens : 1.0, 1, 1e-3);
+    since_draft = drafting ? 0 : since_draft + 1;
+    if (step >= count_from) {
+      ++t.steps;
+      if (drafting) ++t.drafting_steps;
+    }
+  }
+  return t;
+}
+
+TEST(DraftingAuditTest, StopsDraftingThatLosesAndTriesItNowAndThen) {
+  DraftingAudit audit;
+  // Drafted steps take 1.2 ms for 1.08 tokens: 0.9 of no speculation's tokens per second.
+  const Engine e{.drafted_seconds = 1.2e-3, .drafted_tokens = 1.08};
+  const Tally t = RunSteps(audit, e, 0, 40000, /*count_from=*/20000);
+  EXPECT_EQ(audit.verdict(), DraftingAudit::Verdict::kDoesNotPay);
+  EXPECT_NEAR(audit.realized_speedup(), 0.9, 0.03);
+  // Trials of 128 steps (+16 flush) after no-draft epochs of ~2,700: ~5% of the steps draft.
+  EXPECT_GT(t.drafting_steps, 0) << "drafting is tried now and then";
+  EXPECT_LT(t.share(), 0.08);
+}
+
+TEST(DraftingAuditTest, KeepsDraftingThatPaysWithRareChecks) {
+  DraftingAudit audit;
+  const Engine e{.drafted_seconds = 1.2e-3, .drafted_tokens = 1.5};  // 1.25x
+  const Tally t = RunSteps(audit, e, 0, 40000, /*count_from=*/10000);
+  EXPECT_EQ(audit.verdict(), DraftingAudit::Verdict::kPays);
+  EXPECT_NEAR(audit.realized_speedup(), 1.25, 0.04);
+  // Checks of 64 steps after ~2,500 drafting ones: 2.5% of the steps, 0.5% of the throughput.
+  EXPECT_LT(1 - t.share(), 0.04);
+  EXPECT_GT(1 - t.share(), 0.0) << "drafting is checked now and then";
+}
+
+// On a shared machine the speed drifts: a short epoch compared with the windows on both sides of
+// it reads no speedup where drafting changes nothing, though the machine slows 2x over the run.
+TEST(DraftingAuditTest, DriftAcrossAPairIsNotASpeedup) {
+  DraftingAudit audit;
+  const Engine e{.speed = [](int64_t step) { return 1.0 + static_cast<double>(step) / 20000; },
+                 .noise = 0.0};
+  RunSteps(audit, e, 0, 20000);
+  ASSERT_GT(audit.pairs(), 5u);
+  EXPECT_NEAR(audit.realized_speedup(), 1.0, 0.01);
+  EXPECT_NEAR(audit.last_pair_speedup(), 1.0, 0.01);
+}
+
+// Where drafting stops, the target's weights come back into the caches over the next steps: at
+// the same yield per step, the 12 steps after the last draft run 2x slower. Counted as drafting
+// (the flush), they make drafting lose; counted as the no-draft epoch's they would make it look
+// 10-20% ahead.
+TEST(DraftingAuditTest, TheStepsAfterDraftingStopsCountAsDrafting) {
+  DraftingAudit audit;
+  const Engine e{.undrafted = [](int64_t since) { return since < 12 ? 2e-3 : 1e-3; }, .noise = 0.0};
+  RunSteps(audit, e, 0, 20000);
+  EXPECT_EQ(audit.verdict(), DraftingAudit::Verdict::kDoesNotPay);
+  EXPECT_LT(audit.last_pair_speedup(), 0.97);
+  EXPECT_GT(audit.last_pair_speedup(), 0.85);
+}
+
+TEST(DraftingAuditTest, StepsThatAreNotSamplesMoveNoEpoch) {
+  DraftingAudit audit;
+  for (int i = 0; i < 10000; ++i) {
+    ASSERT_TRUE(audit.drafting());
+    audit.Skip();
+    audit.Observe(1e-3, 1, 0, 1e-3);          // no decoding sequence
+    audit.Observe(1e-3, 1, 1, 0);             // no yardstick
+    audit.Observe(std::nan(""), 1, 1, 1e-3);  // no time
+  }
+  EXPECT_EQ(audit.ended_pairs(), 0u);
+  EXPECT_EQ(audit.verdict(), DraftingAudit::Verdict::kUnknown);
+}
+
+// 10 ms steps: a 4,096-step long epoch would take 41 s; it ends after 2 s instead, so a change of
+// load (here: drafting that paid 1.5x reads 0.8x from step 3,000 on) turns the verdict after the
+// ~5 pairs the estimate needs to cross from 1.5 to 0.97, ~4 s each (not after 67 s: 41 s
+// for the first).
+TEST(DraftingAuditTest, ALongEpochEndsWithinItsTimeBound) {
+  for (const double bound : {2.0, 1e9}) {
+    DraftingAudit audit({.max_long_seconds = bound});
+    Engine e{.drafted_seconds = 10e-3, .drafted_tokens = 1.5, .undrafted = [](int64_t) {
+               return 10e-3;
+             }};
+    RunSteps(audit, e, 0, 3000);
+    ASSERT_EQ(audit.verdict(), DraftingAudit::Verdict::kPays);
+    e.drafted_tokens = 0.8;
+    int64_t steps = 0;
+    while (audit.verdict() == DraftingAudit::Verdict::kPays && steps < 40000) {
+      RunSteps(audit, e, 3000 + steps, 100, 0, static_cast<uint32_t>(steps));
+      steps += 100;
+    }
+    if (bound == 2.0) {
+      EXPECT_LT(steps * 10e-3, 30.0) << "seconds before drafting stopped";
+    } else {
+      EXPECT_GT(steps * 10e-3, 50.0) << "without the bound, the first long epoch takes 41 s";
+    }
+  }
+}
+
+TEST(DraftingAuditTest, OffItNeverStopsDrafting) {
+  DraftingAudit audit({.enabled = false});
+  const Engine e{.drafted_seconds = 2e-3, .drafted_tokens = 1};
+  const Tally t = RunSteps(audit, e, 0, 5000);
+  EXPECT_EQ(t.drafting_steps, t.steps);
+  EXPECT_EQ(audit.verdict(), DraftingAudit::Verdict::kUnknown);
+}
+
+}  // namespace
+}  // namespace specula
