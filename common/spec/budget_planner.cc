@@ -112,9 +112,13 @@ std::vector<StepPlan::DraftBudget> BudgetPlanner::Plan() {
   if (max_step_tokens_ > 0)
     base.max_nodes = std::max<int64_t>(0, max_step_tokens_ - base.shape.tokens);
   const uint64_t quiet_before = policy_.quiet_plans();
+  const uint64_t audited_before = policy_.audited_plans();
   last_ = policy_.Plan(base, candidates);
   if (trace_ != nullptr) {
-    traced_ = {.base = base, .decision = last_, .quiet = policy_.quiet_plans() > quiet_before};
+    traced_ = {.base = base,
+               .decision = last_,
+               .quiet = policy_.quiet_plans() > quiet_before,
+               .audit_off = policy_.audited_plans() > audited_before};
     planned_ = true;
   }
   std::vector<StepPlan::DraftBudget> budgets;

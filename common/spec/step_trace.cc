@@ -41,6 +41,7 @@ void StepTrace::Write(const std::string& label, int64_t step, const TracedPlan* 
     line["plan"] = {{"decoding", plan->base.decoding},
                     {"prefill_tokens", plan->base.chunks.tokens},
                     {"quiet", plan->quiet},
+                    {"audit_off", plan->audit_off},
                     {"nodes", nodes},
                     {"drafting", drafting},
                     {"explored", round(plan->decision.explored_nodes)},

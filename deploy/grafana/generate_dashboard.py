@@ -137,6 +137,13 @@ PANELS = [
          "the cost model predicts it for the last step.", "short", "timeseries",
          [(f"avg by (instance) (specula_draft_budget_predicted_speedup{{{JOB}}})",
            "{{instance}}")]),
+        ("Realized speedup", "The drafting audit: measured tokens/s of drafting epochs over "
+         "the no-draft epochs next to them (1 = drafting gains nothing); where it stays below 1 "
+         "the verdict (0) keeps drafting to short trials.", "short", "timeseries",
+         [(f"avg by (instance) (specula_draft_budget_realized_speedup{{{JOB}}})",
+           "{{instance}} realized"),
+          (f"avg by (instance) (specula_draft_budget_drafting_verdict{{{JOB}}})",
+           "{{instance}} verdict")]),
         ("Spare compute", "Tokens the step's forward could add within 5% of its time: room for "
          "more draft nodes at almost no cost.", "short", "timeseries",
          [(f"avg by (instance) (specula_draft_budget_spare_tokens{{{JOB}}})", "{{instance}}")]),

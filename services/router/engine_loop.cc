@@ -447,6 +447,11 @@ void EngineLoop::LearnFromStep(const StepOutcome& outcome, double wall_seconds) 
                           .kappa = averages_.kappa(),
                           .theta = averages_.theta(),
                           .draft_share = averages_.draft_share()};
+  const DraftingAudit& audit = planner_->policy().audit();
+  snapshot.realized_speedup = audit.realized_speedup();
+  snapshot.drafting_verdict = audit.verdict() == DraftingAudit::Verdict::kPays         ? 1
+                              : audit.verdict() == DraftingAudit::Verdict::kDoesNotPay ? 0
+                                                                                       : -1;
   snapshot.spare_tokens = planner_->policy().SpareTokens(
       {.tokens = r.prefill_tokens + r.verify_tokens, .attention = r.attention});
   for (const std::string& drafter : info_.drafters) {

@@ -251,6 +251,24 @@ struct RouterMetrics::Impl {
           .Labels(labels)
           .Register(*registry)
           .Add({});
+  Gauge& realized_speedup =
+      BuildGauge()
+          .Name("specula_draft_budget_realized_speedup")
+          .Help(
+              "Measured tokens/s of drafting epochs over no-draft epochs next to them (the "
+              "drafting audit; 1 before its first comparison).")
+          .Labels(labels)
+          .Register(*registry)
+          .Add({});
+  Gauge& drafting_verdict =
+      BuildGauge()
+          .Name("specula_draft_budget_drafting_verdict")
+          .Help(
+              "The drafting audit's verdict: 1 drafting pays (no-draft checks now and then), 0 it "
+              "does not (drafting trials now and then), -1 not measured yet.")
+          .Labels(labels)
+          .Register(*registry)
+          .Add({});
   Gauge& spare_tokens =
       BuildGauge()
           .Name("specula_draft_budget_spare_tokens")
@@ -406,7 +424,11 @@ const char* VllmFinishReason(FinishReason reason) {
 }
 
 RouterMetrics::RouterMetrics(const RouterMetricsOptions& options)
-    : impl_(std::make_unique<Impl>(options)) {}
+    : impl_(std::make_unique<Impl>(options)) {
+  // Before the first step: nothing measured (BudgetSnapshot's defaults).
+  impl_->realized_speedup.Set(1);
+  impl_->drafting_verdict.Set(-1);
+}
 RouterMetrics::~RouterMetrics() = default;  // MetricsRegistry stops its endpoint first
 
 StatusOr<int> RouterMetrics::Expose(const std::string& host, int port) {
@@ -426,6 +448,8 @@ void RouterMetrics::DraftBudget(const BudgetSnapshot& s) {
   impl_->budget_predicted.Increment(std::max(0.0, s.predicted_seconds));
   impl_->budget_measured.Increment(std::max(0.0, s.measured_seconds));
   impl_->budget_speedup.Set(s.predicted_speedup);
+  impl_->realized_speedup.Set(s.realized_speedup);
+  impl_->drafting_verdict.Set(static_cast<double>(s.drafting_verdict));
   impl_->spare_tokens.Set(s.spare_tokens);
   impl_->row_price.Set(s.row_price);
   impl_->kappa.Set(s.kappa);

@@ -24,11 +24,15 @@ struct BudgetSnapshot {
   double predicted_seconds = 0;  // the step as the policy predicted it
   double measured_seconds = 0;   // and as it ran (the router's wall time of the step)
   double predicted_speedup = 1;  // tokens/s at the budgets over tokens/s without drafts
-  double spare_tokens = 0;       // tokens the forward could add within 5% of its time
-  double row_price = 0;          // BudgetDecision::min_reach: the reach a node needs to pay
-  double kappa = 0;              // a * depth / k over recent drafting steps (SpecFormer)
-  double theta = 0;              // kappa / speedup (lower is better)
-  double draft_share = 0;        // drafters' share of recent step time
+  // The drafting audit (drafting_audit.h): drafting epochs' measured tokens/s over no-draft
+  // epochs' (1 before the first pair), and its verdict: 1 pays, 0 does not, -1 none yet.
+  double realized_speedup = 1;
+  int32_t drafting_verdict = -1;
+  double spare_tokens = 0;  // tokens the forward could add within 5% of its time
+  double row_price = 0;     // BudgetDecision::min_reach: the reach a node needs to pay
+  double kappa = 0;         // a * depth / k over recent drafting steps (SpecFormer)
+  double theta = 0;         // kappa / speedup (lower is better)
+  double draft_share = 0;   // drafters' share of recent step time
   // Per drafter: p[d] = P(depth d + 1 accepted | depth d accepted), d = 0..
   std::vector<std::pair<std::string, std::vector<double>>> acceptance;
   // Per drafter, P(node j + 1 comes back | node j did): budgets that came back short or empty.

@@ -101,6 +101,22 @@ TEST(RouterMetricsTest, NamesMirrorVllmAndCountsMove) {
   }
 }
 
+// The drafting audit's estimate and verdict (common/spec/drafting_audit.h), as of the last step.
+TEST(RouterMetricsTest, DraftBudgetExportsTheAuditsRealizedSpeedupAndVerdict) {
+  RouterMetrics m;
+  const std::string before = m.Text();
+  EXPECT_NE(before.find("specula_draft_budget_realized_speedup 1"), std::string::npos) << before;
+  EXPECT_NE(before.find("specula_draft_budget_drafting_verdict -1"), std::string::npos) << before;
+  m.DraftBudget({.budgets = {0}, .realized_speedup = 0.93, .drafting_verdict = 0});
+  std::string text = m.Text();
+  EXPECT_NE(text.find("specula_draft_budget_realized_speedup 0.93"), std::string::npos) << text;
+  EXPECT_NE(text.find("specula_draft_budget_drafting_verdict 0"), std::string::npos) << text;
+  m.DraftBudget({.budgets = {3}, .realized_speedup = 1.25, .drafting_verdict = 1});
+  text = m.Text();
+  EXPECT_NE(text.find("specula_draft_budget_realized_speedup 1.25"), std::string::npos) << text;
+  EXPECT_NE(text.find("specula_draft_budget_drafting_verdict 1"), std::string::npos) << text;
+}
+
 // vLLM V1's per-request histograms, iteration tokens and request_success with vLLM's
 // finished_reason values, every series labelled with the model's name.
 TEST(RouterMetricsTest, VllmRequestHistogramsAndModelName) {

@@ -60,15 +60,25 @@ struct BenchFlags {
   bool count_ops = false;
 };
 
+// A --draft-lens entry: a fixed budget, or the policy with or without its drafting audit.
+struct DraftLen {
+  int64_t k = 0;  // adaptive: the cap
+  bool adaptive = false;
+  bool audited = true;  // adaptive: the drafting audit on (drafting_audit.h)
+};
+
 struct Setting {
   std::string drafter;    // "none" = the baseline
   int64_t draft_len = 0;  // adaptive: the cap
   bool adaptive = false;
+  bool audited = true;
   // --specdec-grid: this setting's (beta, tau); otherwise --verify decides.
   std::optional<std::pair<int32_t, float>> specdec;
   std::string label() const {
     if (drafter == "none") return "none";
-    std::string label = adaptive ? StrCat(drafter, " adaptive") : StrCat(drafter, " k=", draft_len);
+    std::string label = !adaptive ? StrCat(drafter, " k=", draft_len)
+                        : audited ? StrCat(drafter, " adaptive")
+                                  : StrCat(drafter, " adaptive-unaudited");
     if (specdec) label += StrCat(" b", specdec->first, "t", specdec->second);
     return label;
   }
@@ -105,27 +115,27 @@ struct Quality {
   LogProbSum log_probs;
 };
 
-// --draft-lens: positive integers (fixed budgets) and "adaptive" (the policy, capped at
-// --draft-cap).
-StatusOr<std::vector<std::pair<int64_t, bool>>> ParseDraftLens(const std::string& text,
-                                                               int64_t cap) {
-  std::vector<std::pair<int64_t, bool>> lens;
+// --draft-lens: positive integers (fixed budgets), "adaptive" (the policy, capped at
+// --draft-cap) and "adaptive-unaudited" (the policy without its drafting audit).
+StatusOr<std::vector<DraftLen>> ParseDraftLens(const std::string& text, int64_t cap) {
+  std::vector<DraftLen> lens;
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
     if (item.empty()) continue;
-    if (item == "adaptive") {
-      lens.push_back({cap, true});
+    if (item == "adaptive" || item == "adaptive-unaudited") {
+      lens.push_back({.k = cap, .adaptive = true, .audited = item == "adaptive"});
       continue;
     }
     char* end = nullptr;
     const long long k = std::strtoll(item.c_str(), &end, 10);
     if (*end != '\0' || k < 1 || k > kMaxDraftTokens) {
       return InvalidArgumentError(StrCat("--draft-lens: '", item,
-                                         "' is neither adaptive nor an integer in [1, ",
+                                         "' is neither adaptive, adaptive-unaudited nor an "
+                                         "integer in [1, ",
                                          kMaxDraftTokens, "]"));
     }
-    lens.push_back({k, false});
+    lens.push_back({.k = k});
   }
   if (lens.empty()) return InvalidArgumentError("--draft-lens is empty");
   return lens;
@@ -151,7 +161,8 @@ struct RunResult {
   int64_t engine_steps = 0;  // target forwards (each serves the whole batch)
   int64_t budget_nodes = 0;  // adaptive: nodes the policy gave, over sequence-steps
   int64_t budgeted_sequence_steps = 0;
-  int64_t ops = 0;  // --count-ops: LibTorch ops dispatched on the engine's thread
+  int64_t audited_plans = 0;  // adaptive: plans the drafting audit kept without drafts
+  int64_t ops = 0;            // --count-ops: LibTorch ops dispatched on the engine's thread
   std::map<std::string, int64_t> ops_by_name;
   std::optional<Quality> quality;  // lossy settings (and the baseline, for its log-probability)
   double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0; }
@@ -187,7 +198,11 @@ Status RunWaves(SpecEngine& engine, const std::vector<SpecRequest>& requests, si
     const std::vector<SpecRequest> wave(requests.begin() + start,
                                         requests.begin() + std::min(end, start + batch_size));
     SpecRunStats stats;
+    const uint64_t audited_before = planner ? planner->policy().audited_plans() : 0;
     ASSIGN_OR_RETURN(auto results, GenerateAll(engine, wave, nullptr, &stats, planner));
+    if (planner) {
+      r.audited_plans += static_cast<int64_t>(planner->policy().audited_plans() - audited_before);
+    }
     r.budget_nodes += stats.budget_nodes;
     r.engine_steps += stats.steps;
     r.budgeted_sequence_steps += stats.budgeted_sequence_steps;
@@ -263,9 +278,11 @@ Status Run(const BenchFlags& f) {
   std::vector<Setting> settings = {{"none", 0}};
   for (const auto& d : drafters) {
     if (d == "none") continue;
-    for (const auto& [k, adaptive] : draft_lens) {
-      if (specdec_grid.empty()) settings.push_back({d, k, adaptive});
-      for (const auto& point : specdec_grid) settings.push_back({d, k, adaptive, point});
+    for (const DraftLen& len : draft_lens) {
+      if (specdec_grid.empty()) settings.push_back({d, len.k, len.adaptive, len.audited});
+      for (const auto& point : specdec_grid) {
+        settings.push_back({d, len.k, len.adaptive, len.audited, point});
+      }
     }
   }
   // The speculation settings of setting s (its grid point overrides --verify).
@@ -289,7 +306,8 @@ Status Run(const BenchFlags& f) {
   std::vector<std::unique_ptr<BudgetPlanner>> planners(settings.size());
   for (size_t s = 0; s < settings.size(); ++s) {
     if (settings[s].adaptive) {
-      ASSIGN_OR_RETURN(planners[s], f.spec.MakePlanner(engine_options.max_step_tokens));
+      ASSIGN_OR_RETURN(planners[s],
+                       f.spec.MakePlanner(engine_options.max_step_tokens, settings[s].audited));
     }
   }
   const bool any_adaptive =
@@ -445,11 +463,23 @@ Status Run(const BenchFlags& f) {
                         {"accepted_tokens", r.accepted_tokens},
                         {"draft_seconds", r.draft_seconds},
                         {"engine_steps", r.engine_steps},
+                        {"audited_plans", r.audited_plans},
                         {"verify_seconds", r.verify_seconds},
                         {"forward_seconds", r.forward_seconds},
                         {"mismatches", r.mismatches},
                         {"draft_errors", r.draft_errors},
                         {"peak_drafter_state_bytes", r.peak_drafter_state_bytes}});
+      }
+      // The drafting audit as this batch size's runs left it (the policy is the whole run's).
+      nlohmann::json audit_json = nullptr;
+      if (planners[s] && settings[s].audited) {
+        const DraftingAudit& audit = planners[s]->policy().audit();
+        audit_json = {
+            {"verdict", audit.verdict() == DraftingAudit::Verdict::kPays         ? "pays"
+                        : audit.verdict() == DraftingAudit::Verdict::kDoesNotPay ? "does not pay"
+                                                                                 : "unknown"},
+            {"realized_speedup", audit.realized_speedup()},
+            {"pairs", audit.pairs()}};
       }
       // kappa = a * l_d / k (SpecFormer): accepted length per draft token spent, scaled by the
       // draft positions l_d (the tree's depth). Chains have l_d = k, so kappa = a.
@@ -541,7 +571,9 @@ Status Run(const BenchFlags& f) {
                                                : nlohmann::json(nullptr)},
            {"quality", results_quality},
            {"draft_len", settings[s].draft_len},
-           {"draft_budget", settings[s].adaptive ? "adaptive" : "fixed"},
+           {"draft_budget", !settings[s].adaptive ? "fixed"
+                            : settings[s].audited ? "adaptive"
+                                                  : "adaptive-unaudited"},
            {"mean_draft_budget", settings[s].adaptive ? budget : k},
            {"tokens_per_s_median", Median(tps)},
            {"tokens_per_s_min", Min(tps)},
@@ -562,6 +594,7 @@ Status Run(const BenchFlags& f) {
            {"first_draft_error", first_draft_error.empty() ? nlohmann::json(nullptr)
                                                            : nlohmann::json(first_draft_error)},
            {"ops", ops_json},
+           {"audit", audit_json},
            {"repeats", reps}});
     }
     std::fflush(stdout);
@@ -610,7 +643,8 @@ int RunBench(const std::vector<std::string>& args) {
   flags.AddIntList("batch-sizes", &f.batch_sizes, "concurrent sequences");
   flags.AddString("draft-lens", &f.draft_lens,
                   "draft budgets to compare: tokens per step, and/or adaptive (the policy, up to "
-                  "--draft-cap)");
+                  "--draft-cap) and adaptive-unaudited (the policy without its drafting audit, "
+                  "whatever --draft-audit says)");
   flags.AddString("specdec-grid", &f.specdec_grid,
                   "LOSSY: beta:tau pairs (e.g. 1:1,3:1,5:5); every drafter setting runs once per "
                   "pair with SpecDec's relaxed rule, with the quality figures");

@@ -56,7 +56,7 @@ const std::vector<std::pair<std::string, std::vector<const char*>>> kHelpSection
       "tau", "typical-epsilon", "typical-delta", "log-stats-interval-s"}},
     {"draft budget flags (--role router, all)",
      {"draft-budget", "draft-len", "draft-cap", "max-draft-slowdown", "max-prefill-step-slowdown",
-      "prune-drafts", "draft-margin", "cost-profile", "step-trace"}},
+      "prune-drafts", "draft-margin", "draft-audit", "cost-profile", "step-trace"}},
     {"target flags (--role target, all)",
      {"kv-memory-mb", "kv-block-size", "max-step-tokens", "verify-placement", "drafter-address",
       "drafter-deadline-ms", "drafter-context"}},

@@ -68,6 +68,11 @@ void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
                   "decoding without it by this fraction (a margin for the cost and acceptance "
                   "models' error where drafting is at break-even; in full from 16 decoding "
                   "sequences, scaled down below, none with one; 0 = any gain, at least 0)");
+  flags.AddBool("draft-audit", &draft_audit,
+                "adaptive: alternate drafting with short no-draft checks (and, where drafting "
+                "loses, no-draft stretches with short drafting trials), compare their measured "
+                "tokens per second, and draft only while drafting wins "
+                "(common/spec/drafting_audit.h; false: the policy's predictions alone decide)");
   flags.AddString("cost-profile", &cost_profile,
                   "adaptive: warm-start the step cost model from `specula bench-forward --json`");
   flags.AddString("step-trace", &step_trace,
@@ -172,18 +177,22 @@ StatusOr<DraftBudgetOptions> SpecFlags::BudgetOptions() const {
     return InvalidArgumentError(
         StrCat("--draft-margin must be a finite number >= 0, got ", draft_margin));
   }
-  return DraftBudgetOptions{.max_step_increase = max_draft_slowdown,
-                            .max_prefill_step_increase = max_prefill_step_slowdown,
-                            .prune_by_reach = prune_drafts,
-                            .node_margin = draft_margin};
+  DraftBudgetOptions options{.max_step_increase = max_draft_slowdown,
+                             .max_prefill_step_increase = max_prefill_step_slowdown,
+                             .prune_by_reach = prune_drafts,
+                             .node_margin = draft_margin};
+  options.audit.enabled = draft_audit;
+  return options;
 }
 
-StatusOr<std::unique_ptr<BudgetPlanner>> SpecFlags::MakePlanner(int64_t max_step_tokens) const {
+StatusOr<std::unique_ptr<BudgetPlanner>> SpecFlags::MakePlanner(int64_t max_step_tokens,
+                                                                bool audited) const {
   if (draft_cap < 1 || draft_cap > kMaxDraftTokens) {
     return InvalidArgumentError(
         StrCat("--draft-cap must be in [1, ", kMaxDraftTokens, "], got ", draft_cap));
   }
-  ASSIGN_OR_RETURN(const DraftBudgetOptions options, BudgetOptions());
+  ASSIGN_OR_RETURN(DraftBudgetOptions options, BudgetOptions());
+  options.audit.enabled = options.audit.enabled && audited;
   auto planner = std::make_unique<BudgetPlanner>(options, max_step_tokens);
   if (!cost_profile.empty()) {
     ASSIGN_OR_RETURN(auto points, LoadCostProfile(cost_profile));

@@ -49,6 +49,8 @@ struct SpecFlags {
   bool prune_drafts = DraftBudgetOptions{}.prune_by_reach;
   // adaptive: DraftBudgetOptions::node_margin.
   double draft_margin = DraftBudgetOptions{}.node_margin;
+  // adaptive: DraftBudgetOptions::audit.enabled (the drafting audit).
+  bool draft_audit = DraftBudgetOptions{}.audit.enabled;
   std::string step_trace;  // adaptive: the per-step trace's path (StepTrace); "" = none
 
   void Register(FlagSet& flags, bool many_drafters);
@@ -73,7 +75,10 @@ struct SpecFlags {
                                          double temperature) const;
   // The adaptive policy's driver, warm-started from --cost-profile when given; INVALID_ARGUMENT
   // for a --draft-cap outside [1, kMaxDraftTokens] or an unreadable profile.
-  StatusOr<std::unique_ptr<BudgetPlanner>> MakePlanner(int64_t max_step_tokens) const;
+  // audited: false turns the drafting audit off whatever --draft-audit says (bench's
+  // adaptive-unaudited).
+  StatusOr<std::unique_ptr<BudgetPlanner>> MakePlanner(int64_t max_step_tokens,
+                                                       bool audited = true) const;
   // The --step-trace file (null without the flag); INVALID_ARGUMENT naming `needs` when no
   // adaptive budget runs (`adaptive` false) or the file cannot be created.
   StatusOr<std::unique_ptr<StepTrace>> OpenStepTrace(bool adaptive, const char* needs) const;
