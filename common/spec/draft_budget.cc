@@ -816,7 +816,7 @@ DraftBudgetPolicy::DraftBudgetPolicy(DraftBudgetOptions options)
     : options_(options),
       acceptance_(/*rate=*/0.1, /*prior_rate=*/0.05, /*initial=*/0.5, options.acceptance_streaks),
       drafted_excess_({0.0, 0.0}, /*prior_weight=*/0.5, /*forgetting=*/0.95),
-      audit_(options.audit),
+      idle_audit_(options.audit),
       rng_(options.seed) {}
 
 const DrafterCostModel* DraftBudgetPolicy::drafter_cost(const std::string& drafter) const {
@@ -1443,16 +1443,44 @@ BudgetDecision DraftBudgetPolicy::PlanWithoutDrafting(
   return d;
 }
 
+DraftBudgetPolicy::Audit* DraftBudgetPolicy::AuditOf(
+    const std::vector<BudgetCandidate>& candidates) {
+  if (!options_.audit.enabled) return nullptr;
+  // The drafters' names, sorted and each once: a batch holds one or a few.
+  std::vector<const std::string*> names;
+  for (const BudgetCandidate& c : candidates) {
+    if (c.max_nodes <= 0) continue;
+    if (std::none_of(names.begin(), names.end(),
+                     [&](const std::string* n) { return *n == c.drafter; })) {
+      names.push_back(&c.drafter);
+    }
+  }
+  if (names.empty()) return current_;
+  std::sort(names.begin(), names.end(),
+            [](const std::string* a, const std::string* b) { return *a < *b; });
+  audit_key_.clear();
+  for (const std::string* n : names) {
+    if (!audit_key_.empty()) audit_key_ += ',';
+    audit_key_ += *n;
+  }
+  auto it = audits_.find(audit_key_);
+  if (it == audits_.end()) it = audits_.try_emplace(audit_key_, options_.audit).first;
+  current_ = &it->second;
+  return current_;
+}
+
 BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
                                        const std::vector<BudgetCandidate>& candidates) {
+  Audit* audit = AuditOf(candidates);
   audited_step_ = {
       .planned = true,
       .countable = base.chunks.tokens == 0 && base.decoding > 0 &&
                    std::any_of(candidates.begin(), candidates.end(),
                                [](const BudgetCandidate& c) { return c.max_nodes > 0; }),
       .decoding = base.decoding,
-      .shape = base.shape};
-  if (!audit_.drafting() && target_cost_.observed() >= kAuditAfterSteps) {
+      .shape = base.shape,
+      .audit = audit};
+  if (audit != nullptr && !audit->audit.drafting() && target_cost_.observed() >= kAuditAfterSteps) {
     return PlanWithoutDrafting(base, candidates);
   }
   if (base.max_nodes == 0) return PlanWithoutRoom(base, candidates);
@@ -1683,7 +1711,7 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   double drafters_seconds = 0;
   for (const DrafterCall& call : step.drafter_calls) drafters_seconds += call.seconds;
   const double wall = step.target_seconds + drafters_seconds + std::max(0.0, step.other_seconds);
-  Audit(step, wall);
+  AuditStep(step, wall);
   const bool explored = pending_exploration_.charged_seconds > 0;
   // The step cost fit's prediction for this step's shape, before it learns from it: what the
   // steps around a drafter's call are measured against (the caches it evicted).
@@ -1800,23 +1828,26 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   }
 }
 
-void DraftBudgetPolicy::Audit(const StepMeasurement& step, double wall) {
+void DraftBudgetPolicy::AuditStep(const StepMeasurement& step, double wall) {
   const AuditedStep audited = std::exchange(audited_step_, {});
-  if (!audited.planned || target_cost_.observed() < kAuditAfterSteps) return;
+  if (!audited.planned || audited.audit == nullptr || target_cost_.observed() < kAuditAfterSteps) {
+    return;
+  }
+  Audit& a = *audited.audit;
   if (!audited.countable) {
-    audit_.Skip();
+    a.audit.Skip();
     return;
   }
   // The yardstick is frozen for each pair of epochs (drafting_audit.h): taken at the first
   // counted step after the last pair ended, it prices the long epoch's next stretch, whose tail
   // is the next pair's window before its short epoch.
-  if (audit_prices_pair_ != audit_.ended_pairs()) {
-    audit_prices_ = target_cost_.Snapshot();
-    audit_prices_pair_ = audit_.ended_pairs();
+  if (a.prices_pair != a.audit.ended_pairs()) {
+    a.prices = target_cost_.Snapshot();
+    a.prices_pair = a.audit.ended_pairs();
   }
   double tokens = audited.decoding;
   for (const StepMeasurement::Sequence& s : step.sequences) tokens += std::max(s.accepted, 0);
-  audit_.Observe(wall, tokens, audited.decoding, audit_prices_.Predict(audited.shape));
+  a.audit.Observe(wall, tokens, audited.decoding, a.prices.Predict(audited.shape));
 }
 
 void DraftBudgetPolicy::CloseAftermath() {

@@ -652,6 +652,12 @@ class DraftBudgetPolicy {
   static double CatchUpCharge(const BudgetCandidate& candidate, double steady_tokens);
 
   explicit DraftBudgetPolicy(DraftBudgetOptions options = {});
+  // Movable, not copyable: the last plan's audit is held by address (a moved std::map keeps its
+  // nodes; a copy would point into the original's).
+  DraftBudgetPolicy(DraftBudgetPolicy&&) = default;
+  DraftBudgetPolicy& operator=(DraftBudgetPolicy&&) = default;
+  DraftBudgetPolicy(const DraftBudgetPolicy&) = delete;
+  DraftBudgetPolicy& operator=(const DraftBudgetPolicy&) = delete;
 
   BudgetDecision Plan(const StepBase& base, const std::vector<BudgetCandidate>& candidates);
   void Observe(const StepMeasurement& step);
@@ -674,7 +680,9 @@ class DraftBudgetPolicy {
   double measured_seconds() const { return measured_seconds_; }
   // Plans that reused a quiet plan (DraftBudgetOptions::quiet_replan_every).
   uint64_t quiet_plans() const { return quiet_plans_; }
-  const DraftingAudit& audit() const { return audit_; }
+  // The drafting audit of the batch last planned: one per set of drafters its candidates use
+  // (see audits_); a default one before any plan.
+  const DraftingAudit& audit() const { return current_ ? current_->audit : idle_audit_; }
   // Plans the audit kept without drafts (a no-draft epoch).
   uint64_t audited_plans() const { return audited_plans_; }
 
@@ -857,16 +865,30 @@ class DraftBudgetPolicy {
   QuietPlan quiet_;
   uint64_t quiet_plans_ = 0;
   // The drafting audit (drafting_audit.h): it counts steps once the step cost fit has seen
-  // kAuditAfterSteps (its yardstick is the fit's prices, frozen per pair of epochs).
+  // kAuditAfterSteps (its yardstick is the fit's prices, frozen per pair of epochs). One audit
+  // per set of drafters a batch's candidates use (their names, sorted, joined by commas): what
+  // one drafter's epochs measured says nothing of another's, and a server whose requests move
+  // from one drafter to another would otherwise start each under the last one's verdict. A
+  // batch mixing drafters has its own.
   static constexpr int64_t kAuditAfterSteps = 64;
-  DraftingAudit audit_;
-  StepCostModel::Prices audit_prices_;
-  uint64_t audit_prices_pair_ = std::numeric_limits<uint64_t>::max();  // ended_pairs() at the copy
+  struct Audit {
+    explicit Audit(const DraftingAuditOptions& options) : audit(options) {}
+    DraftingAudit audit;
+    StepCostModel::Prices prices;
+    uint64_t prices_pair = std::numeric_limits<uint64_t>::max();  // ended_pairs() at the copy
+  };
+  std::map<std::string, Audit> audits_;
+  Audit* current_ = nullptr;  // the last plan's (std::map nodes stay put)
+  DraftingAudit idle_audit_;  // what audit() reads before any plan
+  std::string audit_key_;     // scratch for the key, kept to reuse its allocation
+  // The audit of `candidates`' drafters (those that may draft; the last plan's when none may).
+  Audit* AuditOf(const std::vector<BudgetCandidate>& candidates);
   struct AuditedStep {
     bool planned = false;    // a plan preceded the step that Observe reports next
     bool countable = false;  // decode-only, and some sequence could draft
     int32_t decoding = 0;
     StepShape shape;  // the step without drafts
+    Audit* audit = nullptr;
   } audited_step_;
   uint64_t audited_plans_ = 0;
   // A plan in the audit's no-draft epoch: every sequence at 0, nothing explored, the policy's own
@@ -874,8 +896,8 @@ class DraftBudgetPolicy {
   // the step cost fit's recent prices.
   BudgetDecision PlanWithoutDrafting(const StepBase& base,
                                      const std::vector<BudgetCandidate>& candidates);
-  // Feeds the step Observe measured to the audit.
-  void Audit(const StepMeasurement& step, double wall);
+  // Feeds the step Observe measured to the audit its plan used.
+  void AuditStep(const StepMeasurement& step, double wall);
   uint64_t plans_ = 0;
   // Re-measuring the step without drafts (DraftBudgetOptions::remeasure_below_speedup): whether
   // the next plan is its second, and the plan it last started at.

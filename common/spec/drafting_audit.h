@@ -58,10 +58,13 @@
 // between drafts run 10% slower than no-draft steps while its drafts gain 3% reads ~0.94, and
 // stops.
 //
-// One audit for the whole engine: a change of batch size moves the yardstick, and epochs of
-// different batch sizes next to each other would share their caches' state (a no-draft epoch of
-// one size after drafts of another measures the other's eviction). Where the policy drafts
-// nothing anyway, both epochs measure the same thing and the verdict costs nothing either way.
+// One audit per set of drafters in the batch (DraftBudgetPolicy keys them by the drafters its
+// candidates use): what one drafter's epochs measured says nothing of another's, and a server
+// whose requests move from one drafter to another would otherwise start each under the last
+// one's verdict. Not one per batch size: a change of batch size moves the yardstick, and epochs
+// of different sizes next to each other share their caches' state (a no-draft epoch of one size
+// after drafts of another measures the other's eviction). Where the policy drafts nothing
+// anyway, both epochs measure the same thing and the verdict costs nothing either way.
 #pragma once
 
 #include <cstddef>

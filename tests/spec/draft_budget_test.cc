@@ -1071,6 +1071,37 @@ StepMeasurement RejectedStep(const StepBase& base, const std::vector<BudgetCandi
   return m;
 }
 
+// One audit per set of drafters (DraftBudgetPolicy::audits_): once the audit of drafter "a"
+// (which never pays: its drafting epochs measure what its no-draft ones do, and a first verdict
+// needs 2% more) has stopped it, a request of drafter "b" (cheap, accepted at p = 0.9) is planned
+// by the policy at once, not held in a's no-draft epoch; and a's verdict stays a's.
+TEST(DraftBudgetPolicyTest, EachSetOfDraftersHasItsOwnAudit) {
+  std::mt19937 rng(29);
+  DraftBudgetPolicy policy({.probe_after = 0, .explore_every = 0, .remeasure_below_speedup = 0});
+  const Curve curve{.base = 1e-3, .knee = 16, .per_token = 1e-5};
+  Train(policy, curve, 200, rng, 0.0);
+  TrainDrafter(policy, "a", 5e-4, 1e-5);
+  TrainDrafter(policy, "b", 1e-5, 1e-6);
+  TrainAcceptance(policy, "a", 1, 0.0, 60, rng);
+  TrainAcceptance(policy, "b", 2, 0.9, 60, rng);
+  const StepBase base = Decoding(1, 100);
+  const auto a = Candidates(1, "a", 8, 100);
+  // Until a's audit is in a no-draft epoch (the next plan of its batch drafts nothing).
+  for (int step = 0; step < 3000 || policy.audit().drafting(); ++step) {
+    const BudgetDecision d = policy.Plan(base, a);
+    policy.Observe(RejectedStep(base, a, d, curve, "a", 5e-4));
+  }
+  ASSERT_EQ(policy.audit().verdict(), DraftingAudit::Verdict::kDoesNotPay);
+  ASSERT_GT(policy.audited_plans(), 1500u);
+  const auto b = Candidates(1, "b", 8, 100, /*first_id=*/2);
+  const BudgetDecision first = policy.Plan(base, b);
+  EXPECT_GT(first.budgets[0], 0) << "b's plan was held in a's no-draft epoch";
+  EXPECT_EQ(policy.audit().verdict(), DraftingAudit::Verdict::kUnknown);
+  policy.Observe(RejectedStep(base, b, first, curve, "b", 1e-5));
+  EXPECT_EQ(policy.Plan(base, a).budgets[0], 0);
+  EXPECT_EQ(policy.audit().verdict(), DraftingAudit::Verdict::kDoesNotPay);
+}
+
 // Whether two runs' plans gave every sequence the same budgets, with probes among them.
 void ExpectSameBudgetsWithProbes(const std::vector<std::vector<int32_t>>& full,
                                  const std::vector<std::vector<int32_t>>& quiet) {
