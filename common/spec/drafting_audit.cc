@@ -115,14 +115,19 @@ void DraftingAudit::EndPair() {
   if (!compared) return;
   last_pair_speedup_ = speedup;
   const double pair = std::log(speedup);
-  log_estimate_ =
-      pairs_ == 0 ? pair : log_estimate_ + options_.estimate_rate * (pair - log_estimate_);
   ++pairs_;
+  // The mean of the pairs so far, then a moving average: one noisy first pair is not the
+  // estimate for its next ~4.
+  log_estimate_ +=
+      std::max(options_.estimate_rate, 1.0 / static_cast<double>(pairs_)) * (pair - log_estimate_);
   const double estimate = realized_speedup();
   Verdict next = verdict_;
   switch (verdict_) {
     case Verdict::kUnknown:
-      next = estimate > options_.resume_above ? Verdict::kPays : Verdict::kDoesNotPay;
+      // The first verdict waits for kFirstVerdictPairs (the policy drafts as usual meanwhile).
+      if (pairs_ >= kFirstVerdictPairs) {
+        next = estimate > options_.resume_above ? Verdict::kPays : Verdict::kDoesNotPay;
+      }
       break;
     case Verdict::kPays:
       if (estimate < options_.stop_below) next = Verdict::kDoesNotPay;
@@ -144,7 +149,9 @@ void DraftingAudit::EndPair() {
   const double loss = next == Verdict::kPays ? 1 - 1 / estimate : 1 - estimate;
   const double short_steps =
       next == Verdict::kPays ? options_.check_steps : options_.trial_steps + options_.flush_steps;
-  const double wanted = short_steps * (std::max(loss, 0.0) / options_.check_cost - 1);
+  const double wanted = next == Verdict::kUnknown
+                            ? 0.0  // the next pair soon
+                            : short_steps * (std::max(loss, 0.0) / options_.check_cost - 1);
   long_target_ =
       static_cast<int32_t>(std::clamp(wanted, static_cast<double>(options_.min_long_steps),
                                       static_cast<double>(options_.max_long_steps)));

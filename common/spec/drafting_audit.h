@@ -31,14 +31,15 @@
 // drafts evicted refill over ~10 steps: that is drafting's cost).
 //
 // Decision: after each pair, its realized speedup (drafting's rate over the no-draft rate) is
-// averaged into an estimate (`estimate_rate` per pair, in logs). Unknown at first, the verdict
-// becomes "pays" where the estimate exceeds `resume_above` and "does not pay" below it; then it
-// flips to "does not pay" when the estimate falls below `stop_below` (the floor users are
-// promised, 0.97), and back to "pays" above `resume_above`. The verdict's own mode runs in long
-// epochs, the other in short ones: while drafting pays (or before a verdict), a no-draft check
-// of `check_steps` (flush included); while it does not, a drafting trial of `trial_steps`. A long
-// epoch lasts as long as keeps its short epochs' cost within `check_cost` of the throughput at
-// the estimate (within `min_long_steps` and `max_long_steps`), and ends early after
+// averaged into an estimate (in logs: the mean of the pairs so far, then `estimate_rate` per
+// pair). Unknown for the first two pairs, the verdict becomes "pays" where the estimate exceeds
+// `resume_above` and "does not pay" below it; then it flips to "does not pay" when the estimate
+// falls below `stop_below` (the floor users are promised, 0.97), and back to "pays" above
+// `resume_above`. The verdict's own mode runs in long epochs, the other in short ones: while
+// drafting pays (or before a verdict), a no-draft check of `check_steps` (flush included); while
+// it does not, a drafting trial of `trial_steps`. A long epoch lasts as long as keeps its short
+// epochs' cost within `check_cost` of the throughput at the estimate (within `min_long_steps`
+// and `max_long_steps`; `min_long_steps` before a verdict), and ends early after
 // `max_long_seconds` of measured steps, so that a change of load is seen within seconds whatever
 // the step time: 64 check steps at no speculation's rate where drafting pays 1.2x cost 0.5% of
 // the throughput with 2,070-step epochs.
@@ -160,6 +161,9 @@ class DraftingAudit {
   void EndPair();
 
   static constexpr double kOutlierFactor = 3.0;
+  // Pairs before the first verdict: one pair of a drafter that pays 1.2x read 0.95 at batch 1
+  // (a short run's first pair), and stopped it for two long no-draft epochs.
+  static constexpr uint64_t kFirstVerdictPairs = 2;
 
   DraftingAuditOptions options_;
   Verdict verdict_ = Verdict::kUnknown;

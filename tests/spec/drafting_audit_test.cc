@@ -96,6 +96,22 @@ TEST(DraftingAuditTest, TheStepsAfterDraftingStopsCountAsDrafting) {
   EXPECT_GT(audit.last_pair_speedup(), 0.85);
 }
 
+// One unlucky first pair does not set the verdict: it waits for two, and the estimate is their
+// mean (a paying drafter's first pair read 0.95 in a short run and stopped it for two long
+// no-draft epochs).
+TEST(DraftingAuditTest, TheFirstVerdictWaitsForTwoPairs) {
+  DraftingAudit audit;
+  Engine e{.drafted_seconds = 1.2e-3, .drafted_tokens = 1.08, .noise = 0.0};  // 0.9x
+  int64_t step = 0;
+  for (; audit.pairs() < 1; ++step) RunSteps(audit, e, step, 1);
+  EXPECT_EQ(audit.verdict(), DraftingAudit::Verdict::kUnknown);
+  EXPECT_NEAR(audit.realized_speedup(), 0.9, 0.01);
+  e.drafted_tokens = 1.44;  // 1.2x
+  for (; audit.pairs() < 2; ++step) RunSteps(audit, e, step, 1);
+  EXPECT_NEAR(audit.realized_speedup(), std::sqrt(0.9 * 1.2), 0.01);
+  EXPECT_EQ(audit.verdict(), DraftingAudit::Verdict::kPays);
+}
+
 TEST(DraftingAuditTest, StepsThatAreNotSamplesMoveNoEpoch) {
   DraftingAudit audit;
   for (int i = 0; i < 10000; ++i) {
@@ -128,7 +144,7 @@ TEST(DraftingAuditTest, ALongEpochEndsWithinItsTimeBound) {
       steps += 100;
     }
     if (bound == 2.0) {
-      EXPECT_LT(steps * 10e-3, 30.0) << "seconds before drafting stopped";
+      EXPECT_LT(steps * 10e-3, 40.0) << "seconds before drafting stopped";
     } else {
       EXPECT_GT(steps * 10e-3, 50.0) << "without the bound, the first long epoch takes 41 s";
     }
