@@ -3,7 +3,8 @@
 
 Reads a `--step-trace` file (one JSON line per step, common/spec/step_trace.h) and groups the
 decode-only steps by decoding sequences, by what the plan did (none: no drafts; exploit: drafts
-the optimum chose; explore: drafts with exploration) and by whether the step before drafted
+the optimum chose; explore: drafts with exploration; audit: none, the drafting audit's no-draft
+epoch) and by whether the step before drafted
 (a drafter's call evicts the target's weights from the caches; a sequence's first drafting
 step pays its catch-up). Per group: the plan's predicted ms and tokens, the measured ms (wall)
 and tokens, and tokens per ms predicted, measured and without drafts (as planned and as the
@@ -79,8 +80,11 @@ def main():
             plan = line.get("plan")
             if plan is None or line["prefill_tokens"] > 0 or plan["prefill_tokens"] > 0:
                 continue
-            kind = "none" if plan["nodes"] == 0 else ("explore" if plan["explored"] > 0 else
-                                                       "exploit")
+            if plan.get("audit_off"):  # the drafting audit's no-draft epochs (older traces: none)
+                kind = "audit"
+            else:
+                kind = "none" if plan["nodes"] == 0 else ("explore" if plan["explored"] > 0 else
+                                                           "exploit")
             groups[(plan["decoding"], kind, after)].append(line)
 
     # The price of not drafting as measured: undrafted steps after undrafted ones, per batch.
