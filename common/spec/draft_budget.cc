@@ -815,7 +815,6 @@ double BudgetDecision::predicted_speedup() const {
 DraftBudgetPolicy::DraftBudgetPolicy(DraftBudgetOptions options)
     : options_(options),
       acceptance_(/*rate=*/0.1, /*prior_rate=*/0.05, /*initial=*/0.5, options.acceptance_streaks),
-      drafted_excess_({0.0, 0.0}, /*prior_weight=*/0.5, /*forgetting=*/0.95),
       idle_audit_(options.audit),
       rng_(options.seed) {}
 
@@ -860,10 +859,37 @@ double DraftBudgetPolicy::TargetSeconds(StepShape shape, double rows, std::vecto
   return seconds + DraftedStepExcess(rows);
 }
 
-double DraftBudgetPolicy::DraftedStepExcess(double rows) const {
-  if (rows <= 0 || drafted_excess_.samples() == 0) return 0;
+double DraftBudgetPolicy::ExcessOf(const DraftedSteps* set, double rows) {
+  if (set == nullptr || rows <= 0 || set->excess.samples() == 0) return 0;
   const std::array<double, 2> x = {1.0, rows / kDraftRowUnit};
-  return std::max(drafted_excess_.Predict(x), 0.0);
+  return std::max(set->excess.Predict(x), 0.0);
+}
+
+DraftBudgetPolicy::DraftedSteps& DraftBudgetPolicy::DraftedOf(const std::string& key) {
+  return drafted_.try_emplace(key).first->second;
+}
+
+const std::string& DraftBudgetPolicy::SetKey(std::vector<const std::string*>& names) {
+  std::sort(names.begin(), names.end(),
+            [](const std::string* a, const std::string* b) { return *a < *b; });
+  names.erase(std::unique(names.begin(), names.end(),
+                          [](const std::string* a, const std::string* b) { return *a == *b; }),
+              names.end());
+  audit_key_.clear();
+  for (const std::string* n : names) {
+    if (!audit_key_.empty()) audit_key_ += ',';
+    audit_key_ += *n;
+  }
+  return audit_key_;
+}
+
+const std::string& DraftBudgetPolicy::StepDrafters(const StepMeasurement& step) {
+  std::vector<const std::string*> names;
+  for (const DrafterCall& call : step.drafter_calls) names.push_back(&call.drafter);
+  for (const StepMeasurement::Sequence& q : step.sequences) {
+    if (q.nodes > 0) names.push_back(&q.drafter);
+  }
+  return SetKey(names);
 }
 
 std::vector<AcceptanceModel::Tables> DraftBudgetPolicy::ExpectedDrafts(
@@ -1445,7 +1471,6 @@ BudgetDecision DraftBudgetPolicy::PlanWithoutDrafting(
 
 DraftBudgetPolicy::Audit* DraftBudgetPolicy::AuditOf(
     const std::vector<BudgetCandidate>& candidates) {
-  if (!options_.audit.enabled) return nullptr;
   // The drafters' names, sorted and each once: a batch holds one or a few.
   std::vector<const std::string*> names;
   for (const BudgetCandidate& c : candidates) {
@@ -1456,13 +1481,11 @@ DraftBudgetPolicy::Audit* DraftBudgetPolicy::AuditOf(
     }
   }
   if (names.empty()) return current_;
-  std::sort(names.begin(), names.end(),
-            [](const std::string* a, const std::string* b) { return *a < *b; });
-  audit_key_.clear();
-  for (const std::string* n : names) {
-    if (!audit_key_.empty()) audit_key_ += ',';
-    audit_key_ += *n;
-  }
+  SetKey(names);
+  // The plan prices drafted steps with these drafters' excess (none yet: 0).
+  const auto excess = drafted_.find(audit_key_);
+  excess_ = excess == drafted_.end() ? nullptr : &excess->second;
+  if (!options_.audit.enabled) return nullptr;
   auto it = audits_.find(audit_key_);
   if (it == audits_.end()) it = audits_.try_emplace(audit_key_, options_.audit).first;
   current_ = &it->second;
@@ -1769,21 +1792,23 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   if (drafted) {
     CloseAftermath();  // the previous drafted step's window ends: this step's excess is its own
     since_drafted_ = 0;
+    last_drafted_ = &DraftedOf(StepDrafters(step));
     exploration_window_ = explored;
     if (draft_rows > 0 && !caught_up && !after_catch_up_ && predictable && other_seen_ &&
         std::isfinite(step.other_seconds)) {
       const double predicted = predicted_target + other_seconds_;
       const double measured =
           WithoutOutlier(step.target_seconds + std::max(0.0, step.other_seconds),
-                         predicted + DraftedStepExcess(static_cast<double>(draft_rows)));
+                         predicted + ExcessOf(last_drafted_, static_cast<double>(draft_rows)));
       pending_sample_ = {.waiting = true,
+                         .set = last_drafted_,
                          .rows = static_cast<double>(draft_rows) / kDraftRowUnit,
                          .excess = measured - predicted};
     }
   } else if (since_drafted_ < kAftermathSteps) {
     const int32_t k = since_drafted_++;
-    if (comparable) {
-      average(after_ratio_[k], after_samples_[k], kAftermathRate);
+    if (comparable && last_drafted_ != nullptr) {
+      average(last_drafted_->after_ratio[k], last_drafted_->after_samples[k], kAftermathRate);
       const double aftermath = AftermathSeconds(k, predicted_target);
       pending_sample_.aftermath += aftermath;
       if (exploration_window_) explored_seconds_ += std::max(0.0, aftermath);
@@ -1853,16 +1878,19 @@ void DraftBudgetPolicy::AuditStep(const StepMeasurement& step, double wall) {
 void DraftBudgetPolicy::CloseAftermath() {
   // Evicted caches only slow the steps after: a window estimated faster is noise.
   if (pending_sample_.waiting) {
-    drafted_excess_.Add({1.0, pending_sample_.rows},
-                        pending_sample_.excess + std::max(0.0, pending_sample_.aftermath));
+    pending_sample_.set->excess.Add(
+        {1.0, pending_sample_.rows},
+        pending_sample_.excess + std::max(0.0, pending_sample_.aftermath));
+    // Before any plan (or a plan of other drafters), the accessor reads the set just taught.
+    if (excess_ == nullptr) excess_ = pending_sample_.set;
   }
   pending_sample_ = {};
   exploration_window_ = false;
 }
 
 double DraftBudgetPolicy::AftermathSeconds(int32_t k, double predicted) const {
-  if (after_samples_[k] == 0) return 0;
-  return (after_ratio_[k] - far_ratio_) * predicted;
+  if (last_drafted_ == nullptr || last_drafted_->after_samples[k] == 0) return 0;
+  return (last_drafted_->after_ratio[k] - far_ratio_) * predicted;
 }
 
 double DraftBudgetPolicy::SpareTokens(const StepShape& base, double tolerance) const {

@@ -674,8 +674,9 @@ class DraftBudgetPolicy {
   double other_seconds() const { return other_seconds_; }
   // What a step with `rows` draft rows takes beyond the step cost fit's prediction for its shape
   // and the mean overhead, its drafters' calls aside (at least 0; 0 without rows): see
-  // drafted_excess_.
-  double DraftedStepExcess(double rows) const;
+  // drafted_. The fit of the last plan's drafters (or, before a plan, of the drafters of the last
+  // drafted step measured).
+  double DraftedStepExcess(double rows) const { return ExcessOf(excess_, rows); }
   // Seconds of every step measured so far.
   double measured_seconds() const { return measured_seconds_; }
   // Plans that reused a quiet plan (DraftBudgetOptions::quiet_replan_every).
@@ -758,13 +759,13 @@ class DraftBudgetPolicy {
   AcceptanceModel acceptance_;
   double other_seconds_ = 0;
   bool other_seen_ = false;
-  // Drafted steps' measured excess over the step cost fit's prediction for their shape plus
-  // other_seconds_, fitted as a part per drafted step and a part per draft row (features 1 and rows
-  // / kDraftRowUnit; prior 0) over recent drafted steps. The step cost fit prices a shape whatever
-  // ran beside it, the overhead is averaged over every step, and a knot that only drafts visit
-  // relaxes toward the fresh knot below it between visits; none of them sees what drafting does to
-  // the step around it. Three processes on 2 cores, the draft LM at concurrency 4 (its calls
-  // predicted within 10%): drafted steps ran 0.25 ms longer outside the target than the mean
+  // drafted_: drafted steps' measured excess over the step cost fit's prediction for their shape
+  // plus other_seconds_, fitted as a part per drafted step and a part per draft row (features 1 and
+  // rows / kDraftRowUnit; prior 0) over recent drafted steps. The step cost fit prices a shape
+  // whatever ran beside it, the overhead is averaged over every step, and a knot that only drafts
+  // visit relaxes toward the fresh knot below it between visits; none of them sees what drafting
+  // does to the step around it. Three processes on 2 cores, the draft LM at concurrency 4 (its
+  // calls predicted within 10%): drafted steps ran 0.25 ms longer outside the target than the mean
   // overhead (the drafter service's threads share the cores with the transport), and steps of 24-32
   // rows took 2.4-2.8 ms in the target where the fit, its 16-64-token knots relaxed to the 4-token
   // decode's 0.7-1.1 ms, predicted ~1 ms; the plans drafted 20-28 nodes into them and the runs read
@@ -776,28 +777,46 @@ class DraftBudgetPolicy {
   // 385 us, 2.2 steps' time in all, of which the policy charged the first. Charged to nothing, a
   // sequence that drafts now and then paid it unseen. So the undrafted steps at each position k
   // (up to kAftermathSteps) after a drafted one are measured: their time over the step cost fit's
-  // prediction, averaged over windows (after_ratio_), against the same ratio of undrafted steps
+  // prediction, averaged over windows (after_ratio), against the same ratio of undrafted steps
   // further from any draft (far_ratio_, so that a fit that is off prices nothing). A drafted
-  // step's sample in drafted_excess_ waits for its window and adds the estimated excess of the
+  // step's sample in its excess fit waits for its window and adds the estimated excess of the
   // undrafted steps that followed it (not of those a next drafted step absorbed: drafting every
   // step pays its own eviction in its own steps); an exploration's window is charged to the
   // share. On a GPU (nothing evicted) the ratios agree and nothing is charged.
-  ForgettingLeastSquares drafted_excess_;
+  // One fit and one set of aftermath averages per set of drafters (the drafted step's, by name,
+  // sorted, as the audits are keyed): a drafter whose calls evict more of the caches pays more
+  // per drafted step, and a server that moves from one drafter to another must not price the
+  // second with the first's (on the closed-loop batch-1 machine, after a drafter whose steps ran
+  // 1.6x for 24 steps after each draft, one fit for all held 1.4 ms per drafted step for the
+  // next, paying drafter, which then drafted at no speculation's rate: 1,431 tokens/s where a
+  // fresh policy reached 1,569; with the fit per set but the aftermath shared, 1,425 vs 1,522).
   static constexpr int32_t kAftermathSteps = 16;
+  struct DraftedSteps {
+    ForgettingLeastSquares excess{{0.0, 0.0}, /*prior_weight=*/0.5, /*forgetting=*/0.95};
+    std::array<double, kAftermathSteps> after_ratio{};
+    std::array<int32_t, kAftermathSteps> after_samples{};
+  };
+  std::map<std::string, DraftedSteps> drafted_;
+  const DraftedSteps* excess_ = nullptr;  // DraftedStepExcess's (see there)
+  DraftedSteps* last_drafted_ = nullptr;  // the last drafted step's drafters'
+  // The drafted steps' state of drafter set `key`, made on first use.
+  DraftedSteps& DraftedOf(const std::string& key);
+  static double ExcessOf(const DraftedSteps* set, double rows);
+  // The drafters of a measured step (its calls' and drafted sequences'), as a key.
+  const std::string& StepDrafters(const StepMeasurement& step);
   static constexpr double kAftermathRatioCap = 3;  // a step's ratio counts as at most this
   static constexpr double kAftermathRate = 0.05;   // the positions' averages (~20 windows)
   static constexpr double kFarRate = 0.01;
-  std::array<double, kAftermathSteps> after_ratio_{};
-  std::array<int32_t, kAftermathSteps> after_samples_{};
   double far_ratio_ = 1.0;  // the fit's own prediction until steps far from drafts are seen
   int64_t far_samples_ = 0;
   int32_t since_drafted_ = kAftermathSteps;  // undrafted steps since the last drafted one
   bool exploration_window_ = false;          // the last drafted step explored
   struct PendingSample {
     bool waiting = false;
-    double rows = 0;       // the drafted step's draft rows / kDraftRowUnit
-    double excess = 0;     // its own measured excess
-    double aftermath = 0;  // its window's so far
+    DraftedSteps* set = nullptr;  // the drafted step's drafters'
+    double rows = 0;              // the drafted step's draft rows / kDraftRowUnit
+    double excess = 0;            // its own measured excess
+    double aftermath = 0;         // its window's so far
   } pending_sample_;
   // The estimated excess of an undrafted step k positions after a drafted one (0: the next),
   // priced `predicted` without it (0 before any window reached k).
@@ -881,8 +900,11 @@ class DraftBudgetPolicy {
   Audit* current_ = nullptr;  // the last plan's (std::map nodes stay put)
   DraftingAudit idle_audit_;  // what audit() reads before any plan
   std::string audit_key_;     // scratch for the key, kept to reuse its allocation
-  // The audit of `candidates`' drafters (those that may draft; the last plan's when none may).
+  // The audit of `candidates`' drafters (those that may draft; the last plan's when none may;
+  // null with the audit off), and points excess_ at their drafted-step excess fit.
   Audit* AuditOf(const std::vector<BudgetCandidate>& candidates);
+  // Sorts and joins `names` (each once) into audit_key_.
+  const std::string& SetKey(std::vector<const std::string*>& names);
   struct AuditedStep {
     bool planned = false;    // a plan preceded the step that Observe reports next
     bool countable = false;  // decode-only, and some sequence could draft
