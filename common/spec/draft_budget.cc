@@ -1247,14 +1247,19 @@ bool DraftBudgetPolicy::ReuseQuietPlan(const StepBase& base,
   return true;
 }
 
-BudgetDecision DraftBudgetPolicy::ZeroDecision(const StepBase& base, size_t n) const {
+BudgetDecision DraftBudgetPolicy::Undrafted(size_t n, double seconds, int32_t decoding) {
   BudgetDecision d;
   d.budgets.assign(n, 0);
   d.depth_reach.assign(n, 0.0);
-  d.no_draft_seconds = NoDraftSeconds(base);
-  d.no_draft_tokens = static_cast<double>(base.decoding);
+  d.no_draft_seconds = seconds;
+  d.no_draft_tokens = static_cast<double>(decoding);
   d.predicted_seconds = d.no_draft_seconds;
   d.predicted_tokens = d.no_draft_tokens;
+  return d;
+}
+
+BudgetDecision DraftBudgetPolicy::ZeroDecision(const StepBase& base, size_t n) const {
+  BudgetDecision d = Undrafted(n, NoDraftSeconds(base), base.decoding);
   d.min_reach =
       MinReach(base.shape, 0, TokensPerSecondPrice(base, d.predicted_seconds, d.predicted_tokens));
   return d;
@@ -1459,14 +1464,8 @@ BudgetDecision DraftBudgetPolicy::PlanWithoutDrafting(
   // Priced from PredictRecent's knots, not a refreshed fit: the fit is solved when read, and a
   // solve every step cost ~2 us at batch 1 on the CPU (see PredictRecent), where a reused quiet
   // plan costs nothing. Nothing drafts, so no node is priced (min_reach 0).
-  BudgetDecision d;
-  d.budgets.assign(candidates.size(), 0);
-  d.depth_reach.assign(candidates.size(), 0.0);
-  d.no_draft_seconds = target_cost_.PredictRecent(base.shape) + other_seconds_;
-  d.no_draft_tokens = static_cast<double>(base.decoding);
-  d.predicted_seconds = d.no_draft_seconds;
-  d.predicted_tokens = d.no_draft_tokens;
-  return d;
+  return Undrafted(candidates.size(), target_cost_.PredictRecent(base.shape) + other_seconds_,
+                   base.decoding);
 }
 
 DraftBudgetPolicy::Audit* DraftBudgetPolicy::AuditOf(

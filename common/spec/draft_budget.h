@@ -858,6 +858,9 @@ class DraftBudgetPolicy {
   // budget 0); false ends the quiet stretch.
   bool ReuseQuietPlan(const StepBase& base, const std::vector<BudgetCandidate>& candidates,
                       BudgetDecision* decision);
+  // Every one of n sequences at 0, the step predicted to take `seconds` for one token per
+  // decoding sequence (no row price).
+  static BudgetDecision Undrafted(size_t n, double seconds, int32_t decoding);
   // Every one of n sequences at 0, with the step's own predictions (Evaluate's with no drafts).
   BudgetDecision ZeroDecision(const StepBase& base, size_t n) const;
   // Whether a decode-only plan drafting `budgets` re-measures the step without drafts instead
