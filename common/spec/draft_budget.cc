@@ -1503,7 +1503,10 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       .shape = base.shape,
       .audit = audit};
   if (audit != nullptr && !audit->audit.drafting() && target_cost_.observed() >= kAuditAfterSteps) {
-    return PlanWithoutDrafting(base, candidates);
+    BudgetDecision decision = PlanWithoutDrafting(base, candidates);
+    decision.quiet_steps = static_cast<int32_t>(
+        std::min<int64_t>(audit->audit.UndraftedStepsAhead(), std::numeric_limits<int32_t>::max()));
+    return decision;
   }
   if (base.max_nodes == 0) return PlanWithoutRoom(base, candidates);
   BudgetDecision reused;

@@ -616,6 +616,11 @@ struct BudgetDecision {
   // fit, times the step's tokens per second. 0 when the models are not ready, the candidate does
   // not draft, or DraftBudgetOptions::prune_by_reach is off.
   std::vector<double> depth_reach;
+  // Steps from this one on (it included) for which none of the candidates will be given a draft
+  // budget: the rest of the drafting audit's no-draft epoch (DraftingAudit::UndraftedStepsAhead),
+  // 0 otherwise. A promise the engine may rely on to skip keeping the drafters' hidden states
+  // (StepPlan::DraftBudget::quiet_steps); breaking it costs draft quality, never correctness.
+  int32_t quiet_steps = 0;
   // Tokens per second at the budgets over tokens per second without drafts (>= 1 unless the
   // models are not ready or exploration costs).
   double predicted_speedup() const;

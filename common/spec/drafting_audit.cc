@@ -20,7 +20,34 @@ void DraftingAudit::Observe(double seconds, double tokens, int32_t decoding, dou
     Step(false, 0, 0);
     return;
   }
+  last_norm_seconds_ = norm_seconds;
   Step(true, norm_seconds * tokens / decoding, std::min(seconds, kOutlierFactor * norm_seconds));
+}
+
+int64_t DraftingAudit::UndraftedStepsAhead() const {
+  if (drafting()) return 0;
+  const int64_t ring = static_cast<int64_t>(ring_.size());
+  int64_t samples = 0;
+  switch (phase_) {
+    case Phase::kLong: {  // a no-draft epoch: until its target (and a full ring), or its time
+      int64_t by_target = std::max<int64_t>(long_target_ - long_steps_, 0);
+      if (last_norm_seconds_ > 0) {
+        const double left = std::max(options_.max_long_seconds - long_seconds_, 0.0);
+        const double most = std::ceil(left / (kOutlierFactor * last_norm_seconds_));
+        by_target = std::min<int64_t>(by_target, static_cast<int64_t>(std::min(most, 1e9)));
+      }
+      samples = std::max(by_target, ring - long_steps_);
+      break;
+    }
+    case Phase::kShort:  // a no-draft check
+      samples = options_.check_steps - options_.flush_steps - phase_steps_;
+      break;
+    case Phase::kAfter:  // the no-draft window after a trial; the pair may change the verdict
+      samples = ring - phase_steps_;
+      break;
+  }
+  // The next step is one of them whatever: the mode changes only as a sample is counted.
+  return flush_left_ + std::max<int64_t>(samples, 1);
 }
 
 void DraftingAudit::Skip() {

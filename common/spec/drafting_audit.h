@@ -122,6 +122,13 @@ class DraftingAudit {
   uint64_t audit_steps() const { return audit_steps_; }
   // What the last pair measured (0 before one).
   double last_pair_speedup() const { return last_pair_speedup_; }
+  // Steps from the next one on (it included) that certainly draft nothing: the rest of a no-draft
+  // epoch (the flush, then its samples; steps that are not samples only add to it), 0 while
+  // drafting. A long epoch that may end on max_long_seconds is counted at kOutlierFactor times
+  // the last sample's yardstick per step (the most a sample counts), so a batch that grows can
+  // end it sooner. The engine skips keeping a drafter's hidden states for such steps
+  // (StepPlan::DraftBudget::quiet_steps).
+  int64_t UndraftedStepsAhead() const;
 
  private:
   struct Side {
@@ -183,6 +190,7 @@ class DraftingAudit {
   uint64_t drafting_steps_ = 0;
   uint64_t audit_steps_ = 0;
   double last_pair_speedup_ = 0;
+  double last_norm_seconds_ = 0;  // the last sample's yardstick
 };
 
 }  // namespace specula

@@ -62,7 +62,8 @@ StatusOr<StepOutcome> LocalTargetBackend::Step(const StepPlan& plan) {
   for (const StepPlan::DraftBudget& b : plan.budgets) {
     auto it = engine_ids_.find(b.id);
     if (it != engine_ids_.end())
-      (void)engine_->SetDraftBudget(it->second, b.max_draft_tokens, b.min_reach, b.depth_reach);
+      (void)engine_->SetDraftBudget(it->second, b.max_draft_tokens, b.min_reach, b.depth_reach,
+                                    b.quiet_steps);
   }
 
   ASSIGN_OR_RETURN(outcome.report, engine_->Step());

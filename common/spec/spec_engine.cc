@@ -126,6 +126,10 @@ struct SpecEngine::Sequence {
   HiddenBacklog unobserved_hidden;
   int64_t unobserved_generated = 0;  // of unobserved_tokens, those after the prompt
   bool drafter_observed = false;     // the drafter has observed something of the sequence
+  // Steps the drafter's states were not kept since it last observed (SkipsHiddenRows): it
+  // restarts from the tokens after them at its next catch-up (RestartFromRecent).
+  bool drafter_context_lost = false;
+  int32_t quiet_steps = 0;  // the plan's promise: steps (this one included) without a budget
   std::vector<int32_t> generated;
   Drafter* drafter = nullptr;    // null: no speculation (off, or the drafter failed)
   int64_t drafter_blocks = 0;    // reserved in the drafter's cache (Drafter::capacity)
@@ -248,7 +252,7 @@ Status SpecEngine::Cancel(RequestId id) {
 }
 
 Status SpecEngine::SetDraftBudget(RequestId id, int32_t max_draft_tokens, double min_reach,
-                                  double depth_reach) {
+                                  double depth_reach, int32_t quiet_steps) {
   auto it = sequences_.find(id);
   if (it == sequences_.end())
     return NotFoundError(StrCat("request ", id, " is not running or waiting"));
@@ -257,6 +261,7 @@ Status SpecEngine::SetDraftBudget(RequestId id, int32_t max_draft_tokens, double
   s.draft_budget = std::clamp(max_draft_tokens, 0, cap);
   s.draft_min_reach = std::isfinite(min_reach) ? std::clamp(min_reach, 0.0, 1.0) : 0.0;
   s.draft_depth_reach = std::isfinite(depth_reach) ? std::max(depth_reach, 0.0) : 0.0;
+  s.quiet_steps = s.draft_budget > 0 ? 0 : std::max(quiet_steps, 0);
   return OkStatus();
 }
 
@@ -528,7 +533,9 @@ void SpecEngine::Draft(const std::vector<Sequence*>& decoding, StepReport* repor
     s->tree = CandidateTree();
     s->accepted = 0;
     if (!s->drafter) continue;
-    const bool drafts = s->draft_budget > 0 && DraftRoom(*s) > 0;
+    // A drafter whose states were skipped drafts once it has one (two tokens) to start from.
+    const bool drafts = s->draft_budget > 0 && DraftRoom(*s) > 0 &&
+                        !(s->drafter_context_lost && s->unobserved_tokens.size() < 2);
     const bool hidden = !s->drafter->hidden_layers().empty();
     // A drafter of hidden states with a bounded context keeps a bounded backlog (BoundBacklog):
     // it waits for its next draft, however long.
@@ -544,15 +551,17 @@ void SpecEngine::Draft(const std::vector<Sequence*>& decoding, StepReport* repor
 }
 
 Status SpecEngine::RestartFromRecent(Sequence& s, int64_t keep) {
-  if (keep <= 0 || s.drafter->hidden_layers().empty() ||
-      static_cast<int64_t>(s.unobserved_tokens.size()) <= keep) {
-    return OkStatus();
+  const bool trim = keep > 0 && !s.drafter->hidden_layers().empty() &&
+                    static_cast<int64_t>(s.unobserved_tokens.size()) > keep;
+  if (!trim && !std::exchange(s.drafter_context_lost, false)) return OkStatus();
+  s.drafter_context_lost = false;
+  if (trim) {
+    // The last `keep` tokens and the states of all but the last (the pending token, whose state
+    // the next step computes): what a first Observe of a `keep`-token prompt carries.
+    s.unobserved_tokens.erase(s.unobserved_tokens.begin(), s.unobserved_tokens.end() - keep);
+    s.unobserved_hidden.KeepNewest(keep - 1);
+    s.unobserved_generated = std::min(s.unobserved_generated, keep);
   }
-  // The last `keep` tokens and the states of all but the last (the pending token, whose state
-  // the next step computes): what a first Observe of a `keep`-token prompt carries.
-  s.unobserved_tokens.erase(s.unobserved_tokens.begin(), s.unobserved_tokens.end() - keep);
-  s.unobserved_hidden.KeepNewest(keep - 1);
-  s.unobserved_generated = std::min(s.unobserved_generated, keep);
   if (!s.drafter_observed) return OkStatus();  // its first Observe starts it there anyway
   // Its context so far is let go of: it starts over from the recent tokens.
   s.drafter_observed = false;
@@ -687,6 +696,15 @@ void SpecEngine::DraftWith(Drafter* drafter, const std::vector<Sequence*>& membe
   if (call.sequences > 0 || call.observed_tokens > 0) report->drafter_calls.push_back(call);
 }
 
+bool SpecEngine::SkipsHiddenRows(const Sequence& s) const {
+  // The drafter's next draft comes quiet_steps steps from now at the earliest and reads the
+  // states of the drafter_context - 1 tokens before its pending one, which the steps from
+  // quiet_steps - drafter_context + 1 on compute (each undrafted step commits one token).
+  return s.prefilled && s.drafter != nullptr && s.draft_budget == 0 &&
+         options_.drafter_context > 0 && s.quiet_steps > options_.drafter_context + 1 &&
+         !s.drafter->hidden_layers().empty();
+}
+
 ForwardBatch SpecEngine::Assemble(const std::vector<Sequence*>& members) const {
   ForwardBatch batch;
   // The union of the members' drafters' layers, sorted (a std::set cost a node allocation per
@@ -694,7 +712,7 @@ ForwardBatch SpecEngine::Assemble(const std::vector<Sequence*>& members) const {
   std::vector<int64_t>& layers = batch.hidden_layers;
   const Drafter* last = nullptr;
   for (Sequence* s : members) {
-    if (!s->drafter || s->drafter == last) continue;
+    if (!s->drafter || s->drafter == last || SkipsHiddenRows(*s)) continue;
     last = s->drafter;
     for (int64_t l : s->drafter->hidden_layers()) {
       const auto at = std::lower_bound(layers.begin(), layers.end(), l);
@@ -1076,6 +1094,12 @@ void SpecEngine::QueueObservation(ForwardGroup& group, size_t b, bool was_prefil
     // The prompt's chunks are in unobserved_hidden already (CommitPrefillChunk).
     const std::vector<int32_t>& prompt = s.request.generation.prompt;
     s.unobserved_tokens.insert(s.unobserved_tokens.end(), prompt.begin(), prompt.end());
+  } else if (SkipsHiddenRows(s)) {
+    // No states of this step: the drafter restarts from the tokens after it (the pending one).
+    s.unobserved_tokens.clear();
+    s.unobserved_hidden.Clear();
+    s.unobserved_generated = 0;
+    s.drafter_context_lost = true;
   } else if (!s.drafter->hidden_layers().empty()) {
     if (StoresHiddenRows(group)) {  // one store for the whole group after the commits
       group.hidden_owners.push_back(s.id);
@@ -1099,6 +1123,7 @@ void SpecEngine::QueueObservation(ForwardGroup& group, size_t b, bool was_prefil
   }
   s.unobserved_tokens.insert(s.unobserved_tokens.end(), emitted.begin(), emitted.end());
   s.unobserved_generated += static_cast<int64_t>(emitted.size());
+  if (!was_prefill && s.quiet_steps > 0) --s.quiet_steps;
   // With the store, this step's rows join the backlog after the commits (FlushHiddenRows).
   if (!StoresHiddenRows(group)) BoundBacklog(s);
 }
@@ -1134,7 +1159,8 @@ StatusOr<std::vector<SpecGenerationResult>> GenerateAll(SpecEngine& engine,
     const auto t_step = Clock::now();
     if (planner) {
       for (const StepPlan::DraftBudget& b : planner->Plan()) {
-        (void)engine.SetDraftBudget(b.id, b.max_draft_tokens, b.min_reach, b.depth_reach);
+        (void)engine.SetDraftBudget(b.id, b.max_draft_tokens, b.min_reach, b.depth_reach,
+                                    b.quiet_steps);
         st.budget_nodes += b.max_draft_tokens;
         ++st.budgeted_sequence_steps;
       }

@@ -97,9 +97,14 @@ class SpecEngine {
   // [0, the request's max_draft_tokens] (the KV reservation is sized for that). 0 = no draft.
   // NOT_FOUND if unknown or finished. min_reach: DraftRequest::min_reach for its drafts (clamped
   // to [0, 1]; 0 = every node the drafter proposes); depth_reach: DraftRequest::depth_reach (at
-  // least 0; 0 = every depth within the budget).
+  // least 0; 0 = every depth within the budget). quiet_steps (with a budget of 0): the plan's
+  // promise of no budget for this many steps, this one included (StepPlan::DraftBudget): a
+  // drafter of hidden states with a bounded context (SpecEngineOptions::drafter_context) reads
+  // only its last steps' states at its next draft, so the steps before those skip capturing and
+  // keeping them (on the CPU at batch 1, ~1% of a step); its drafter then restarts from the
+  // tokens after them. A budget given before the promise ends drafts from the shorter context.
   Status SetDraftBudget(RequestId id, int32_t max_draft_tokens, double min_reach = 0,
-                        double depth_reach = 0);
+                        double depth_reach = 0, int32_t quiet_steps = 0);
 
   // Runs one step. Per-request failures (a drafter error, an invalid tree) degrade that request to
   // no speculation for the step and are counted in its stats; a drafter call that fails for a
@@ -130,6 +135,10 @@ class SpecEngine {
   std::vector<Sequence*> PlanChunks(const std::vector<Sequence*>& decoding,
                                     const std::vector<Sequence*>& prefilling);
   ForwardBatch Assemble(const std::vector<Sequence*>& members) const;
+  // Whether this step neither captures nor keeps the sequence's hidden states: a decoding
+  // sequence whose drafter reads at most drafter_context recent states, promised no budget for
+  // longer than that (SetDraftBudget's quiet_steps).
+  bool SkipsHiddenRows(const Sequence& s) const;
   // Runs the members' forward; a failure attributable to one sequence drops its draft or ends
   // it, and the rest run again. Returns the forwards that ran (usually one).
   std::vector<ForwardGroup> ForwardIsolating(std::vector<Sequence*> members, StepReport* report);
@@ -173,10 +182,11 @@ class SpecEngine {
   void Detach(Sequence& s);
   // Detach, counting `error` as the sequence's draft error.
   void DetachWithError(Sequence& s, const Status& error);
-  // A drafter of hidden states whose backlog holds more than `keep` tokens (> 0) starts over
-  // from the last `keep` (SpecEngineOptions::drafter_context): the backlog keeps only those, and
-  // a drafter that observed the sequence before releases and re-adds it. The drafter's error
-  // from AddSequence, if any.
+  // A drafter of hidden states whose backlog holds more than `keep` tokens (> 0), or that missed
+  // states (SkipsHiddenRows), starts over from the last `keep` (SpecEngineOptions::
+  // drafter_context) or what followed the missed ones: the backlog keeps only those, and a
+  // drafter that observed the sequence before releases and re-adds it. The drafter's error from
+  // AddSequence, if any.
   Status RestartFromRecent(Sequence& s, int64_t keep);
   // Past twice drafter_context unobserved tokens, RestartFromRecent now (what an idle sequence
   // holds stays bounded); detaches the sequence if its drafter cannot restart it.

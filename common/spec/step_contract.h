@@ -131,6 +131,10 @@ struct StepPlan {
     int32_t max_draft_tokens = 0;  // tree nodes this step; clamped to the request's maximum
     double min_reach = 0;          // DraftRequest::min_reach for its drafts, in [0, 1]
     double depth_reach = 0;        // DraftRequest::depth_reach for its drafts, at least 0
+    // Steps from this one on (it included) the router promises this sequence no draft budget
+    // (BudgetDecision::quiet_steps), at least 0: the engine need not keep its drafter's hidden
+    // states of steps its drafter will not read (SpecEngine::SetDraftBudget).
+    int32_t quiet_steps = 0;
   };
   std::vector<Admission> admit;   // join the batch this step (prefilled in this step's forward)
   std::vector<RequestId> cancel;  // leave the batch; their KV blocks are freed this step

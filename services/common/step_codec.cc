@@ -98,6 +98,7 @@ void ToProto(const StepPlan& plan, v1::StepPlan* out) {
     m->set_max_draft_tokens(b.max_draft_tokens);
     m->set_min_reach(b.min_reach);
     m->set_depth_reach(b.depth_reach);
+    m->set_quiet_steps(b.quiet_steps);
   }
 }
 
@@ -119,10 +120,15 @@ StatusOr<StepPlan> FromProto(const v1::StepPlan& plan) {
       return InvalidArgumentError(StrCat(
           "budgets[", i, "].depth_reach must be finite and at least 0, got ", b.depth_reach()));
     }
+    if (b.quiet_steps() < 0) {
+      return InvalidArgumentError(
+          StrCat("budgets[", i, "].quiet_steps must be at least 0, got ", b.quiet_steps()));
+    }
     out.budgets.push_back({.id = b.request_id(),
                            .max_draft_tokens = b.max_draft_tokens(),
                            .min_reach = b.min_reach(),
-                           .depth_reach = b.depth_reach()});
+                           .depth_reach = b.depth_reach(),
+                           .quiet_steps = b.quiet_steps()});
   }
   return out;
 }

@@ -361,8 +361,8 @@ TEST_F(SpeculaCliTest, BenchInterleavesSettingsInTurnsOfRequests) {
                            "--repeats 2 --min-requests 5";
   const std::string json_path = dir_->File("turns.json");
   const std::string trace_path = dir_->File("turns_trace.jsonl");
-  RunResult r =
-      Run(base + " --interleave-requests 1 --json " + json_path + " --step-trace " + trace_path);
+  RunResult r = Run(base + " --interleave-requests 1 --baseline-again --json " + json_path +
+                    " --step-trace " + trace_path);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // The adaptive setting's steps, one line each, labelled by batch size and phase: a repeat's
   // lines carry all of its tokens.
@@ -381,8 +381,16 @@ TEST_F(SpeculaCliTest, BenchInterleavesSettingsInTurnsOfRequests) {
   }
   auto j = nlohmann::json::parse(ReadFileToString(json_path).value());
   EXPECT_EQ(j["interleave_requests"], 1);
-  ASSERT_EQ(j["results"].size(), 2u * 3);
+  // none, none again (--baseline-again), ngram k=2, ngram adaptive; per batch size.
+  ASSERT_EQ(j["results"].size(), 2u * 4);
+  int again = 0;
   for (const auto& row : j["results"]) {
+    if (row["baseline_again"].get<bool>()) {
+      ++again;
+      EXPECT_EQ(row["drafter"], "none") << row.dump();
+      EXPECT_EQ(row["mean_draft_budget"], 0.0) << row.dump();
+      EXPECT_GT(row["speedup_median"].get<double>(), 0.0) << row.dump();
+    }
     EXPECT_EQ(row["output_mismatches"], 0) << row.dump();
     EXPECT_EQ(row["draft_errors"], 0) << row.dump();
     for (const auto& rep : row["repeats"]) {
@@ -392,6 +400,8 @@ TEST_F(SpeculaCliTest, BenchInterleavesSettingsInTurnsOfRequests) {
       EXPECT_GE(rep["engine_steps"].get<int64_t>(), 8) << row.dump();
     }
   }
+  EXPECT_EQ(again, 2);
+  EXPECT_NE(r.out.find("none again"), std::string::npos) << r.out;
   r = Run(base + " --interleave-requests -1");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--interleave-requests must be 0 or positive, got -1"), std::string::npos)

@@ -223,6 +223,12 @@ TEST_F(InternalServicesTest, TheRowPriceReachesARemoteDrafter) {
     EXPECT_DOUBLE_EQ(remote_log_->min_reach.back(), price);
     EXPECT_DOUBLE_EQ(remote_log_->depth_reach.back(), 3 * price);
   }
+  // A quiet promise (StepPlan::DraftBudget::quiet_steps) crosses the wire too.
+  StepPlan quiet;
+  quiet.budgets.push_back({.id = 1, .max_draft_tokens = 0, .quiet_steps = 40});
+  const StepPlan back = over_the_wire(quiet);
+  ASSERT_EQ(back.budgets.size(), 1u);
+  EXPECT_EQ(back.budgets[0].quiet_steps, 40);
 }
 
 class RawSession {
@@ -476,7 +482,8 @@ TEST_F(InternalServicesTest, TargetRejectsABrokenPlanNamingTheFieldAndFreesTheSe
   EXPECT_EQ(service.num_requests(), 0) << "the ended session's requests still hold KV blocks";
   EXPECT_EQ(target->target().kv_stats().free_blocks, target->target().kv_stats().num_blocks);
   // A draft budget's prices out of range: the session ends with an error naming the field.
-  auto refused = [&](double min_reach, double depth_reach, const std::string& want) {
+  auto refused = [&](double min_reach, double depth_reach, const std::string& want,
+                     int32_t quiet_steps = 0) {
     grpc::ClientContext context;
     auto stream = stub->Run(&context);
     v1::StepPlan plan;
@@ -485,6 +492,7 @@ TEST_F(InternalServicesTest, TargetRejectsABrokenPlanNamingTheFieldAndFreesTheSe
     b->set_max_draft_tokens(2);
     b->set_min_reach(min_reach);
     b->set_depth_reach(depth_reach);
+    b->set_quiet_steps(quiet_steps);
     ASSERT_TRUE(stream->Write(plan));
     v1::StepResult result;
     EXPECT_FALSE(stream->Read(&result));
@@ -496,6 +504,7 @@ TEST_F(InternalServicesTest, TargetRejectsABrokenPlanNamingTheFieldAndFreesTheSe
   for (double bad : {-1.0, std::numeric_limits<double>::infinity()}) {
     refused(0, bad, "budgets[0].depth_reach must be finite and at least 0");
   }
+  refused(0, 0, "budgets[0].quiet_steps must be at least 0, got -3", -3);
   // A new session works.
   grpc::ClientContext context;
   auto stream = stub->Run(&context);

@@ -1086,16 +1086,26 @@ TEST(DraftBudgetPolicyTest, EachSetOfDraftersHasItsOwnAudit) {
   TrainAcceptance(policy, "b", 2, 0.9, 60, rng);
   const StepBase base = Decoding(1, 100);
   const auto a = Candidates(1, "a", 8, 100);
-  // Until a's audit is in a no-draft epoch (the next plan of its batch drafts nothing).
+  // Until a's audit is in a no-draft epoch (the next plan of its batch drafts nothing). The
+  // audit's no-draft plans promise the steps they will not draft (quiet_steps), and keep it.
+  int64_t promised_until = -1, quiet_plans = 0;
   for (int step = 0; step < 3000 || policy.audit().drafting(); ++step) {
     const BudgetDecision d = policy.Plan(base, a);
+    if (d.budgets[0] > 0) {
+      EXPECT_EQ(d.quiet_steps, 0);
+      ASSERT_LT(promised_until, step) << "a draft within a quiet promise";
+    }
+    if (d.quiet_steps > 40) ++quiet_plans;
+    promised_until = std::max<int64_t>(promised_until, step + d.quiet_steps - 1);
     policy.Observe(RejectedStep(base, a, d, curve, "a", 5e-4));
   }
   ASSERT_EQ(policy.audit().verdict(), DraftingAudit::Verdict::kDoesNotPay);
   ASSERT_GT(policy.audited_plans(), 1500u);
+  EXPECT_GT(quiet_plans, 1000);
   const auto b = Candidates(1, "b", 8, 100, /*first_id=*/2);
   const BudgetDecision first = policy.Plan(base, b);
   EXPECT_GT(first.budgets[0], 0) << "b's plan was held in a's no-draft epoch";
+  EXPECT_EQ(first.quiet_steps, 0);
   EXPECT_EQ(policy.audit().verdict(), DraftingAudit::Verdict::kUnknown);
   policy.Observe(RejectedStep(base, b, first, curve, "b", 1e-5));
   EXPECT_EQ(policy.Plan(base, a).budgets[0], 0);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <utility>
 
 namespace specula {
 namespace {
@@ -148,6 +149,46 @@ TEST(DraftingAuditTest, ALongEpochEndsWithinItsTimeBound) {
     } else {
       EXPECT_GT(steps * 10e-3, 50.0) << "without the bound, the first long epoch takes 41 s";
     }
+  }
+}
+
+// The engine skips keeping a drafter's states for the steps the audit says draft nothing
+// (UndraftedStepsAhead): a promise that must hold whatever comes (steps that are not samples,
+// steps up to 4x their yardstick, a time bound that ends long epochs early) while covering most
+// of the no-draft steps of a drafter that does not pay.
+TEST(DraftingAuditTest, TheStepsItSaysDraftNothingDraftNothing) {
+  // With 2 s, the long epochs end on their step count; with 0.3 s, on their time, which is
+  // counted ahead at 3x the yardstick per step (the most a step counts), so less is covered.
+  for (const auto& [bound, share] : {std::pair{2.0, 0.8}, std::pair{0.3, 0.6}}) {
+    SCOPED_TRACE(testing::Message() << "max_long_seconds " << bound);
+    DraftingAudit audit({.max_long_seconds = bound});
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<double> slow(0.5, 4.0);
+    int64_t promised_until = -1;  // the last step promised to draft nothing
+    int64_t undrafted = 0, covered = 0;
+    for (int64_t step = 0; step < 60000; ++step) {
+      const bool drafting = audit.drafting();
+      const int64_t ahead = audit.UndraftedStepsAhead();
+      if (drafting) {
+        EXPECT_EQ(ahead, 0) << "step " << step;
+        ASSERT_LT(promised_until, step) << "step " << step << " drafts within a promise";
+      } else {
+        EXPECT_GE(ahead, 1);
+        ++undrafted;
+        if (ahead > 34) ++covered;  // far enough ahead for a 32-token drafter context
+      }
+      promised_until = std::max(promised_until, step + ahead - 1);
+      if (step % 7 == 3) {
+        audit.Skip();  // a prompt step
+        continue;
+      }
+      // Drafting yields 0.9x; steps vary up to 4x their yardstick (counted at most 3x).
+      const double seconds = 1e-3 * slow(rng) * (drafting ? 1.2 : 1.0);
+      audit.Observe(seconds, drafting ? 1.08 : 1.0, 1, 1e-3);
+    }
+    EXPECT_EQ(audit.verdict(), DraftingAudit::Verdict::kDoesNotPay);
+    EXPECT_GT(static_cast<double>(covered) / static_cast<double>(undrafted), share)
+        << covered << " of " << undrafted;
   }
 }
 

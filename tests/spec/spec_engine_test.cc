@@ -1075,6 +1075,101 @@ TEST_F(SpecEngineTest, ADrafterContextRestartsIdleHiddenStateDraftersFromRecentT
   }
 }
 
+TEST_F(SpecEngineTest, QuietStepsSkipTheStatesADrafterWillNotRead) {
+  // The plan promises each sequence no budget until its next draft (every 20th step): with
+  // drafter_context 4, the steps more than 5 before a draft neither capture nor keep its states
+  // (what its next catch-up would observe drops to the pending token), and the steps after them
+  // keep enough that every draft after the first starts its drafter from the last 4 tokens, with
+  // the target's states of those positions. The output is unchanged.
+  const int64_t keep = 4;
+  const int period = 20;
+  const auto requests = Prompts(3, 70, 59);
+  const auto plain = Plain(requests);
+  for (const bool store : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "store " << store);
+    auto drafter = std::make_unique<HiddenRecordingDrafter>();
+    HiddenRecordingDrafter* raw = drafter.get();
+    SpecEngine engine(target_.get(), {.drafter_context = keep, .hidden_row_store_on_cpu = store});
+    ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+    const std::vector<RequestId> ids = SubmitAll(engine, WithDrafter(requests, "hidden", 3));
+    ASSERT_EQ(ids.size(), requests.size());
+    std::map<RequestId, std::vector<int32_t>> out;
+    std::map<RequestId, int> skipped, drafted;
+    for (int step = 0; engine.HasWork(); ++step) {
+      const int to_draft = period - 1 - step % period;  // steps until the next draft
+      for (RequestId id : ids) {
+        (void)engine.SetDraftBudget(id, to_draft == 0 ? 3 : 0, 0, 0, to_draft);
+      }
+      auto report = engine.Step();
+      ASSERT_TRUE(report.ok()) << report.status();
+      for (const RequestUpdate& u : report->updates) {
+        out[u.id].insert(out[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+        EXPECT_EQ(u.stats.draft_errors, 0);
+        if (u.finished || step < 2) continue;  // the prompt's step and the first decode
+        if (u.draft_nodes > 0) ++drafted[u.id];
+        if (to_draft > keep + 1) {
+          EXPECT_EQ(u.unobserved_tokens, 1) << "step " << step;
+          ++skipped[u.id];
+        } else if (to_draft > 0 && to_draft <= keep - 1) {
+          // Kept again from to_draft == keep + 1 on: at least two tokens by now.
+          EXPECT_GE(u.unobserved_tokens, 2) << "step " << step;
+        }
+      }
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_EQ(out[ids[i]], plain[i]) << i;
+      EXPECT_GT(skipped[ids[i]], 2 * (period - keep - 3)) << i;
+      EXPECT_GE(drafted[ids[i]], 2) << i;
+    }
+    // One drafter epoch per draft (each restarts after the skipped states), each but a
+    // sequence's first observing exactly its last 4 tokens, rows matching the target's.
+    EXPECT_GT(raw->finished_.size(), 2 * requests.size());
+    const std::vector<int64_t> offsets = ExpectObservedMatchesTarget(*raw, requests, plain);
+    for (size_t e = 0; e < offsets.size(); ++e) {
+      if (offsets[e] > 0) EXPECT_EQ(raw->finished_[e].first_tokens, keep) << e;
+    }
+  }
+}
+
+TEST_F(SpecEngineTest, ABrokenQuietPromiseDraftsFromTheStatesItKept) {
+  // The plan promises 100 quiet steps every step it gives no budget, and gives a budget three
+  // steps in every 13: the first of them finds only the pending token (no draft), the next two
+  // draft from what was kept since. Draft quality only: the output is unchanged and every drafter
+  // epoch observes a contiguous run with the target's states.
+  const int64_t keep = 4;
+  const auto requests = Prompts(2, 40, 61);
+  const auto plain = Plain(requests);
+  auto drafter = std::make_unique<HiddenRecordingDrafter>();
+  HiddenRecordingDrafter* raw = drafter.get();
+  SpecEngine engine(target_.get(), {.drafter_context = keep});
+  ASSERT_TRUE(engine.AddDrafter(std::move(drafter)).ok());
+  const std::vector<RequestId> ids = SubmitAll(engine, WithDrafter(requests, "hidden", 3));
+  std::map<RequestId, std::vector<int32_t>> out;
+  std::map<RequestId, int> drafted;
+  for (int step = 0; engine.HasWork(); ++step) {
+    const bool budget = step % 13 >= 10;
+    for (RequestId id : ids) {
+      (void)engine.SetDraftBudget(id, budget ? 3 : 0, 0, 0, budget ? 0 : 100);
+    }
+    auto report = engine.Step();
+    ASSERT_TRUE(report.ok()) << report.status();
+    for (const RequestUpdate& u : report->updates) {
+      out[u.id].insert(out[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+      EXPECT_EQ(u.stats.draft_errors, 0);
+      if (step % 13 == 10 && step > 13) EXPECT_EQ(u.draft_nodes, 0) << "step " << step;
+      if (u.draft_nodes > 0) ++drafted[u.id];
+    }
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(out[ids[i]], plain[i]) << i;
+    EXPECT_GE(drafted[ids[i]], 2) << i;
+  }
+  const std::vector<int64_t> offsets = ExpectObservedMatchesTarget(*raw, requests, plain);
+  for (size_t e = 0; e < offsets.size(); ++e) {
+    if (offsets[e] > 0) EXPECT_EQ(raw->finished_[e].first_tokens, 2) << e;
+  }
+}
+
 TEST_F(SpecEngineTest, ADrafterThatCannotRestartASequenceEndsOnlyItsSpeculation) {
   // The drafter refuses the re-add of a restart (drafter_context 4): that sequence goes on
   // without speculation, with the drafter's error counted, and its output is unchanged.

@@ -58,6 +58,7 @@ struct BenchFlags {
   int64_t seed = 1;
   std::string json;
   bool count_ops = false;
+  bool baseline_again = false;  // a second no-speculation setting: the run's own noise
 };
 
 // A --draft-lens entry: a fixed budget, or the policy with or without its drafting audit.
@@ -74,8 +75,9 @@ struct Setting {
   bool audited = true;
   // --specdec-grid: this setting's (beta, tau); otherwise --verify decides.
   std::optional<std::pair<int32_t, float>> specdec;
+  bool again = false;  // --baseline-again: the baseline's second setting
   std::string label() const {
-    if (drafter == "none") return "none";
+    if (drafter == "none") return again ? "none again" : "none";
     std::string label = !adaptive ? StrCat(drafter, " k=", draft_len)
                         : audited ? StrCat(drafter, " adaptive")
                                   : StrCat(drafter, " adaptive-unaudited");
@@ -276,6 +278,7 @@ Status Run(const BenchFlags& f) {
   ASSIGN_OR_RETURN(std::vector<std::string> drafters, f.spec.DrafterNames());
 
   std::vector<Setting> settings = {{"none", 0}};
+  if (f.baseline_again) settings.push_back({.drafter = "none", .again = true});
   for (const auto& d : drafters) {
     if (d == "none") continue;
     for (const DraftLen& len : draft_lens) {
@@ -565,6 +568,7 @@ Status Run(const BenchFlags& f) {
       results.push_back(
           {{"batch_size", bs},
            {"drafter", settings[s].drafter},
+           {"baseline_again", settings[s].again},
            {"specdec_beta", settings[s].specdec ? nlohmann::json(settings[s].specdec->first)
                                                 : nlohmann::json(nullptr)},
            {"specdec_tau", settings[s].specdec ? nlohmann::json(settings[s].specdec->second)
@@ -658,6 +662,9 @@ int RunBench(const std::vector<std::string>& args) {
   flags.AddDouble("temperature", &f.temperature, "0 = greedy");
   flags.AddInt("seed", &f.seed, "sampling seed of request 0 (request i uses seed + i)");
   flags.AddString("json", &f.json, "write every run and the summary here");
+  flags.AddBool("baseline-again", &f.baseline_again,
+                "also run no speculation as a second setting ('none again', taking its turns like "
+                "the others): its speedup over the first is this run's own noise");
   flags.AddBool("count-ops", &f.count_ops,
                 "count the LibTorch ops each engine step dispatches (what bounds a small model's "
                 "step on a GPU: each is a launch); slows every setting alike");
