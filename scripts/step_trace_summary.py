@@ -4,7 +4,8 @@
 Reads a `--step-trace` file (one JSON line per step, common/spec/step_trace.h) and groups the
 decode-only steps by decoding sequences, by what the plan did (none: no drafts; exploit: drafts
 the optimum chose; explore: drafts with exploration; audit: none, the drafting audit's no-draft
-epoch) and by whether the step before drafted
+epoch; audit skip: the same, promised quiet for more than --skip-above steps, so the engine kept
+no hidden states of its hidden-state drafters) and by whether the step before drafted
 (a drafter's call evicts the target's weights from the caches; a sequence's first drafting
 step pays its catch-up). Per group: the plan's predicted ms and tokens, the measured ms (wall)
 and tokens, and tokens per ms predicted, measured and without drafts (as planned and as the
@@ -39,6 +40,9 @@ def main():
                    help="only lines whose label contains this (default: bench's timed repeats; "
                         "'' = all)")
     p.add_argument("--json", help="also write the table here")
+    p.add_argument("--skip-above", type=int, default=33,
+                   help="an audit step promised more quiet steps than this skipped the hidden "
+                        "states (the engine's drafter_context + 1; default: 32 + 1)")
     p.add_argument("--aftermath-steps", type=int, default=20,
                    help="steps after a draft in the second table; steps further count as far")
     args = p.parse_args()
@@ -81,7 +85,8 @@ def main():
             if plan is None or line["prefill_tokens"] > 0 or plan["prefill_tokens"] > 0:
                 continue
             if plan.get("audit_off"):  # the drafting audit's no-draft epochs (older traces: none)
-                kind = "audit"
+                kind = ("audit skip" if plan.get("quiet_steps", 0) > args.skip_above
+                        else "audit")
             else:
                 kind = "none" if plan["nodes"] == 0 else ("explore" if plan["explored"] > 0 else
                                                            "exploit")
@@ -96,7 +101,7 @@ def main():
     rows = []
     header = ("dec", "plan", "step before", "steps", "pred ms", "wall ms", "pred tok", "tok",
               "pred tok/ms", "tok/ms", "no-draft tok/ms planned", "measured")
-    print("%4s %-8s %-12s %6s %8s %8s %8s %6s %11s %7s %23s %9s" % header)
+    print("%4s %-10s %-12s %6s %8s %8s %8s %6s %11s %7s %23s %9s" % header)
     for key in sorted(groups):
         lines = groups[key]
         decoding, kind, after = key
@@ -116,7 +121,7 @@ def main():
                "no_draft_tokens_per_ms_planned": no_draft_planned,
                "no_draft_tokens_per_ms_measured": measured}
         rows.append(row)
-        print("%4d %-8s %-12s %6d %8.3f %8.3f %8.2f %6.2f %11.2f %7.2f %23.2f %9s" % (
+        print("%4d %-10s %-12s %6d %8.3f %8.3f %8.2f %6.2f %11.2f %7.2f %23.2f %9s" % (
             decoding, kind, after, len(lines), pred_ms, wall_ms, pred_tok, tok,
             row["predicted_tokens_per_ms"] or 0, row["tokens_per_ms"] or 0, no_draft_planned,
             "%.2f" % measured if measured is not None else "-"))

@@ -42,6 +42,7 @@ void StepTrace::Write(const std::string& label, int64_t step, const TracedPlan* 
                     {"prefill_tokens", plan->base.chunks.tokens},
                     {"quiet", plan->quiet},
                     {"audit_off", plan->audit_off},
+                    {"quiet_steps", plan->decision.quiet_steps},
                     {"nodes", nodes},
                     {"drafting", drafting},
                     {"explored", round(plan->decision.explored_nodes)},
