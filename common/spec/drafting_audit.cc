@@ -34,7 +34,10 @@ int64_t DraftingAudit::UndraftedStepsAhead() const {
       if (last_norm_seconds_ > 0) {
         const double left = std::max(options_.max_long_seconds - long_seconds_, 0.0);
         const double most = std::ceil(left / (kOutlierFactor * last_norm_seconds_));
-        by_target = std::min<int64_t>(by_target, static_cast<int64_t>(std::min(most, 1e9)));
+        const int64_t timed = std::max<int64_t>(
+            static_cast<int64_t>(std::min(most, 1e9)),
+            static_cast<int64_t>(options_.long_over_short) * ShortSteps() - long_steps_);
+        by_target = std::min(by_target, timed);
       }
       samples = std::max(by_target, ring - long_steps_);
       break;
@@ -64,6 +67,14 @@ DraftingAudit::Side DraftingAudit::RingSum() const {
   return sum;
 }
 
+int32_t DraftingAudit::ShortSteps() const {
+  return LongDrafts() ? options_.check_steps : options_.trial_steps + options_.flush_steps;
+}
+
+bool DraftingAudit::MayTimeOut() const {
+  return long_steps_ >= static_cast<int64_t>(options_.long_over_short) * ShortSteps();
+}
+
 void DraftingAudit::StartFlush(FlushTo to) {
   flush_left_ = options_.flush_steps;
   flush_to_ = to;
@@ -91,7 +102,7 @@ void DraftingAudit::Step(bool sample, double n, double sec) {
   }
   switch (phase_) {
     case Phase::kLong: {
-      const bool timed_out = long_seconds_ >= options_.max_long_seconds;
+      const bool timed_out = long_seconds_ >= options_.max_long_seconds && MayTimeOut();
       if ((long_steps_ >= long_target_ || timed_out) &&
           long_steps_ >= static_cast<int32_t>(ring_.size())) {
         before_ = RingSum();

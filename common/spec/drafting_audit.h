@@ -40,9 +40,14 @@
 // it does not, a drafting trial of `trial_steps`. A long epoch lasts as long as keeps its short
 // epochs' cost within `check_cost` of the throughput at the estimate (within `min_long_steps`
 // and `max_long_steps`; `min_long_steps` before a verdict), and ends early after
-// `max_long_seconds` of measured steps, so that a change of load is seen within seconds whatever
-// the step time: 64 check steps at no speculation's rate where drafting pays 1.2x cost 0.5% of
-// the throughput with 2,070-step epochs.
+// `max_long_seconds` of measured steps, so that a change of load is seen within seconds, but not
+// before `long_over_short` times its short epoch's steps: 64 check steps at no speculation's rate
+// where drafting pays 1.2x cost 0.5% of the throughput with 2,070-step epochs; at 12 ms a step
+// (batch 64 on the CPU) 2 s are 166 steps, and checks every 166 would have cost 4.6% (a losing
+// drafter's trials, 45% of the steps), so there the epochs last 1,024 steps (2,304 in the
+// no-draft mode): short epochs take at most 1/17 of the steps, and a verdict turns in about a
+// minute instead of seconds (the policy's own models follow load within steps; the audit is the
+// backstop).
 //
 // What it can tell apart: a pair is a few hundred steps, and per step the time varies by ~36%
 // (context length, the steps after a draft, the machine) and a drafter's yield with the text; on
@@ -84,6 +89,8 @@ struct DraftingAuditOptions {
   int32_t min_long_steps = 256;
   int32_t max_long_steps = 4096;
   double max_long_seconds = 2.0;
+  // A long epoch ended by max_long_seconds still lasts this many times its short epoch's steps.
+  int32_t long_over_short = 16;
   // The long epochs are made long enough that the short ones cost at most this share of the
   // throughput at the estimated speedup (within min_long_steps and max_long_steps).
   double check_cost = 0.005;
@@ -154,6 +161,10 @@ class DraftingAudit {
   };
   // Whether the verdict's mode drafts (before a verdict it does).
   bool LongDrafts() const { return verdict_ != Verdict::kDoesNotPay; }
+  // The steps of the short epoch that follows the long one (a check's include its flush).
+  int32_t ShortSteps() const;
+  // Whether the long epoch may end on max_long_seconds (if it has lasted that long).
+  bool MayTimeOut() const;
   // Where a flush's samples go: the window before a check, the trial, or nowhere (drafting
   // stopped for good: no pair counts them).
   enum class FlushTo { kNone, kBefore, kShort };

@@ -20,6 +20,7 @@ struct Engine {
   std::function<double(int64_t since_draft)> undrafted = [](int64_t) { return 1e-3; };
   std::function<double(int64_t step)> speed = [](int64_t) { return 1.0; };
   double noise = 0.05;
+  double yardstick = 1e-3;  // the step without drafts by the cost fit (norm_seconds)
 };
 
 struct Tally {
@@ -39,7 +40,7 @@ Tally RunSteps(DraftingAudit& audit, const Engine& e, int64_t first, int64_t ste
     const bool drafting = audit.drafting();
     const double base = drafting ? e.drafted_seconds : e.undrafted(since_draft);
     const double seconds = base * e.speed(step) * std::max(noise(rng), 0.5);
-    audit.Observe(seconds, drafting ? e.drafted_tokens : 1.0, 1, 1e-3);
+    audit.Observe(seconds, drafting ? e.drafted_tokens : 1.0, 1, e.yardstick);
     since_draft = drafting ? 0 : since_draft + 1;
     if (step >= count_from) {
       ++t.steps;
@@ -126,29 +127,43 @@ TEST(DraftingAuditTest, StepsThatAreNotSamplesMoveNoEpoch) {
   EXPECT_EQ(audit.verdict(), DraftingAudit::Verdict::kUnknown);
 }
 
-// 10 ms steps: a 4,096-step long epoch would take 41 s; it ends after 2 s instead, so a change of
-// load (here: drafting that paid 1.5x reads 0.8x from step 3,000 on) turns the verdict after the
-// ~5 pairs the estimate needs to cross from 1.5 to 0.97, ~4 s each (not after 67 s: 41 s
-// for the first).
-TEST(DraftingAuditTest, ALongEpochEndsWithinItsTimeBound) {
-  for (const double bound : {2.0, 1e9}) {
-    DraftingAudit audit({.max_long_seconds = bound});
-    Engine e{.drafted_seconds = 10e-3, .drafted_tokens = 1.5, .undrafted = [](int64_t) {
-               return 10e-3;
-             }};
+// 10 ms steps (batch 64 on the CPU): a 4,096-step long epoch would take 41 s; the time bound
+// (2 s) ends it sooner, so that a change of load (here drafting that paid 1.5x reads 0.8x) turns
+// the verdict after 37 s instead of 80, but not before 16 times its short epoch's steps
+// (long_over_short): with 2 s epochs alone (~200 steps) the 64-step checks took 24% of the steps
+// (drafting that pays 1.5x lost 8% of its throughput to them) to turn the verdict in 12 s.
+TEST(DraftingAuditTest, ALongEpochEndsWithinItsTimeBoundButOutlastsItsShortOnes) {
+  struct Case {
+    double bound;
+    int32_t ratio;
+  };
+  for (const Case c : {Case{2.0, 16}, Case{2.0, 0}, Case{1e9, 16}}) {
+    SCOPED_TRACE(testing::Message() << "bound " << c.bound << " s, ratio " << c.ratio);
+    DraftingAudit audit({.max_long_seconds = c.bound, .long_over_short = c.ratio});
+    Engine e{.drafted_seconds = 10e-3,
+             .drafted_tokens = 1.5,
+             .undrafted = [](int64_t) { return 10e-3; },
+             .yardstick = 10e-3};
     RunSteps(audit, e, 0, 3000);
     ASSERT_EQ(audit.verdict(), DraftingAudit::Verdict::kPays);
+    const Tally paying = RunSteps(audit, e, 3000, 20000);
     e.drafted_tokens = 0.8;
     int64_t steps = 0;
     while (audit.verdict() == DraftingAudit::Verdict::kPays && steps < 40000) {
-      RunSteps(audit, e, 3000 + steps, 100, 0, static_cast<uint32_t>(steps));
+      RunSteps(audit, e, 23000 + steps, 100, 0, static_cast<uint32_t>(steps));
       steps += 100;
     }
-    if (bound == 2.0) {
-      EXPECT_LT(steps * 10e-3, 40.0) << "seconds before drafting stopped";
+    const double checks = 1 - paying.share();
+    const double seconds = static_cast<double>(steps) * 10e-3;
+    if (c.ratio == 0) {
+      EXPECT_GT(checks, 0.2) << "2 s epochs alone";
+      EXPECT_LT(seconds, 20.0);
     } else {
-      EXPECT_GT(steps * 10e-3, 50.0) << "without the bound, the first long epoch takes 41 s";
+      EXPECT_LT(checks, 1.0 / 17) << "the checks' share of the steps";
+      EXPECT_GT(checks, 0.0);
     }
+    if (c.bound == 2.0 && c.ratio > 0) EXPECT_LT(seconds, 60.0) << "seconds before it stopped";
+    if (c.bound > 2.0) EXPECT_GT(seconds, 60.0) << "without the bound";
   }
 }
 
