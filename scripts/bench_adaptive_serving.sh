@@ -6,7 +6,8 @@
 # router over loopback gRPC) instead of one.
 #
 #   scripts/bench_adaptive_serving.sh [OUT]     (default docs/bench-adaptive-serving-pyllama-6m-cpu)
-# Environment: CONCURRENCY (1,4,16,64), DRAFTERS (none,ngram,draft-model,specformer,beagle),
+# Environment: CONCURRENCY (1,4,16,64),
+# DRAFTERS (none,ngram,draft-model,specformer,parallelspec,beagle),
 # MAX_NEW_TOKENS (48), REPEATS (3), FIXED_LEN (4), REQUEST_RATE (0 = all at once), SPLIT (0),
 # NUM_PROMPTS (requests per run; 0 = 2 x concurrency, at least 8), NUM_WARMUPS (0),
 # PERCENTILE_METRICS (ttft,tpot,itl,token_itl: p99 of ITL per streamed chunk and per token).
@@ -25,8 +26,9 @@ trap 'for p in "$LOGS"/*.pid; do [ -f "$p" ] && { kill "$(cat "$p")" 2>/dev/null
 # shellcheck source=scripts/serve_lib.sh
 source scripts/serve_lib.sh
 
-DRAFTER_FLAGS=(--drafter ngram,draft-model,specformer,beagle --drafter-model models/pyllama-draft-1m
-  --specformer-model models/specformer-pyllama-6m --beagle-model models/beagle-pyllama-6m
+DRAFTER_FLAGS=(--drafter ngram,draft-model,specformer,parallelspec,beagle
+  --drafter-model models/pyllama-draft-1m --specformer-model models/specformer-pyllama-6m
+  --parallelspec-model models/parallelspec-pyllama-6m --beagle-model models/beagle-pyllama-6m
   --draft-vocab "$MODEL/draft_vocab.json")
 
 # start NAME BUDGET_FLAGS...: one server (or three processes) named NAME; prints its public port.
@@ -69,7 +71,7 @@ fi
 
 "$BIN/specula-loadgen" --model "$MODEL" \
   --targets "$TARGETS" \
-  --drafters "${DRAFTERS:-none,ngram,draft-model,specformer,beagle}" \
+  --drafters "${DRAFTERS:-none,ngram,draft-model,specformer,parallelspec,beagle}" \
   --concurrency "${CONCURRENCY:-1,4,16,64}" --max-new-tokens "${MAX_NEW_TOKENS:-48}" \
   --request-rate "${REQUEST_RATE:-0}" --num-prompts "${NUM_PROMPTS:-0}" \
   --num-warmups "${NUM_WARMUPS:-0}" --ignore-eos --repeats "${REPEATS:-3}" \
