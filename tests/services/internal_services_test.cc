@@ -194,6 +194,71 @@ TEST_F(InternalServicesTest, HiddenStatesReachARemoteDrafterExactlyAsInProcess) 
   EXPECT_EQ(service_->num_sequences(), 0) << "finished sequences were not released";
 }
 
+// A plan's quiet promises (StepPlan::DraftBudget::quiet_steps, over the wire) skip the same
+// hidden states for a remote drafter as for an in-process one: it observes the same tokens with
+// the same states after each quiet stretch, and the output is the target's own. (What is skipped
+// is tested on the engine: SpecEngineTest.QuietStepsSkipTheStatesADrafterWillNotRead.)
+TEST_F(InternalServicesTest, QuietPromisesSkipStatesAlikeForARemoteDrafter) {
+  auto local_log = std::make_shared<RecordingDrafter::Log>();
+  auto local = Target();
+  ASSERT_TRUE(local->engine().AddDrafter(std::make_unique<RecordingDrafter>(local_log)).ok());
+  auto remote = Target();
+  auto connection = target::DrafterConnection::Connect(
+      Address(server_->port()), 5s, static_cast<int32_t>(config_.vocab_size),
+      static_cast<int32_t>(config_.hidden_size), "float32");
+  ASSERT_TRUE(connection.ok()) << connection.status();
+  ASSERT_TRUE(remote->engine()
+                  .AddDrafter(std::make_unique<target::RemoteDrafter>(
+                      *connection, (*connection)->info().drafters(0)))
+                  .ok());
+  // A draft every 40th step, each step before it promised quiet until then (the engine's
+  // drafter_context, 32, leaves 6 of every 40 steps skipped); `drafts` false: never a budget.
+  auto run = [](LocalTargetBackend& target, bool drafts) {
+    std::vector<int32_t> tokens;
+    StepPlan plan = Admit(1, {5, 9, 13, 2, 7, 11}, 100);
+    for (int step = 0; step < 300; ++step) {
+      const int to_draft = 39 - step % 40;
+      plan.budgets = {{.id = 1,
+                       .max_draft_tokens = drafts && to_draft == 0 ? 2 : 0,
+                       .quiet_steps = drafts ? to_draft : 0}};
+      v1::StepPlan message;
+      services::ToProto(plan, &message);
+      auto back = services::FromProto(message);
+      EXPECT_TRUE(back.ok()) << back.status();
+      auto out = target.Step(*back);
+      EXPECT_TRUE(out.ok()) << out.status();
+      if (!out.ok()) break;
+      bool done = false;
+      for (const RequestUpdate& u : out->report.updates) {
+        tokens.insert(tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
+        done |= u.finished;
+      }
+      if (done) break;
+      plan = {};
+    }
+    return tokens;
+  };
+  const auto a = run(*local, true);
+  const auto b = run(*remote, true);
+  EXPECT_EQ(a.size(), 100u);
+  EXPECT_EQ(a, b);
+  auto plain = Target();
+  ASSERT_TRUE(plain->engine()
+                  .AddDrafter(std::make_unique<RecordingDrafter>(
+                      std::make_shared<RecordingDrafter::Log>()))
+                  .ok());
+  EXPECT_EQ(run(*plain, false), a) << "the output is the target's own";
+  ASSERT_EQ(local_log->tokens, remote_log_->tokens);
+  ASSERT_GE(local_log->tokens.size(), 2u) << "drafts after quiet stretches";
+  ASSERT_EQ(local_log->hidden.size(), remote_log_->hidden.size());
+  for (size_t i = 0; i < local_log->hidden.size(); ++i) {
+    for (size_t l = 0; l < 2; ++l) {
+      EXPECT_TRUE(at::equal(local_log->hidden[i][l], remote_log_->hidden[i][l]))
+          << "observation " << i << " layer " << l;
+    }
+  }
+}
+
 // The plan's prices of a row and a depth (StepPlan::DraftBudget::min_reach, depth_reach) cross the
 // router -> target wire and reach a remote drafter's requests (DraftRequest's).
 TEST_F(InternalServicesTest, TheRowPriceReachesARemoteDrafter) {
