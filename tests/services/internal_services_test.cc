@@ -243,10 +243,10 @@ TEST_F(InternalServicesTest, QuietPromisesSkipStatesAlikeForARemoteDrafter) {
   EXPECT_EQ(a.size(), 100u);
   EXPECT_EQ(a, b);
   auto plain = Target();
-  ASSERT_TRUE(plain->engine()
-                  .AddDrafter(std::make_unique<RecordingDrafter>(
-                      std::make_shared<RecordingDrafter::Log>()))
-                  .ok());
+  ASSERT_TRUE(
+      plain->engine()
+          .AddDrafter(std::make_unique<RecordingDrafter>(std::make_shared<RecordingDrafter::Log>()))
+          .ok());
   EXPECT_EQ(run(*plain, false), a) << "the output is the target's own";
   ASSERT_EQ(local_log->tokens, remote_log_->tokens);
   ASSERT_GE(local_log->tokens.size(), 2u) << "drafts after quiet stretches";
