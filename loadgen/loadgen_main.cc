@@ -524,7 +524,7 @@ Status Run(const Flags& f, const std::map<std::string, std::string>& metadata) {
   const std::string token_itl_key = "p" + top + "_token_itl_ms";
   const std::string token_itl_header = "tokITL p" + top;
   std::printf("%-8s %-12s %5s %10s %10s ", "target", "drafter", "conc", "tok/s med", "tok/s min");
-  if (has_none) std::printf("%9s ", "vs none");
+  if (has_none) std::printf("%9s %9s ", "vs none", "paired");
   std::printf("%9s %9s %9s %9s ", "vs first", "TTFT ms", "TPOT ms", itl_header.c_str());
   if (token_itl_column) std::printf("%11s ", token_itl_header.c_str());
   std::printf("%6s %6s\n", "a", "fail");
@@ -621,11 +621,29 @@ Status Run(const Flags& f, const std::map<std::string, std::string>& metadata) {
       }
     }
     std::map<std::pair<size_t, std::string>, double> median_of;
+    std::map<size_t, const Setting*> none_of;  // per target
     for (Setting& s : settings) {
       std::vector<double> tps;
       for (const auto& r : s.runs) tps.push_back(r["output_throughput"].get<double>());
       median_of[{s.target, s.drafter}] = Median(tps);
+      if (s.drafter == "none") none_of[s.target] = &s;
     }
+    // Each repeat's `key` over the same repeat's run without speculation on the same target: the
+    // runs of a repeat are minutes apart at most, its repeats further, and a shared machine's
+    // speed drifts by 10-20% in between (empty without a `none` run or the key).
+    auto paired = [&](const Setting& s, const std::string& key) {
+      std::vector<double> ratios;
+      auto it = none_of.find(s.target);
+      if (it == none_of.end()) return ratios;
+      const std::vector<nlohmann::json>& none = it->second->runs;
+      for (size_t i = 0; i < s.runs.size() && i < none.size(); ++i) {
+        const double base = none[i].value(key, 0.0);
+        if (base > 0 && s.runs[i].contains(key)) {
+          ratios.push_back(s.runs[i][key].get<double>() / base);
+        }
+      }
+      return ratios;
+    };
     for (Setting& s : settings) {
       std::vector<double> tps;
       for (const auto& r : s.runs) tps.push_back(r["output_throughput"].get<double>());
@@ -645,7 +663,9 @@ Status Run(const Flags& f, const std::map<std::string, std::string>& metadata) {
       std::printf("%-8s %-12s %5lld %10.1f %10.1f ", targets[s.target].label.c_str(),
                   s.drafter.c_str(), static_cast<long long>(c), med,
                   *std::min_element(tps.begin(), tps.end()));
-      if (has_none) std::printf("%8.2fx ", vs_none);
+      const std::vector<double> paired_tps = paired(s, "output_throughput");
+      const double paired_median = paired_tps.empty() ? 0 : Median(paired_tps);
+      if (has_none) std::printf("%8.2fx %8.2fx ", vs_none, paired_median);
       std::printf("%8.3fx %9.1f %9.2f %9.2f ", vs_first, rep["mean_ttft_ms"].get<double>(),
                   rep["mean_tpot_ms"].get<double>(), rep.value(itl_key, 0.0));
       if (token_itl_column) std::printf("%11.2f ", rep.value(token_itl_key, 0.0));
@@ -668,7 +688,23 @@ Status Run(const Flags& f, const std::map<std::string, std::string>& metadata) {
         row[StrCat(key, "_repeats")] = values;
         row[StrCat(key, "_median")] = Median(values);
       }
-      if (has_none) row["speedup_vs_none"] = vs_none;
+      if (has_none) {
+        row["speedup_vs_none"] = vs_none;
+        // Paired by repeat (see `paired`): tokens/s over none's, TPOT and ITL over none's.
+        row["speedup_vs_none_repeats"] = paired_tps;
+        if (!paired_tps.empty()) {
+          row["speedup_vs_none_paired_median"] = paired_median;
+          row["speedup_vs_none_paired_min"] =
+              *std::min_element(paired_tps.begin(), paired_tps.end());
+        }
+        for (const auto& [key, name] :
+             {std::pair<std::string, std::string>{"mean_tpot_ms", "tpot"}, {itl_key, "itl"}}) {
+          const std::vector<double> ratios = paired(s, key);
+          if (ratios.empty()) continue;
+          row[StrCat(name, "_vs_none_repeats")] = ratios;
+          row[StrCat(name, "_vs_none_paired_median")] = Median(ratios);
+        }
+      }
       row["ratio_vs_first_target"] = vs_first;
       results.push_back(row);
     }

@@ -198,6 +198,19 @@ TEST_F(LoadgenServeTest, WritesVllmResultsSummaryAndTable) {
     }
     EXPECT_FALSE(row.contains("p50_itl_ms_repeats"));  // only the listed metrics
     EXPECT_FALSE(row.contains("itls"));                // per-request lists only in the result files
+    // Paired with the same repeat's run without speculation: one repeat, so the paired ratios
+    // are the run's own over none's (none's over itself: 1).
+    ASSERT_EQ(row["speedup_vs_none_repeats"].size(), 1u) << row.dump();
+    EXPECT_DOUBLE_EQ(row["speedup_vs_none_paired_median"].get<double>(),
+                     row["speedup_vs_none"].get<double>());
+    EXPECT_DOUBLE_EQ(row["speedup_vs_none_paired_min"].get<double>(),
+                     row["speedup_vs_none"].get<double>());
+    ASSERT_EQ(row["tpot_vs_none_repeats"].size(), 1u) << row.dump();
+    ASSERT_EQ(row["itl_vs_none_repeats"].size(), 1u) << row.dump();
+    if (row["drafter"] == "none") {
+      EXPECT_DOUBLE_EQ(row["tpot_vs_none_paired_median"].get<double>(), 1.0);
+      EXPECT_DOUBLE_EQ(row["itl_vs_none_paired_median"].get<double>(), 1.0);
+    }
   }
 }
 
