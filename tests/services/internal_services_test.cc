@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -114,6 +115,20 @@ class InternalServicesTest : public ::testing::Test {
     return std::make_unique<LocalTargetBackend>(std::move(*runner));
   }
 
+  // A target whose drafter is the service's, over a new connection (null if it fails).
+  std::unique_ptr<LocalTargetBackend> RemoteTarget() {
+    auto target = Target();
+    auto connection = target::DrafterConnection::Connect(
+        Address(server_->port()), 5s, static_cast<int32_t>(config_.vocab_size),
+        static_cast<int32_t>(config_.hidden_size), "float32");
+    EXPECT_TRUE(connection.ok()) << connection.status();
+    if (!connection.ok()) return nullptr;
+    const Status added = target->engine().AddDrafter(
+        std::make_unique<target::RemoteDrafter>(*connection, (*connection)->info().drafters(0)));
+    EXPECT_TRUE(added.ok()) << added;
+    return added.ok() ? std::move(target) : nullptr;
+  }
+
   static StepPlan Admit(RequestId id, std::vector<int32_t> prompt, int64_t max_new) {
     StepPlan plan;
     SpecRequest r;
@@ -125,11 +140,15 @@ class InternalServicesTest : public ::testing::Test {
     return plan;
   }
 
-  // Steps until every request finished; returns the tokens of request 1.
-  static std::vector<int32_t> RunToEnd(LocalTargetBackend& target, StepPlan first) {
+  // Steps until every request finished; returns the tokens of request 1. `each_step`, if any,
+  // makes each step's plan (from `first`, then an empty one).
+  static std::vector<int32_t> RunToEnd(
+      LocalTargetBackend& target, StepPlan first,
+      const std::function<StepPlan(int step, StepPlan plan)>& each_step = nullptr) {
     std::vector<int32_t> tokens;
     StepPlan plan = std::move(first);
     for (int step = 0; step < 200; ++step) {
+      if (each_step) plan = each_step(step, std::move(plan));
       auto out = target.Step(plan);
       EXPECT_TRUE(out.ok()) << out.status();
       if (!out.ok()) break;
@@ -202,21 +221,12 @@ TEST_F(InternalServicesTest, QuietPromisesSkipStatesAlikeForARemoteDrafter) {
   auto local_log = std::make_shared<RecordingDrafter::Log>();
   auto local = Target();
   ASSERT_TRUE(local->engine().AddDrafter(std::make_unique<RecordingDrafter>(local_log)).ok());
-  auto remote = Target();
-  auto connection = target::DrafterConnection::Connect(
-      Address(server_->port()), 5s, static_cast<int32_t>(config_.vocab_size),
-      static_cast<int32_t>(config_.hidden_size), "float32");
-  ASSERT_TRUE(connection.ok()) << connection.status();
-  ASSERT_TRUE(remote->engine()
-                  .AddDrafter(std::make_unique<target::RemoteDrafter>(
-                      *connection, (*connection)->info().drafters(0)))
-                  .ok());
+  auto remote = RemoteTarget();
+  ASSERT_NE(remote, nullptr);
   // A draft every 40th step, each step before it promised quiet until then (the engine's
   // drafter_context, 32, leaves 6 of every 40 steps skipped); `drafts` false: never a budget.
   auto run = [](LocalTargetBackend& target, bool drafts) {
-    std::vector<int32_t> tokens;
-    StepPlan plan = Admit(1, {5, 9, 13, 2, 7, 11}, 100);
-    for (int step = 0; step < 300; ++step) {
+    return RunToEnd(target, Admit(1, {5, 9, 13, 2, 7, 11}, 100), [&](int step, StepPlan plan) {
       const int to_draft = 39 - step % 40;
       plan.budgets = {{.id = 1,
                        .max_draft_tokens = drafts && to_draft == 0 ? 2 : 0,
@@ -225,18 +235,8 @@ TEST_F(InternalServicesTest, QuietPromisesSkipStatesAlikeForARemoteDrafter) {
       services::ToProto(plan, &message);
       auto back = services::FromProto(message);
       EXPECT_TRUE(back.ok()) << back.status();
-      auto out = target.Step(*back);
-      EXPECT_TRUE(out.ok()) << out.status();
-      if (!out.ok()) break;
-      bool done = false;
-      for (const RequestUpdate& u : out->report.updates) {
-        tokens.insert(tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
-        done |= u.finished;
-      }
-      if (done) break;
-      plan = {};
-    }
-    return tokens;
+      return back.ok() ? *back : StepPlan{};
+    });
   };
   const auto a = run(*local, true);
   const auto b = run(*remote, true);
@@ -262,15 +262,8 @@ TEST_F(InternalServicesTest, QuietPromisesSkipStatesAlikeForARemoteDrafter) {
 // The plan's prices of a row and a depth (StepPlan::DraftBudget::min_reach, depth_reach) cross the
 // router -> target wire and reach a remote drafter's requests (DraftRequest's).
 TEST_F(InternalServicesTest, TheRowPriceReachesARemoteDrafter) {
-  auto remote = Target();
-  auto connection = target::DrafterConnection::Connect(
-      Address(server_->port()), 5s, static_cast<int32_t>(config_.vocab_size),
-      static_cast<int32_t>(config_.hidden_size), "float32");
-  ASSERT_TRUE(connection.ok()) << connection.status();
-  ASSERT_TRUE(remote->engine()
-                  .AddDrafter(std::make_unique<target::RemoteDrafter>(
-                      *connection, (*connection)->info().drafters(0)))
-                  .ok());
+  auto remote = RemoteTarget();
+  ASSERT_NE(remote, nullptr);
   auto over_the_wire = [](const StepPlan& plan) {
     v1::StepPlan message;
     services::ToProto(plan, &message);
