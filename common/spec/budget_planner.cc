@@ -127,7 +127,7 @@ std::vector<StepPlan::DraftBudget> BudgetPlanner::Plan() {
                        .max_draft_tokens = last_.budgets[i],
                        .min_reach = last_.min_reach,
                        .depth_reach = last_.depth_reach[i],
-                       .quiet_steps = last_.budgets[i] > 0 ? 0 : last_.quiet_steps});
+                       .quiet_steps = last_.quiet_steps});
     tracked_[candidates[i].id].asked = last_.budgets[i];
   }
   // Admitted requests that cannot draft this step (prefilling, no room) get 0 explicitly.

@@ -36,14 +36,15 @@ int64_t DraftingAudit::UndraftedStepsAhead() const {
         const double most = std::ceil(left / (kOutlierFactor * last_norm_seconds_));
         const int64_t timed = std::max<int64_t>(
             static_cast<int64_t>(std::min(most, 1e9)),
-            static_cast<int64_t>(options_.long_over_short) * ShortSteps() - long_steps_);
+            static_cast<int64_t>(options_.long_over_short) * ShortSteps(LongDrafts()) -
+                long_steps_);
         by_target = std::min(by_target, timed);
       }
       samples = std::max(by_target, ring - long_steps_);
       break;
     }
     case Phase::kShort:  // a no-draft check
-      samples = options_.check_steps - options_.flush_steps - phase_steps_;
+      samples = ShortSamples() - phase_steps_;
       break;
     case Phase::kAfter:  // the no-draft window after a trial; the pair may change the verdict
       samples = ring - phase_steps_;
@@ -67,12 +68,17 @@ DraftingAudit::Side DraftingAudit::RingSum() const {
   return sum;
 }
 
-int32_t DraftingAudit::ShortSteps() const {
-  return LongDrafts() ? options_.check_steps : options_.trial_steps + options_.flush_steps;
+int32_t DraftingAudit::ShortSteps(bool long_drafts) const {
+  return long_drafts ? options_.check_steps : options_.trial_steps + options_.flush_steps;
+}
+
+int32_t DraftingAudit::ShortSamples() const {
+  return std::max(LongDrafts() ? options_.check_steps - options_.flush_steps : options_.trial_steps,
+                  1);
 }
 
 bool DraftingAudit::MayTimeOut() const {
-  return long_steps_ >= static_cast<int64_t>(options_.long_over_short) * ShortSteps();
+  return long_steps_ >= static_cast<int64_t>(options_.long_over_short) * ShortSteps(LongDrafts());
 }
 
 void DraftingAudit::StartFlush(FlushTo to) {
@@ -114,10 +120,7 @@ void DraftingAudit::Step(bool sample, double n, double sec) {
     }
     case Phase::kShort: {
       short_.Add(n, sec);
-      // A check's length includes its flush; a trial's does not.
-      const int32_t length =
-          LongDrafts() ? options_.check_steps - options_.flush_steps : options_.trial_steps;
-      if (phase_steps_ >= std::max(length, 1)) {
+      if (phase_steps_ >= ShortSamples()) {
         phase_ = Phase::kAfter;
         phase_steps_ = 0;
         if (drafted) StartFlush(FlushTo::kShort);  // the trial ends
@@ -185,8 +188,7 @@ void DraftingAudit::EndPair() {
   // throughput: a short epoch in the other mode loses (1 - 1/R) of its time where drafting pays
   // R, (1 - R) where it does not.
   const double loss = next == Verdict::kPays ? 1 - 1 / estimate : 1 - estimate;
-  const double short_steps =
-      next == Verdict::kPays ? options_.check_steps : options_.trial_steps + options_.flush_steps;
+  const double short_steps = ShortSteps(next == Verdict::kPays);
   const double wanted = next == Verdict::kUnknown
                             ? 0.0  // the next pair soon
                             : short_steps * (std::max(loss, 0.0) / options_.check_cost - 1);

@@ -161,8 +161,11 @@ class DraftingAudit {
   };
   // Whether the verdict's mode drafts (before a verdict it does).
   bool LongDrafts() const { return verdict_ != Verdict::kDoesNotPay; }
-  // The steps of the short epoch that follows the long one (a check's include its flush).
-  int32_t ShortSteps() const;
+  // The steps of a short epoch in the mode where the long ones draft or not (a check's include
+  // its flush, a trial's are followed by one), and the samples that end it (a check's flush
+  // steps count toward its length).
+  int32_t ShortSteps(bool long_drafts) const;
+  int32_t ShortSamples() const;
   // Whether the long epoch may end on max_long_seconds (if it has lasted that long).
   bool MayTimeOut() const;
   // Where a flush's samples go: the window before a check, the trial, or nowhere (drafting

@@ -76,11 +76,14 @@ struct Setting {
   // --specdec-grid: this setting's (beta, tau); otherwise --verify decides.
   std::optional<std::pair<int32_t, float>> specdec;
   bool again = false;  // --baseline-again: the baseline's second setting
+  // As --draft-lens names it (and the JSON's draft_budget).
+  const char* budget() const {
+    return !adaptive ? "fixed" : audited ? "adaptive" : "adaptive-unaudited";
+  }
   std::string label() const {
     if (drafter == "none") return again ? "none again" : "none";
-    std::string label = !adaptive ? StrCat(drafter, " k=", draft_len)
-                        : audited ? StrCat(drafter, " adaptive")
-                                  : StrCat(drafter, " adaptive-unaudited");
+    std::string label =
+        !adaptive ? StrCat(drafter, " k=", draft_len) : StrCat(drafter, " ", budget());
     if (specdec) label += StrCat(" b", specdec->first, "t", specdec->second);
     return label;
   }
@@ -575,9 +578,7 @@ Status Run(const BenchFlags& f) {
                                                : nlohmann::json(nullptr)},
            {"quality", results_quality},
            {"draft_len", settings[s].draft_len},
-           {"draft_budget", !settings[s].adaptive ? "fixed"
-                            : settings[s].audited ? "adaptive"
-                                                  : "adaptive-unaudited"},
+           {"draft_budget", settings[s].budget()},
            {"mean_draft_budget", settings[s].adaptive ? budget : k},
            {"tokens_per_s_median", Median(tps)},
            {"tokens_per_s_min", Min(tps)},
