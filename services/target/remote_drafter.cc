@@ -135,9 +135,11 @@ Status DrafterConnection::EnsureStream() {
   return stream_ ? OkStatus() : OpenStream();
 }
 
-Status DrafterConnection::Write(const v1::DrafterCall& call) {
+Status DrafterConnection::Write(const v1::DrafterCall& call, bool more_follow) {
   watchdog_.Arm(context_.get(), call_deadline_);
-  const bool sent = stream_->Write(call);
+  grpc::WriteOptions options;
+  if (more_follow) options.set_buffer_hint();
+  const bool sent = stream_->Write(call, options);
   const bool stuck = watchdog_.Disarm();
   if (sent && !stuck) return OkStatus();
   grpc::Status why = DropStream();
@@ -167,7 +169,9 @@ std::vector<StatusOr<v1::DrafterReply>> DrafterConnection::CallAll(
       index[i] = calls_sent_++;
     }
     deadline = std::chrono::steady_clock::now() + call_deadline_;
-    if (Status written = Write(*calls[i]); !written.ok()) return all_fail(written);
+    if (Status written = Write(*calls[i], /*more_follow=*/i + 1 < calls.size()); !written.ok()) {
+      return all_fail(written);
+    }
   }
   std::vector<StatusOr<v1::DrafterReply>> results;
   results.reserve(calls.size());

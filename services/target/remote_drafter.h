@@ -104,7 +104,9 @@ class DrafterConnection {
   // With call_mu_ held: writes `call`. A service that does not take its bytes (flow control)
   // within the call deadline is treated as dead: the stream is dropped and DEADLINE_EXCEEDED
   // returned; UNAVAILABLE (stream dropped) if the write fails.
-  Status Write(const v1::DrafterCall& call);
+  // `more_follow`: another call is written right after, so this one may wait to go out with it
+  // (one packet and one wake-up of the service for the pair).
+  Status Write(const v1::DrafterCall& call, bool more_follow = false);
   Status Unreachable(const grpc::Status& why) const;
   // The reader thread: files every reply under its call's index, drops late ones.
   void ReadReplies(grpc::ClientReaderWriter<v1::DrafterCall, v1::DrafterReply>* stream);
