@@ -21,10 +21,6 @@ void DraftingAudit::Observe(double seconds, double tokens, int32_t decoding, dou
     return;
   }
   last_norm_seconds_ = norm_seconds;
-  last_decoding_ = decoding;
-  if (backoff_ > 1 && (decoding >= 2 * backoff_decoding_ || 2 * decoding <= backoff_decoding_)) {
-    backoff_ = 1;  // a new load: its verdict is checked within the unscaled bounds
-  }
   Step(true, norm_seconds * tokens / decoding, std::min(seconds, kOutlierFactor * norm_seconds));
 }
 
@@ -34,9 +30,9 @@ int64_t DraftingAudit::UndraftedStepsAhead() const {
   int64_t samples = 0;
   switch (phase_) {
     case Phase::kLong: {  // a no-draft epoch: until its target (and a full ring), or its time
-      int64_t by_target = std::max<int64_t>(LongTarget() - long_steps_, 0);
+      int64_t by_target = std::max<int64_t>(long_target_ - long_steps_, 0);
       if (last_norm_seconds_ > 0) {
-        const double left = std::max(MaxLongSeconds() - long_seconds_, 0.0);
+        const double left = std::max(options_.max_long_seconds - long_seconds_, 0.0);
         const double most = std::ceil(left / (kOutlierFactor * last_norm_seconds_));
         const int64_t timed = std::max<int64_t>(
             static_cast<int64_t>(std::min(most, 1e9)),
@@ -112,8 +108,8 @@ void DraftingAudit::Step(bool sample, double n, double sec) {
   }
   switch (phase_) {
     case Phase::kLong: {
-      const bool timed_out = long_seconds_ >= MaxLongSeconds() && MayTimeOut();
-      if ((long_steps_ >= LongTarget() || timed_out) &&
+      const bool timed_out = long_seconds_ >= options_.max_long_seconds && MayTimeOut();
+      if ((long_steps_ >= long_target_ || timed_out) &&
           long_steps_ >= static_cast<int32_t>(ring_.size())) {
         before_ = RingSum();
         phase_ = Phase::kShort;
@@ -180,15 +176,6 @@ void DraftingAudit::EndPair() {
     case Verdict::kDoesNotPay:
       if (estimate > options_.resume_above) next = Verdict::kPays;
       break;
-  }
-  // Trials of a drafter that keeps losing come ever further apart (max_backoff).
-  if (verdict_ == Verdict::kDoesNotPay && next == Verdict::kDoesNotPay && speedup < 1) {
-    if (backoff_ < options_.max_backoff) {
-      backoff_ = std::min(2 * backoff_, std::max(options_.max_backoff, 1));
-      backoff_decoding_ = last_decoding_;
-    }
-  } else {
-    backoff_ = 1;
   }
   if (LongDrafts() != (next != Verdict::kDoesNotPay)) {
     // The mode of the long epochs changes: a new one starts (and, if drafting stops, a flush

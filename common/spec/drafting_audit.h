@@ -49,15 +49,6 @@
 // minute instead of seconds (the policy's own models follow load within steps; the audit is the
 // backstop).
 //
-// Where drafting keeps losing at one load, the trials are spaced out: each pair that confirms it
-// doubles the no-draft epoch's bounds (steps and seconds) up to `max_backoff` (8) times. Trials of
-// 144 steps every 2 s took ~5% of the steps at batch 1 on the CPU, each as slow as drafting makes
-// a step: they cost little throughput but set the p99 inter-token latency of a server that
-// gained nothing from them (a three-process stack whose drafter service never paid read 1.2-1.3x
-// `none`'s p99 ITL per chunk); backed off, under 1%. A pair that does not lose, a turned verdict
-// or a change of load (decoding sequences half or twice what they were when the bounds last
-// doubled) restores them, so a new load still gets its trial within max_long_seconds.
-//
 // What it can tell apart: a pair is a few hundred steps, and per step the time varies by ~36%
 // (context length, the steps after a draft, the machine) and a drafter's yield with the text; on
 // the 2-vCPU VM of the thirty-sixth session pairs of one drafter at batch 1 read 0.76-1.59. The
@@ -108,14 +99,6 @@ struct DraftingAuditOptions {
   double estimate_rate = 0.25;  // weight of each pair's realized speedup in the estimate
   // Samples each epoch of a pair needs for the pair to count (fewer: the pair is dropped).
   int32_t min_samples = 8;
-  // While drafting does not pay and each pair confirms it (drafting read below no drafting), the
-  // next no-draft epoch's bounds (its target steps and max_long_seconds) double, up to this
-  // factor: a trial's steps are each as slow as drafting makes them, so where trials take 5% of
-  // the steps they set the p99 inter-token latency of a server that gains nothing from them. A
-  // pair that does not lose, a verdict that changes, or a change of load (the decoding sequences
-  // half or twice what they were when the bounds last doubled) restores 1, so a new load is
-  // tried within max_long_seconds again. 1 = no backoff.
-  int32_t max_backoff = 8;
 };
 
 class DraftingAudit {
@@ -141,8 +124,6 @@ class DraftingAudit {
   uint64_t pairs() const { return pairs_; }
   // Pairs ended, compared or not: the frozen curve is taken again when this changes.
   uint64_t ended_pairs() const { return ended_pairs_; }
-  // What the no-draft epochs' bounds are multiplied by now (max_backoff).
-  int32_t backoff() const { return backoff_; }
   // Steps (counted or not) that drafted, or were planned without drafts by the audit.
   uint64_t drafting_steps() const { return drafting_steps_; }
   uint64_t audit_steps() const { return audit_steps_; }
@@ -187,9 +168,6 @@ class DraftingAudit {
   int32_t ShortSamples() const;
   // Whether the long epoch may end on max_long_seconds (if it has lasted that long).
   bool MayTimeOut() const;
-  // The long epoch's bounds, times the backoff.
-  int64_t LongTarget() const { return static_cast<int64_t>(long_target_) * backoff_; }
-  double MaxLongSeconds() const { return options_.max_long_seconds * backoff_; }
   // Where a flush's samples go: the window before a check, the trial, or nowhere (drafting
   // stopped for good: no pair counts them).
   enum class FlushTo { kNone, kBefore, kShort };
@@ -227,9 +205,6 @@ class DraftingAudit {
   uint64_t audit_steps_ = 0;
   double last_pair_speedup_ = 0;
   double last_norm_seconds_ = 0;  // the last sample's yardstick
-  int32_t last_decoding_ = 0;     // the last sample's decoding sequences
-  int32_t backoff_ = 1;           // what the long epoch's bounds are multiplied by
-  int32_t backoff_decoding_ = 0;  // the decoding sequences when backoff_ last doubled
 };
 
 }  // namespace specula

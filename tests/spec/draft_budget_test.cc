@@ -2437,7 +2437,7 @@ TEST(BudgetPlannerTest, TheAuditStopsDraftingThatLosesWhereThePolicyCannotSeeWhy
 }
 
 // Each set of drafters has its own drafted-step excess: after the footprint drafter above (its
-// drafted steps measured ~1 ms over their shape in the audit's trials, on caches the no-draft
+// drafted steps measured ~1.5 ms over their shape in the audit's trials, on caches the no-draft
 // epochs left clean), a paying drafter on the same policy drafts as it would on a fresh one.
 // With one fit for all it ran at 0.91 of that, no faster than without drafts.
 TEST(BudgetPlannerTest, ADrafterIsNotPricedWithAnotherDraftersExcess) {
@@ -2449,7 +2449,7 @@ TEST(BudgetPlannerTest, ADrafterIsNotPricedWithAnotherDraftersExcess) {
   paying.drafter = "paying";
   BudgetPlanner shared;
   BatchOneRun(shared, -1, 240, losing);
-  ASSERT_GT(shared.policy().DraftedStepExcess(1), 0.75e-3) << "the footprint drafter's excess";
+  ASSERT_GT(shared.policy().DraftedStepExcess(1), 1e-3) << "the footprint drafter's excess";
   const double after = BatchOneRun(shared, -1, 60, paying, /*first_id=*/1000);
   BudgetPlanner fresh;
   const double alone = BatchOneRun(fresh, -1, 60, paying, /*first_id=*/1000);

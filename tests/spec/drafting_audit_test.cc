@@ -6,7 +6,6 @@
 #include <functional>
 #include <random>
 #include <utility>
-#include <vector>
 
 namespace specula {
 namespace {
@@ -22,7 +21,6 @@ struct Engine {
   std::function<double(int64_t step)> speed = [](int64_t) { return 1.0; };
   double noise = 0.05;
   double yardstick = 1e-3;  // the step without drafts by the cost fit (norm_seconds)
-  int32_t decoding = 1;     // sequences per step (each yields the tokens above)
 };
 
 struct Tally {
@@ -42,8 +40,7 @@ Tally RunSteps(DraftingAudit& audit, const Engine& e, int64_t first, int64_t ste
     const bool drafting = audit.drafting();
     const double base = drafting ? e.drafted_seconds : e.undrafted(since_draft);
     const double seconds = base * e.speed(step) * std::max(noise(rng), 0.5);
-    audit.Observe(seconds, (drafting ? e.drafted_tokens : 1.0) * e.decoding, e.decoding,
-                  e.yardstick);
+    audit.Observe(seconds, drafting ? e.drafted_tokens : 1.0, 1, e.yardstick);
     since_draft = drafting ? 0 : since_draft + 1;
     if (step >= count_from) {
       ++t.steps;
@@ -57,82 +54,12 @@ TEST(DraftingAuditTest, StopsDraftingThatLosesAndTriesItNowAndThen) {
   DraftingAudit audit;
   // Drafted steps take 1.2 ms for 1.08 tokens: 0.9 of no speculation's tokens per second.
   const Engine e{.drafted_seconds = 1.2e-3, .drafted_tokens = 1.08};
-  const Tally t = RunSteps(audit, e, 0, 200000, /*count_from=*/100000);
+  const Tally t = RunSteps(audit, e, 0, 40000, /*count_from=*/20000);
   EXPECT_EQ(audit.verdict(), DraftingAudit::Verdict::kDoesNotPay);
   EXPECT_NEAR(audit.realized_speedup(), 0.9, 0.03);
-  // Trials of 128 steps (+16 flush) after no-draft epochs of 2 s (their time bound), 16 s once
-  // the pairs keep confirming it (max_backoff): under 1% of the steps draft.
+  // Trials of 128 steps (+16 flush) after no-draft epochs of ~2,700: ~5% of the steps draft.
   EXPECT_GT(t.drafting_steps, 0) << "drafting is tried now and then";
-  EXPECT_LT(t.share(), 0.012);
-  EXPECT_EQ(audit.backoff(), 8);
-}
-
-// Each losing pair doubles the no-draft epoch's bounds, up to max_backoff; the trials' share of
-// the steps falls from ~5% to below 1% (each trial step is as slow as drafting makes it: the p99
-// inter-token latency of a server that gains nothing from them).
-TEST(DraftingAuditTest, ALosingDrafterIsTriedEverLessOften) {
-  std::vector<int64_t> last_gaps;
-  for (const int32_t max_backoff : {1, 8}) {
-    SCOPED_TRACE(testing::Message() << "max_backoff " << max_backoff);
-    DraftingAudit audit({.max_backoff = max_backoff});
-    const Engine e{.drafted_seconds = 1.2e-3, .drafted_tokens = 1.08, .noise = 0.0};
-    std::vector<int64_t> trial_starts;
-    bool was_drafting = true;
-    int64_t drafting_steps = 0;
-    for (int64_t step = 0; step < 200000; ++step) {
-      const bool drafting = audit.drafting();
-      if (drafting && !was_drafting) trial_starts.push_back(step);
-      was_drafting = drafting;
-      if (step >= 100000 && drafting) ++drafting_steps;
-      RunSteps(audit, e, step, 1);
-    }
-    ASSERT_GE(trial_starts.size(), 4u);
-    const size_t n = trial_starts.size();
-    last_gaps.push_back(trial_starts[n - 1] - trial_starts[n - 2]);
-    const double share = static_cast<double>(drafting_steps) / 100000;
-    if (max_backoff == 1) {
-      EXPECT_EQ(trial_starts[n - 2] - trial_starts[n - 3], last_gaps.back()) << "steady epochs";
-      EXPECT_GT(share, 0.04);
-    } else {
-      EXPECT_LT(share, 0.012);
-      EXPECT_EQ(audit.backoff(), 8);
-    }
-  }
-  // The no-draft epochs end on their time bound here (2 s of 1 ms steps before their 2,736-step
-  // target), 16 s once backed off.
-  EXPECT_GT(last_gaps[1], 6 * last_gaps[0]);
-  EXPECT_LT(last_gaps[0], 2736);
-}
-
-// A drafter that starts paying is found by its next trial, and a change of load is tried within
-// the unscaled bounds: the backoff is for one load whose pairs keep saying the same thing.
-TEST(DraftingAuditTest, ALoadChangeOrAPairThatDoesNotLoseEndsTheBackoff) {
-  const Engine losing{.drafted_seconds = 1.2e-3, .drafted_tokens = 1.08, .noise = 0.0};
-  {
-    DraftingAudit audit;
-    RunSteps(audit, losing, 0, 150000);
-    ASSERT_EQ(audit.backoff(), 8);
-    Engine four = losing;
-    four.decoding = 4;  // the load rises: the next trial within 2 s of steps, not 16
-    RunSteps(audit, four, 150000, 1);
-    EXPECT_EQ(audit.backoff(), 1);
-    int64_t steps = 0;
-    while (!audit.drafting() && steps < 100000) RunSteps(audit, four, 150001 + steps++, 1);
-    EXPECT_LT(steps, 2736);
-  }
-  {
-    DraftingAudit audit;
-    RunSteps(audit, losing, 0, 150000);
-    ASSERT_EQ(audit.backoff(), 8);
-    Engine paying = losing;
-    paying.drafted_tokens = 1.5;  // 1.25x from now on
-    const uint64_t pairs = audit.pairs();
-    int64_t step = 150000;
-    while (audit.pairs() == pairs) RunSteps(audit, paying, step++, 1);
-    EXPECT_EQ(audit.backoff(), 1) << "the first pair that does not lose";
-    RunSteps(audit, paying, step, 40000);
-    EXPECT_EQ(audit.verdict(), DraftingAudit::Verdict::kPays);
-  }
+  EXPECT_LT(t.share(), 0.08);
 }
 
 TEST(DraftingAuditTest, KeepsDraftingThatPaysWithRareChecks) {
