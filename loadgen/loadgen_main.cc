@@ -10,7 +10,8 @@
 // Main loop, step by step:
 //   1. wait until every target's health service says SERVING (--ready-check-timeout-sec);
 //   2. ask the first target for its model (model_id; the tokenizer when --model is not given);
-//   3. load the dataset (heldout, jsonl, sharegpt or random) and send --num-warmups requests;
+//   3. load the dataset (heldout, jsonl, sharegpt or random) and send --num-warmups requests per
+//      target and speculation setting;
 //   4. for each concurrency, repeat: for each (target, drafter) in rotated order, send the same
 //      requests at the arrival times of the seed (Poisson / gamma / ramp-up) and summarize the
 //      run as one flat vLLM result object (--result-dir);
@@ -483,20 +484,34 @@ Status Run(const Flags& f, const std::map<std::string, std::string>& metadata) {
   base.timeout_s = f.timeout_s;
   base.authorization = authorization;
   if (f.num_warmups > 0) {
+    // Each target, with each speculation setting: a drafter's first requests on a server are
+    // when its budget learns its costs and acceptance (and its audit gives its first verdict),
+    // which a run measuring it should not include. The prompts and lengths are the dataset's, in
+    // turn, without its per-request settings (a JSONL line's timeout or drafter is its own).
+    std::vector<SampleRequest> warmups;
+    for (int64_t i = 0; i < f.num_warmups; ++i) {
+      const SampleRequest& sample = all[static_cast<size_t>(i) % all.size()];
+      warmups.push_back({.prompt_ids = sample.prompt_ids, .output_len = sample.output_len});
+    }
     for (const Target& t : targets) {
-      LoadOptions o = base;
-      o.concurrency = static_cast<int32_t>(std::min(f.num_warmups, most));
-      o.drafter = drafters[0] == "default" ? "" : drafters[0];
-      std::unique_ptr<ProgressBar> bar;
-      if (show_progress) {
-        bar = std::make_unique<ProgressBar>(stderr, "  warm-up " + t.label, f.num_warmups);
-        o.progress = bar.get();
-      }
-      double ignored = 0;
-      auto records =
-          RunLoad(*t.stub, std::vector<SampleRequest>(f.num_warmups, all[0]), o, &ignored);
-      for (const RequestRecord& r : records) {
-        if (!r.ok) return UnavailableError(StrCat("warm-up on ", t.label, " failed: ", r.error));
+      for (const std::string& drafter : drafters) {
+        LoadOptions o = base;
+        o.concurrency = static_cast<int32_t>(std::min(f.num_warmups, most));
+        o.drafter = drafter == "default" ? "" : drafter;
+        std::unique_ptr<ProgressBar> bar;
+        if (show_progress) {
+          bar = std::make_unique<ProgressBar>(stderr, "  warm-up " + t.label + " " + drafter,
+                                              f.num_warmups);
+          o.progress = bar.get();
+        }
+        double ignored = 0;
+        auto records = RunLoad(*t.stub, warmups, o, &ignored);
+        for (const RequestRecord& r : records) {
+          if (!r.ok) {
+            return UnavailableError(
+                StrCat("warm-up on ", t.label, " (", drafter, ") failed: ", r.error));
+          }
+        }
       }
     }
   }
@@ -828,7 +843,9 @@ int main(int argc, char** argv) {
   flags.AddBool("ignore-eos", &f.ignore_eos,
                 "generate every output length in full, past end-of-sequence (always on with "
                 "--dataset-name random, as in vLLM)");
-  flags.AddInt("num-warmups", &f.num_warmups, "requests sent per target before measuring");
+  flags.AddInt("num-warmups", &f.num_warmups,
+               "requests sent per target and speculation setting (--drafters) before measuring, "
+               "the dataset's prompts in turn");
   flags.AddDouble("ready-check-timeout-sec", &f.ready_check_timeout_s,
                   "wait this long for every target's health service to say SERVING (0 = skip)");
   flags.AddDouble("request-timeout-sec", &f.timeout_s, "deadline of each request");

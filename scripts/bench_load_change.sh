@@ -6,12 +6,14 @@
 # and throughput over time).
 #
 #   scripts/bench_load_change.sh [OUT]      (default docs/load-change-adaptive)
-# Environment: DRAFTER (ngram), PHASE_REQUESTS (24 at c=1, 8x that at c=64), MAX_NEW_TOKENS (48).
+# Environment: DRAFTER (ngram), PHASE_REQUESTS (24 at c=1, 8x that at c=64), MAX_NEW_TOKENS (48),
+# BIN (build/bin: the specula binary's folder, e.g. an older build's), SERVE_FLAGS (more flags for
+# `specula serve`, e.g. --step-trace FILE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-docs/load-change-adaptive}"
 MODEL=models/pyllama-6m
-BIN=build/bin
+BIN="${BIN:-build/bin}"
 DRAFTER="${DRAFTER:-ngram}"
 N="${PHASE_REQUESTS:-24}"
 LOGS="$(mktemp -d)"
@@ -27,7 +29,7 @@ case "$DRAFTER" in
   draft-model) DRAFTER_FLAGS+=(--drafter-model models/pyllama-draft-1m) ;;
 esac
 read -r PORT METRICS < <(serve all --model "$MODEL" "${DRAFTER_FLAGS[@]}" --port 0 \
-  --metrics-port -1 --draft-budget adaptive)
+  --metrics-port -1 --draft-budget adaptive ${SERVE_FLAGS:-})
 echo "serving on :$PORT, metrics on :$METRICS"
 
 /usr/bin/python3 - "$METRICS" "$LOGS/series.json" <<'PY' &
@@ -56,7 +58,7 @@ PY
 echo $! >"$LOGS/sampler.pid"
 
 phase() {
-  "$BIN/specula-loadgen" --model "$MODEL" --targets "adaptive=127.0.0.1:$PORT" \
+  build/bin/specula-loadgen --model "$MODEL" --targets "adaptive=127.0.0.1:$PORT" \
     --drafters "$DRAFTER" --concurrency "$1" --num-prompts "$2" \
     --max-new-tokens "${MAX_NEW_TOKENS:-48}" --repeats 1 --json "$LOGS/phase-$3.json" >/dev/null
   date +%s.%N >>"$LOGS/phases"

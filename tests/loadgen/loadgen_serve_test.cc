@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/services/http_get.h"
 #include "tests/services/server_process.h"
 
 namespace specula {
@@ -295,6 +296,30 @@ TEST_F(LoadgenServeTest, JsonlRequestSettingsReachTheServer) {
   EXPECT_EQ(b["generated_texts"][1], b["generated_texts"][2]);
   EXPECT_EQ(b["errors"][3].get<std::string>().rfind("3: ", 0), 0u) << b["errors"];
   EXPECT_NE(b["errors"][3].get<std::string>().find("nope"), std::string::npos) << b["errors"];
+}
+
+// Every speculation setting gets its warm-up (a drafter's first requests are when the server
+// learns its costs and acceptance): 2 settings x (3 warm-ups + 2 measured requests) reach the
+// server. The dataset's own per-request settings are not the warm-up's: the JSONL's 1 ms
+// timeout fails only its measured request.
+TEST_F(LoadgenServeTest, WarmsUpEachSpeculationSetting) {
+  const fs::path prompts = dir_ / "warm.jsonl";
+  std::ofstream(prompts)
+      << "{\"prompt\": \"import os\\n\", \"output_len\": 300, \"timeout_ms\": 1}\n"
+         "{\"prompt\": \"def main():\\n\", \"output_len\": 4}\n";
+  auto finished = [&] {
+    const HttpResponse m = HttpGet(server_->metrics_port(), "/metrics");
+    return std::max(
+        SeriesValue(m.body, "specula_request_success_total", "finished_reason=\"length\""), 0.0);
+  };
+  const double before = finished();
+  const Result r = RunLoadgen({"--targets", Target(), "--model", kBundled, "--drafters",
+                               "none,ngram", "--concurrency", "1", "--num-prompts", "2",
+                               "--dataset-name", "jsonl", "--dataset-path", prompts.string(),
+                               "--ignore-eos", "--num-warmups", "3", "--disable-tqdm"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;  // a failed request is counted, not fatal
+  EXPECT_EQ(r.output.find("warm-up"), std::string::npos) << r.output;
+  EXPECT_EQ(finished() - before, 2 * 3 + 2 * 1) << r.output;
 }
 
 TEST_F(LoadgenServeTest, PlotDrawsChartsNextToTheSummary) {
