@@ -91,8 +91,6 @@ grpc::Status DrafterConnection::DropStream(bool cancel) {
   replies_.clear();
   abandoned_.clear();
   unawaited_.clear();
-  posted_.clear();
-  posted_replies_.clear();
   broken_ = false;
   return why;
 }
@@ -104,11 +102,7 @@ void DrafterConnection::ReadReplies(
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t index = replies_read_++;
     if (abandoned_.erase(index) || unawaited_.erase(index)) continue;  // nobody waits for it
-    if (posted_.erase(index)) {  // awaited later: only its outcome is kept
-      posted_replies_[index] = services::StatusFromCode(reply.code(), reply.message());
-    } else {
-      replies_[index] = std::move(reply);
-    }
+    replies_[index] = std::move(reply);
     if (index >= wake_at_) replied_.notify_all();
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -237,46 +231,6 @@ void DrafterConnection::Send(const v1::DrafterCall& call) {
   (void)Write(call);  // a failure drops the stream: the next Call reconnects and reports it
 }
 
-StatusOr<uint64_t> DrafterConnection::Post(const v1::DrafterCall& call, uint64_t* session) {
-  std::lock_guard<std::mutex> lock(call_mu_);
-  RETURN_IF_ERROR(EnsureStream());
-  *session = session_;
-  uint64_t index = 0;
-  {
-    std::lock_guard<std::mutex> state(mu_);
-    index = calls_sent_++;
-    posted_.insert(index);  // before the write: the reply may be read at once
-  }
-  RETURN_IF_ERROR(Write(call));
-  return index;
-}
-
-Status DrafterConnection::AwaitPosted(uint64_t index) {
-  std::unique_lock<std::mutex> state(mu_);
-  wake_at_ = index;
-  replied_.wait_for(state, call_deadline_,
-                    [&] { return posted_replies_.count(index) > 0 || broken_; });
-  wake_at_ = kNoWaiter;
-  auto it = posted_replies_.find(index);
-  if (it != posted_replies_.end()) {
-    Status status = std::move(it->second);
-    posted_replies_.erase(it);
-    return status;
-  }
-  if (broken_) {
-    return Unreachable(grpc::Status::OK);
-  }
-  if (posted_.erase(index)) abandoned_.insert(index);
-  return DeadlineExceededError(StrCat("drafter service at ", address_, " did not answer within ",
-                                      call_deadline_.count(), " ms (--drafter-deadline-ms)"));
-}
-
-void DrafterConnection::ForgetPosted(uint64_t index) {
-  std::lock_guard<std::mutex> state(mu_);
-  if (posted_replies_.erase(index)) return;
-  if (posted_.erase(index)) unawaited_.insert(index);
-}
-
 RemoteDrafter::RemoteDrafter(std::shared_ptr<DrafterConnection> connection,
                              const v1::DrafterSpec& spec)
     : connection_(std::move(connection)),
@@ -293,38 +247,23 @@ bool RemoteDrafter::Live(SeqId seq) const {
   return it != sessions_.end() && it->second == connection_->session() && connection_->connected();
 }
 
+bool RemoteDrafter::Sendable(SeqId seq, const std::vector<SeqId>& adding) const {
+  return Live(seq) || std::find(adding.begin(), adding.end(), seq) != adding.end();
+}
+
 Status RemoteDrafter::AddSequence(SeqId seq, const SamplingParams& sampling) {
-  v1::DrafterCall call;
   // What the service refuses whatever its state is refused here, at once, as every drafter does
   // (the Drafter contract): a sequence this session has, invalid sampling parameters.
-  if (Live(seq)) return AlreadyExistsError(StrCat("add.seq: sequence ", seq, " already exists"));
+  if (Live(seq) || unsent_adds_.count(seq)) {
+    return AlreadyExistsError(StrCat("add.seq: sequence ", seq, " already exists"));
+  }
   if (Status valid = sampling.Validate(); !valid.ok()) {
     return Status(valid.code(), "add.sampling." + valid.message());
   }
-  call.set_drafter(name_);
-  call.mutable_add()->set_seq(seq);
-  services::ToProto(sampling, call.mutable_add()->mutable_sampling());
-  // Not waited for: a sequence is added when it is admitted, in a step that also prefills its
-  // prompt (already its streams' longest gap), and its first draft is a step or more later. Its
-  // answer is settled then (SettleAdds), in the same round trip as that draft.
-  uint64_t session = 0;
-  ASSIGN_OR_RETURN(const uint64_t index, connection_->Post(call, &session));
-  sessions_[seq] = session;
-  pending_adds_[seq] = index;
+  sessions_.erase(seq);  // an earlier session's
   failed_adds_.erase(seq);
+  unsent_adds_[seq] = sampling;
   return OkStatus();
-}
-
-void RemoteDrafter::SettleAdds(const std::vector<SeqId>& seqs) {
-  for (SeqId seq : seqs) {
-    auto it = pending_adds_.find(seq);
-    if (it == pending_adds_.end()) continue;
-    const uint64_t index = it->second;
-    pending_adds_.erase(it);
-    if (!Live(seq)) continue;  // its session ended: the index means nothing on the new stream
-    Status added = connection_->AwaitPosted(index);
-    if (!added.ok()) failed_adds_[seq] = added.WithContext(StrCat("adding sequence ", seq));
-  }
 }
 
 Status RemoteDrafter::AddError(SeqId seq) const {
@@ -333,12 +272,9 @@ Status RemoteDrafter::AddError(SeqId seq) const {
 }
 
 void RemoteDrafter::ReleaseSequence(SeqId seq) {
-  const bool live = Live(seq);
-  if (auto it = pending_adds_.find(seq); it != pending_adds_.end()) {
-    if (live) connection_->ForgetPosted(it->second);
-    pending_adds_.erase(it);
-  }
   failed_adds_.erase(seq);
+  if (unsent_adds_.erase(seq)) return;  // the service never heard of it
+  const bool live = Live(seq);
   sessions_.erase(seq);
   if (!live) return;
   v1::DrafterCall call;
@@ -348,17 +284,17 @@ void RemoteDrafter::ReleaseSequence(SeqId seq) {
 }
 
 Status RemoteDrafter::CheckAdded(SeqId seq) const {
-  if (sessions_.count(seq)) return OkStatus();
+  if (sessions_.count(seq) || unsent_adds_.count(seq)) return OkStatus();
   return NotFoundError(StrCat("sequence ", seq, " was not added"));
 }
 
 Status RemoteDrafter::ObserveCall(const std::vector<DrafterObservation>& observations,
-                                  v1::DrafterCall* call) const {
+                                  const std::vector<SeqId>& adding, v1::DrafterCall* call) const {
   for (const DrafterObservation& o : observations) RETURN_IF_ERROR(CheckAdded(o.seq));
   call->set_drafter(name_);
   for (const DrafterObservation& o : observations) {
     // Added in an earlier session (the service no longer has it), or the service refused it.
-    if (!Live(o.seq) || !AddError(o.seq).ok()) continue;
+    if (!Sendable(o.seq, adding) || !AddError(o.seq).ok()) continue;
     v1::Observation* m = call->mutable_observe()->add_observations();
     m->set_seq(o.seq);
     m->mutable_tokens()->Assign(o.tokens.begin(), o.tokens.end());
@@ -369,15 +305,13 @@ Status RemoteDrafter::ObserveCall(const std::vector<DrafterObservation>& observa
 }
 
 Status RemoteDrafter::Observe(const std::vector<DrafterObservation>& observations) {
-  SettleAdds(SeqsOf(observations, {}));
-  v1::DrafterCall call;
-  RETURN_IF_ERROR(ObserveCall(observations, &call));
-  if (call.observe().observations().empty()) return OkStatus();
-  uint64_t session = 0;
-  return connection_->Call(call, &session).status();
+  Status observed;
+  (void)ObserveAndPropose(observations, {}, &observed);
+  return observed;
 }
 
 Status RemoteDrafter::ProposeCall(const std::vector<DraftRequest>& requests,
+                                  const std::vector<SeqId>& adding,
                                   std::vector<CandidateTree>* trees, std::vector<size_t>* asked,
                                   v1::DrafterCall* call) const {
   for (const DraftRequest& r : requests) RETURN_IF_ERROR(CheckAdded(r.seq));
@@ -388,7 +322,7 @@ Status RemoteDrafter::ProposeCall(const std::vector<DraftRequest>& requests,
       (*trees)[i] = CandidateTree::Failed(refused);  // a draft error for this sequence alone
       continue;
     }
-    if (!Live(requests[i].seq)) {
+    if (!Sendable(requests[i].seq, adding)) {
       // Its state died with an earlier stream: a draft error for this sequence alone, every step.
       (*trees)[i] = CandidateTree::Failed(
           UnavailableError(StrCat("drafter service at ", connection_->address(), " lost sequence ",
@@ -426,45 +360,82 @@ Status RemoteDrafter::TakeTrees(const v1::DrafterReply& reply, const std::vector
 
 StatusOr<std::vector<CandidateTree>> RemoteDrafter::Propose(
     const std::vector<DraftRequest>& requests) {
-  SettleAdds(SeqsOf({}, requests));
-  std::vector<CandidateTree> trees;
-  std::vector<size_t> asked;
-  v1::DrafterCall call;
-  RETURN_IF_ERROR(ProposeCall(requests, &trees, &asked, &call));
-  if (asked.empty()) return trees;
-  uint64_t session = 0;
-  ASSIGN_OR_RETURN(v1::DrafterReply reply, connection_->Call(call, &session));
-  RETURN_IF_ERROR(TakeTrees(reply, asked, &trees));
-  return trees;
+  Status observed;
+  return ObserveAndPropose({}, requests, &observed);
 }
 
 StatusOr<std::vector<CandidateTree>> RemoteDrafter::ObserveAndPropose(
     const std::vector<DrafterObservation>& observations, const std::vector<DraftRequest>& requests,
     Status* observed) {
-  SettleAdds(SeqsOf(observations, requests));
-  v1::DrafterCall observe;
-  *observed = ObserveCall(observations, &observe);
-  if (!observed->ok()) return *observed;
-  const bool observes = !observe.observe().observations().empty();
-  std::vector<CandidateTree> trees;
-  std::vector<size_t> asked;
-  v1::DrafterCall propose;
-  const Status proposable = ProposeCall(requests, &trees, &asked, &propose);
-  const bool proposes = proposable.ok() && !asked.empty();
-  // Whichever of the two calls has something to carry, on the stream together.
-  std::vector<const v1::DrafterCall*> calls;
-  if (observes) calls.push_back(&observe);
-  if (proposes) calls.push_back(&propose);
-  std::vector<StatusOr<v1::DrafterReply>> replies;
-  uint64_t session = 0;
-  if (!calls.empty()) replies = connection_->CallAll(calls, &session);
-  if (observes) *observed = replies.front().status();
-  if (!observed->ok()) return *observed;  // the proposals came from the state before it
-  RETURN_IF_ERROR(proposable);
-  if (!proposes) return trees;
-  RETURN_IF_ERROR(replies.back().status());
-  RETURN_IF_ERROR(TakeTrees(*replies.back(), asked, &trees));
-  return trees;
+  // The adds not sent yet of the sequences here, the Observe and the Propose: one batch on the
+  // stream, one round trip. A refused add is the one case for a second: the service refused the
+  // whole Observe or Propose naming that sequence (and applied nothing of it), so what was not
+  // applied goes again without it.
+  const std::vector<DrafterObservation> none;
+  const std::vector<DrafterObservation>* to_observe = &observations;
+  for (int attempt = 0;; ++attempt) {
+    std::vector<SeqId> adding;
+    std::vector<v1::DrafterCall> adds;
+    for (SeqId seq : SeqsOf(*to_observe, requests)) {
+      auto it = unsent_adds_.find(seq);
+      if (it == unsent_adds_.end() ||
+          std::find(adding.begin(), adding.end(), seq) != adding.end()) {
+        continue;
+      }
+      adding.push_back(seq);
+      v1::DrafterCall& add = adds.emplace_back();
+      add.set_drafter(name_);
+      add.mutable_add()->set_seq(seq);
+      services::ToProto(it->second, add.mutable_add()->mutable_sampling());
+    }
+    v1::DrafterCall observe;
+    *observed = ObserveCall(*to_observe, adding, &observe);
+    if (!observed->ok()) return *observed;
+    const bool observes = !observe.observe().observations().empty();
+    std::vector<CandidateTree> trees;
+    std::vector<size_t> asked;
+    v1::DrafterCall propose;
+    const Status proposable = ProposeCall(requests, adding, &trees, &asked, &propose);
+    const bool proposes = proposable.ok() && !asked.empty();
+    std::vector<const v1::DrafterCall*> calls;
+    for (const v1::DrafterCall& add : adds) calls.push_back(&add);
+    if (observes) calls.push_back(&observe);
+    if (proposes) calls.push_back(&propose);
+    std::vector<StatusOr<v1::DrafterReply>> replies;
+    uint64_t session = 0;
+    if (!calls.empty()) replies = connection_->CallAll(calls, &session);
+    bool refused = false;
+    for (size_t i = 0; i < adding.size(); ++i) {
+      const SeqId seq = adding[i];
+      const Status& added = replies[i].status();
+      if (added.code() == StatusCode::kUnavailable) continue;  // unsent still: the next call tries
+      unsent_adds_.erase(seq);
+      sessions_[seq] = session;
+      if (!added.ok()) {
+        failed_adds_[seq] = added.WithContext(StrCat("adding sequence ", seq));
+        refused = true;
+      }
+    }
+    size_t next = adding.size();
+    if (observes) *observed = replies[next++].status();
+    const bool propose_failed = proposes && !replies[next].ok();
+    if (refused && attempt == 0 && (!observed->ok() || propose_failed)) {
+      if (observed->ok()) to_observe = &none;  // applied: not again
+      continue;
+    }
+    if (!observed->ok()) return *observed;  // the proposals came from the state before it
+    RETURN_IF_ERROR(proposable);
+    if (!proposes) return trees;
+    RETURN_IF_ERROR(replies[next].status());
+    RETURN_IF_ERROR(TakeTrees(*replies[next], asked, &trees));
+    if (refused) {  // whatever the service answered for it, its state is not there
+      for (size_t i : asked) {
+        if (Status why = AddError(requests[i].seq); !why.ok())
+          trees[i] = CandidateTree::Failed(why);
+      }
+    }
+    return trees;
+  }
 }
 
 }  // namespace specula::target

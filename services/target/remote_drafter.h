@@ -81,17 +81,6 @@ class DrafterConnection {
   // the open stream, in order with the calls around it; its reply is dropped when it comes. Sends
   // nothing when no stream is open (a new session does not know the old one's sequences).
   void Send(const v1::DrafterCall& call);
-  // A call whose reply is awaited later (an add: the sequence's first draft is a step or more
-  // away, so its answer is in by then and the admitting step spends no round trip on it). Opens
-  // the stream if none is open; returns the call's index on it (for AwaitPosted) or the error that
-  // kept it from going out. `session` as Call's.
-  StatusOr<uint64_t> Post(const v1::DrafterCall& call, uint64_t* session);
-  // The reply of a posted call of the current session: at once when it has come, else waited for
-  // up to the call deadline (DEADLINE_EXCEEDED, its reply dropped when it comes); UNAVAILABLE if
-  // the stream ended first.
-  Status AwaitPosted(uint64_t index);
-  // Nobody will await it: its reply is dropped (or forgotten if it came).
-  void ForgetPosted(uint64_t index);
 
  private:
   DrafterConnection(std::string address, std::shared_ptr<grpc::Channel> channel);
@@ -130,8 +119,6 @@ class DrafterConnection {
   std::map<uint64_t, v1::DrafterReply> replies_;  // read, not yet taken
   std::set<uint64_t> abandoned_;                  // calls that timed out: drop their replies
   std::set<uint64_t> unawaited_;                  // calls made by Send: drop their replies
-  std::set<uint64_t> posted_;                     // calls made by Post, not answered yet
-  std::map<uint64_t, Status> posted_replies_;     // their answers, until awaited or forgotten
   bool broken_ = false;                           // the reader saw the stream end
   // The reply the engine thread waits for: the reader wakes it for that one (or a later one, or
   // the stream's end) only, so a step's observe-and-propose pair costs it one wake-up, not two.
@@ -160,9 +147,8 @@ class RemoteDrafter : public Drafter {
  private:
   // Sequences added in the connection's current session.
   bool Live(SeqId seq) const;
-  // Resolves the posted adds of these sequences (their answers came a step or more ago): a
-  // sequence whose add failed gets no observations and Failed trees, alone.
-  void SettleAdds(const std::vector<SeqId>& seqs);
+  // Live, or its add goes out first in the batch being built (`adding`).
+  bool Sendable(SeqId seq, const std::vector<SeqId>& adding) const;
   // The add's error for a sequence whose add failed (OK otherwise).
   Status AddError(SeqId seq) const;
   // NOT_FOUND for a sequence never added (or released): the contract every drafter keeps. One
@@ -172,9 +158,10 @@ class RemoteDrafter : public Drafter {
   // (`asked`: the requests it carries; `trees` pre-filled with Failed trees for the others), and
   // the trees of a Propose's reply put in place. Errors as the calls' own.
   Status ObserveCall(const std::vector<DrafterObservation>& observations,
+                     const std::vector<SeqId>& adding, v1::DrafterCall* call) const;
+  Status ProposeCall(const std::vector<DraftRequest>& requests, const std::vector<SeqId>& adding,
+                     std::vector<CandidateTree>* trees, std::vector<size_t>* asked,
                      v1::DrafterCall* call) const;
-  Status ProposeCall(const std::vector<DraftRequest>& requests, std::vector<CandidateTree>* trees,
-                     std::vector<size_t>* asked, v1::DrafterCall* call) const;
   Status TakeTrees(const v1::DrafterReply& reply, const std::vector<size_t>& asked,
                    std::vector<CandidateTree>* trees) const;
 
@@ -182,9 +169,13 @@ class RemoteDrafter : public Drafter {
   std::string name_;
   std::vector<int64_t> hidden_layers_;
   DrafterCapacity capacity_;
-  std::unordered_map<SeqId, uint64_t> sessions_;      // seq -> the session it was added in
-  std::unordered_map<SeqId, uint64_t> pending_adds_;  // seq -> its posted add's call index
-  std::unordered_map<SeqId, Status> failed_adds_;     // seq -> why the service refused its add
+  std::unordered_map<SeqId, uint64_t> sessions_;  // seq -> the session it was added in
+  // Added here, not yet on the service: an add goes out with the sequence's first observation or
+  // draft, in that call's round trip, so a sequence that never drafts (the budget gave it no
+  // nodes: most of them at large batches) costs the service, the stream and the engine thread
+  // nothing, and the step that admits it none either.
+  std::unordered_map<SeqId, SamplingParams> unsent_adds_;
+  std::unordered_map<SeqId, Status> failed_adds_;  // seq -> why the service refused its add
 };
 
 }  // namespace specula::target

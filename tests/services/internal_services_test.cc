@@ -654,7 +654,7 @@ TEST_F(InternalServicesTest, DrafterServiceRefusesBudgetsOverTheCapAndObservatio
 }
 
 // A drafter service whose proposals take `delay` (a slow or frozen drafter), and whose answers
-// to releases and adds can be held until the test lets them go (adds refused with `refuse_adds`);
+// to releases can be held until the test lets them go (adds are refused with `refuse_adds`);
 // other calls are answered at once. A
 // proposal's trees tell the replies apart. With `observe_waits_for_next`, an Observe is answered
 // only once the call after it has arrived (a client that waits for that answer before sending
@@ -687,9 +687,9 @@ class SlowDrafterService final : public v1::Drafter::Service {
         call = std::move(next);
         continue;
       }
-      if (call.has_release() || call.has_add()) {
+      if (call.has_release()) {
         std::unique_lock<std::mutex> lock(release_mu_);
-        release_cv_.wait(lock, [&] { return call.has_add() ? !hold_adds_ : !hold_releases_; });
+        release_cv_.wait(lock, [&] { return !hold_releases_; });
       }
       if (call.has_add() && refuse_adds) {
         reply.set_code(static_cast<int32_t>(StatusCode::kResourceExhausted));
@@ -721,13 +721,6 @@ class SlowDrafterService final : public v1::Drafter::Service {
     }
     release_cv_.notify_all();
   }
-  void HoldAdds(bool hold) {
-    {
-      std::lock_guard<std::mutex> lock(release_mu_);
-      hold_adds_ = hold;
-    }
-    release_cv_.notify_all();
-  }
   int32_t vocab = 0;
   int32_t hidden = 0;
   std::atomic<int> delay_ms{0};
@@ -740,7 +733,6 @@ class SlowDrafterService final : public v1::Drafter::Service {
   std::mutex release_mu_;
   std::condition_variable release_cv_;
   bool hold_releases_ = false;
-  bool hold_adds_ = false;
 };
 
 // A SlowDrafterService served on a free port, and the target's connection to it.
@@ -791,6 +783,11 @@ TEST_F(InternalServicesTest, ReleasesAreNotWaitedFor) {
   target::RemoteDrafter& drafter = *stack.drafter;
   ASSERT_TRUE(drafter.AddSequence(41, {}).ok());
   ASSERT_TRUE(drafter.AddSequence(42, {}).ok());
+  // Their adds go out with their first draft.
+  ASSERT_TRUE(drafter
+                  .Propose({{.seq = 41, .max_nodes = 1, .max_depth = 1},
+                            {.seq = 42, .max_nodes = 1, .max_depth = 1}})
+                  .ok());
   const uint64_t session = connection->session();
   slow.HoldReleases(true);
   const auto start = std::chrono::steady_clock::now();
@@ -808,24 +805,27 @@ TEST_F(InternalServicesTest, ReleasesAreNotWaitedFor) {
   drafter.ReleaseSequence(42);
 }
 
-// An add is sent, not waited for: the step that admits a request (and prefills its prompt, the
-// longest gap its neighbours' streams see) spends no round trip on the drafter. Its answer is
-// settled with the sequence's first draft; a refused add costs that sequence alone its drafts.
-TEST_F(InternalServicesTest, AddsAreNotWaitedFor) {
+// An add goes out with the sequence's first draft, in its round trip: the step that admits a
+// request (and prefills its prompt, the longest gap its neighbours' streams see) sends nothing,
+// and a sequence that never drafts (most of them at large batches) costs the service, the stream
+// and the engine thread nothing, its release included. A refused add costs that sequence alone
+// its drafts.
+TEST_F(InternalServicesTest, AddsGoOutWithTheFirstDraft) {
   SlowDrafterStack stack;
   ASSERT_NO_FATAL_FAILURE(StartSlowDrafter(config_, stack, 60s));
   SlowDrafterService& slow = stack.service;
   const std::shared_ptr<target::DrafterConnection>& connection = stack.connection;
   target::RemoteDrafter& drafter = *stack.drafter;
   const uint64_t session = connection->session() + 1;  // the first call opens the stream
-  slow.HoldAdds(true);
-  const auto start = std::chrono::steady_clock::now();
+  using Case = v1::DrafterCall::CallCase;
+  ASSERT_TRUE(drafter.AddSequence(40, {}).ok());
+  drafter.ReleaseSequence(40);  // never drafted: nothing was sent, nothing is
   ASSERT_TRUE(drafter.AddSequence(41, {}).ok());
-  // The service holds the answer; waiting for it would take the whole 60 s call deadline.
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
-  slow.HoldAdds(false);
+  EXPECT_TRUE(slow.seen().empty()) << "an add went out before a draft";
+  EXPECT_EQ(drafter.AddSequence(41, {}).code(), StatusCode::kAlreadyExists) << "known here";
   auto first = drafter.Propose({{.seq = 41, .max_nodes = 3, .max_depth = 1}});
   ASSERT_NO_FATAL_FAILURE(ExpectAnswerOf(first, 3, "got the add's answer"));
+  EXPECT_EQ(slow.seen(), (std::vector<Case>{Case::kAdd, Case::kPropose}));
 
   slow.refuse_adds = true;
   ASSERT_TRUE(drafter.AddSequence(43, {}).ok()) << "refused later, at its first draft";
@@ -850,14 +850,17 @@ TEST_F(InternalServicesTest, AddsAreNotWaitedFor) {
   Status observed = drafter.Observe({{.seq = 43, .tokens = {5}}, {.seq = 44, .tokens = {6}}});
   EXPECT_TRUE(observed.ok()) << observed;
   EXPECT_EQ(connection->session(), session) << "the stream was dropped";
-  // A sequence released before its first draft: its add's answer is dropped when it comes.
-  slow.HoldAdds(true);
-  ASSERT_TRUE(drafter.AddSequence(45, {}).ok());
-  drafter.ReleaseSequence(45);
-  slow.HoldAdds(false);
+  // Re-added after a release (a drafter restarted from recent tokens): the release goes now, the
+  // add with the next draft.
+  drafter.ReleaseSequence(44);
+  ASSERT_TRUE(drafter.AddSequence(44, {}).ok());
   ASSERT_NO_FATAL_FAILURE(
       ExpectAnswerOf(drafter.Propose({{.seq = 44, .max_nodes = 6, .max_depth = 1}}), 6,
                      "an add's or release's answer"));
+  const std::vector<Case> seen = slow.seen();
+  ASSERT_GE(seen.size(), 3u);
+  EXPECT_EQ((std::vector<Case>(seen.end() - 3, seen.end())),
+            (std::vector<Case>{Case::kRelease, Case::kAdd, Case::kPropose}));
   EXPECT_EQ(connection->session(), session);
 }
 
@@ -922,6 +925,7 @@ TEST_F(InternalServicesTest, SlowDrafterCostsOnlyThatStepsSpeculation) {
   const std::shared_ptr<target::DrafterConnection>& connection = stack.connection;
   target::RemoteDrafter& drafter = *stack.drafter;
   ASSERT_TRUE(drafter.AddSequence(42, {}).ok());
+  ASSERT_TRUE(drafter.Propose({{.seq = 42, .max_nodes = 1, .max_depth = 1}}).ok());  // the add
   const uint64_t session = connection->session();
   slow.delay_ms = 1500;
   auto late = drafter.Propose({{.seq = 42, .max_nodes = 3, .max_depth = 1}});
