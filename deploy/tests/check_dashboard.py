@@ -222,8 +222,11 @@ def main():
             target = Server(binary, ["--role", "target", "--model", model, "--drafter", "none",
                                      "--drafter-address", drafter.address])
             servers.append(target)
+            # A fixed budget: every step calls the drafter service (an adaptive one may not draft
+            # for one short request, and a sequence that never drafts sends the service nothing).
             servers.append(Server(binary, ["--role", "router", "--model", model,
-                                           "--target-address", target.address]))
+                                           "--target-address", target.address,
+                                           "--draft-budget", "fixed", "--draft-len", "4"]))
             load(client, stubs, servers[-1].address)
             for server in servers:
                 text = server.metrics()
