@@ -63,6 +63,13 @@ class BlockedStream {
   std::unique_ptr<grpc::ClientReaderWriter<v1::DrafterCall, v1::DrafterReply>> stream_;
 };
 
+// Arms the watchdog for `timeout` over the stream's blocked Read: returns once it cancels it.
+void ExpectItCancels(StreamWatchdog& watchdog, BlockedStream& stream, milliseconds timeout) {
+  watchdog.Arm(stream.context(), timeout);
+  EXPECT_FALSE(stream.Read());
+  EXPECT_TRUE(watchdog.Disarm());
+}
+
 class StreamWatchdogTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -76,9 +83,7 @@ class StreamWatchdogTest : public ::testing::Test {
 TEST_F(StreamWatchdogTest, CancelsABlockedReadOnceItsDeadlinePasses) {
   StreamWatchdog watchdog;
   BlockedStream stream(address_);
-  watchdog.Arm(stream.context(), milliseconds(20));
-  EXPECT_FALSE(stream.Read());
-  EXPECT_TRUE(watchdog.Disarm());
+  ExpectItCancels(watchdog, stream, milliseconds(20));
 }
 
 TEST_F(StreamWatchdogTest, DisarmedInTimeItCancelsNothing) {
@@ -90,9 +95,7 @@ TEST_F(StreamWatchdogTest, DisarmedInTimeItCancelsNothing) {
     EXPECT_FALSE(watchdog.Disarm());
   }
   // Still watching afterwards: the same watchdog cancels the next exchange that overruns.
-  watchdog.Arm(stream.context(), milliseconds(20));
-  EXPECT_FALSE(stream.Read());
-  EXPECT_TRUE(watchdog.Disarm());
+  ExpectItCancels(watchdog, stream, milliseconds(20));
 }
 
 TEST_F(StreamWatchdogTest, AnEarlierDeadlineWakesItFromALaterOne) {
@@ -102,23 +105,17 @@ TEST_F(StreamWatchdogTest, AnEarlierDeadlineWakesItFromALaterOne) {
   std::this_thread::sleep_for(milliseconds(20));  // its thread is asleep until an hour from now
   EXPECT_FALSE(watchdog.Disarm());
   BlockedStream second(address_);
-  watchdog.Arm(second.context(), milliseconds(20));
-  EXPECT_FALSE(second.Read());  // cancelled within the 20 ms deadline's reach, not in an hour
-  EXPECT_TRUE(watchdog.Disarm());
+  ExpectItCancels(watchdog, second, milliseconds(20));  // in 20 ms, not in an hour
 }
 
 TEST_F(StreamWatchdogTest, WakesFromIdleAndReportsOnlyItsNewExchange) {
   StreamWatchdog watchdog;
   BlockedStream idle(address_);
-  watchdog.Arm(idle.context(), milliseconds(1));
-  EXPECT_FALSE(idle.Read());
-  EXPECT_TRUE(watchdog.Disarm());
+  ExpectItCancels(watchdog, idle, milliseconds(1));
   // Disarmed past its last deadline, its thread sleeps until the next Arm wakes it.
   std::this_thread::sleep_for(milliseconds(20));
   BlockedStream next(address_);
-  watchdog.Arm(next.context(), milliseconds(20));
-  EXPECT_FALSE(next.Read());
-  EXPECT_TRUE(watchdog.Disarm());
+  ExpectItCancels(watchdog, next, milliseconds(20));
   // A fired watchdog re-armed reports only its new exchange.
   watchdog.Arm(next.context(), hours(1));
   EXPECT_FALSE(watchdog.Disarm());
