@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "common/spec/local_target_backend.h"
@@ -654,7 +656,9 @@ TEST_F(InternalServicesTest, DrafterServiceRefusesBudgetsOverTheCapAndObservatio
 }
 
 // A drafter service whose proposals take `delay` (a slow or frozen drafter), and whose answers
-// to releases can be held until the test lets them go (adds are refused with `refuse_adds`);
+// to releases can be held until the test lets them go (adds are refused with `refuse_adds`, and
+// with `reject_unknown` a call naming a sequence not added is refused whole, as the real service
+// does);
 // other calls are answered at once. A
 // proposal's trees tell the replies apart. With `observe_waits_for_next`, an Observe is answered
 // only once the call after it has arrived (a client that waits for that answer before sending
@@ -673,6 +677,7 @@ class SlowDrafterService final : public v1::Drafter::Service {
       grpc::ServerContext*,
       grpc::ServerReaderWriter<v1::DrafterReply, v1::DrafterCall>* stream) override {
     v1::DrafterCall call;
+    std::set<int64_t> known;  // the sequences this session added
     bool have = stream->Read(&call);
     while (have) {
       v1::DrafterReply reply;
@@ -694,6 +699,22 @@ class SlowDrafterService final : public v1::Drafter::Service {
       if (call.has_add() && refuse_adds) {
         reply.set_code(static_cast<int32_t>(StatusCode::kResourceExhausted));
         reply.set_message("add: no room for the sequence");
+      } else if (call.has_add()) {
+        known.insert(call.add().seq());
+      }
+      if (call.has_release()) known.erase(call.release().seq());
+      // As the real service: a call naming a sequence it does not have is refused whole.
+      std::vector<int64_t> named;
+      for (const v1::Observation& o : call.observe().observations()) named.push_back(o.seq());
+      for (const v1::DraftRequest& r : call.propose().requests()) named.push_back(r.seq());
+      const bool unknown = std::any_of(named.begin(), named.end(),
+                                       [&](int64_t seq) { return known.count(seq) == 0; });
+      if (reject_unknown && unknown) {
+        reply.set_code(static_cast<int32_t>(StatusCode::kNotFound));
+        reply.set_message("unknown sequence");
+        stream->Write(reply);
+        have = stream->Read(&call);
+        continue;
       }
       if (call.has_propose()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
@@ -726,6 +747,7 @@ class SlowDrafterService final : public v1::Drafter::Service {
   std::atomic<int> delay_ms{0};
   std::atomic<bool> observe_waits_for_next{false};
   std::atomic<bool> refuse_adds{false};
+  std::atomic<bool> reject_unknown{false};  // refuse an Observe or Propose naming one not added
 
  private:
   std::mutex seen_mu_;
@@ -862,6 +884,56 @@ TEST_F(InternalServicesTest, AddsGoOutWithTheFirstDraft) {
   EXPECT_EQ((std::vector<Case>(seen.end() - 3, seen.end())),
             (std::vector<Case>{Case::kRelease, Case::kAdd, Case::kPropose}));
   EXPECT_EQ(connection->session(), session);
+}
+
+// A refused add in a batch: the service refuses the whole Observe or Propose that names its
+// sequence (and applies nothing of it), so what was not applied goes again without it, once: the
+// neighbours observe once and draft as usual, the refused sequence alone gets a Failed tree.
+TEST_F(InternalServicesTest, ARefusedAddInABatchCostsOnlyItsSequence) {
+  SlowDrafterStack stack;
+  ASSERT_NO_FATAL_FAILURE(StartSlowDrafter(config_, stack, 60s));
+  SlowDrafterService& slow = stack.service;
+  target::RemoteDrafter& drafter = *stack.drafter;
+  using Case = v1::DrafterCall::CallCase;
+  slow.reject_unknown = true;
+  ASSERT_TRUE(drafter.AddSequence(44, {}).ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectAnswerOf(
+      drafter.Propose({{.seq = 44, .max_nodes = 1, .max_depth = 1}}), 1, "44 is added"));
+  slow.refuse_adds = true;
+  ASSERT_TRUE(drafter.AddSequence(43, {}).ok());
+  const size_t before = slow.seen().size();
+  // The Observe names 43 and is refused whole; it and the Propose go again without 43.
+  Status observed;
+  auto trees = drafter.ObserveAndPropose(
+      {{.seq = 43, .tokens = {5}}, {.seq = 44, .tokens = {6}}},
+      {{.seq = 43, .max_nodes = 2, .max_depth = 1}, {.seq = 44, .max_nodes = 4, .max_depth = 1}},
+      &observed);
+  ASSERT_TRUE(observed.ok()) << observed;
+  ASSERT_TRUE(trees.ok()) << trees.status();
+  ASSERT_EQ(trees->size(), 2u);
+  EXPECT_EQ((*trees)[0].failure().code(), StatusCode::kResourceExhausted) << (*trees)[0].failure();
+  ASSERT_EQ((*trees)[1].size(), 1);
+  EXPECT_EQ((*trees)[1].token(0), 4);
+  std::vector<Case> seen = slow.seen();
+  EXPECT_EQ((std::vector<Case>(seen.begin() + static_cast<std::ptrdiff_t>(before), seen.end())),
+            (std::vector<Case>{Case::kAdd, Case::kObserve, Case::kPropose, Case::kObserve,
+                               Case::kPropose}));
+  // Observed in the first batch, refused in its Propose only: the Observe is not sent again.
+  slow.refuse_adds = true;
+  ASSERT_TRUE(drafter.AddSequence(45, {}).ok());
+  const size_t mid = slow.seen().size();
+  trees = drafter.ObserveAndPropose(
+      {{.seq = 44, .tokens = {7}}},
+      {{.seq = 45, .max_nodes = 2, .max_depth = 1}, {.seq = 44, .max_nodes = 3, .max_depth = 1}},
+      &observed);
+  ASSERT_TRUE(observed.ok()) << observed;
+  ASSERT_TRUE(trees.ok()) << trees.status();
+  EXPECT_EQ((*trees)[0].failure().code(), StatusCode::kResourceExhausted);
+  ASSERT_EQ((*trees)[1].size(), 1);
+  EXPECT_EQ((*trees)[1].token(0), 3);
+  seen = slow.seen();
+  EXPECT_EQ((std::vector<Case>(seen.begin() + static_cast<std::ptrdiff_t>(mid), seen.end())),
+            (std::vector<Case>{Case::kAdd, Case::kObserve, Case::kPropose, Case::kPropose}));
 }
 
 // A drafted step costs the target one round trip: its catch-up Observe and its Propose are both
