@@ -1,17 +1,79 @@
 #include "common/spec/local_target_backend.h"
 
 #include <chrono>
+#include <exception>
 #include <set>
 #include <utility>
 
 namespace specula {
 
 LocalTargetBackend::LocalTargetBackend(std::unique_ptr<ModelRunner> target,
-                                       SpecEngineOptions options)
-    : target_(std::move(target)), engine_(std::make_unique<SpecEngine>(target_.get(), options)) {}
+                                       SpecEngineOptions options, bool step_thread)
+    : target_(std::move(target)), engine_(std::make_unique<SpecEngine>(target_.get(), options)) {
+  if (step_thread) thread_ = std::thread([this] { StepThread(); });
+}
 
 LocalTargetBackend::~LocalTargetBackend() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();  // after the step in flight, if any
+  }
   engine_.reset();  // releases its sequences from the target before the target goes
+}
+
+void LocalTargetBackend::StartStep(const StepPlan& plan) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    plan_ = plan;
+    outcome_.reset();
+    thrown_ = nullptr;
+  }
+  if (thread_.joinable()) changed_.notify_all();
+}
+
+StatusOr<StepOutcome> LocalTargetBackend::FinishStep() {
+  if (!thread_.joinable()) {
+    if (!plan_) return FailedPreconditionError("FinishStep without a step started");
+    const StepPlan plan = std::move(*plan_);
+    plan_.reset();
+    return RunStep(plan);  // an exception leaves from here
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait(lock, [&] { return !plan_ || outcome_.has_value() || thrown_; });
+  if (thrown_) {
+    std::exception_ptr thrown = std::exchange(thrown_, nullptr);
+    std::rethrow_exception(thrown);
+  }
+  if (!outcome_) return FailedPreconditionError("FinishStep without a step started");
+  StatusOr<StepOutcome> outcome = std::move(*outcome_);
+  outcome_.reset();
+  return outcome;
+}
+
+void LocalTargetBackend::StepThread() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    changed_.wait(lock, [&] { return stopping_ || plan_.has_value(); });
+    if (!plan_) return;  // stopping, nothing in flight
+    const StepPlan plan = std::move(*plan_);
+    lock.unlock();
+    std::optional<StatusOr<StepOutcome>> outcome;
+    std::exception_ptr thrown;
+    try {
+      outcome.emplace(RunStep(plan));
+    } catch (...) {
+      thrown = std::current_exception();
+    }
+    lock.lock();
+    plan_.reset();
+    outcome_ = std::move(outcome);
+    thrown_ = thrown;
+    changed_.notify_all();
+  }
 }
 
 TargetInfo LocalTargetBackend::info() const {
@@ -32,7 +94,7 @@ TargetInfo LocalTargetBackend::info() const {
   return info;
 }
 
-StatusOr<StepOutcome> LocalTargetBackend::Step(const StepPlan& plan) {
+StatusOr<StepOutcome> LocalTargetBackend::RunStep(const StepPlan& plan) {
   const auto t0 = std::chrono::steady_clock::now();
   std::set<RequestId> admitted;
   for (const StepPlan::Admission& a : plan.admit) {

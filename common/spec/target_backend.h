@@ -20,10 +20,21 @@ class TargetBackend {
   virtual ~TargetBackend() = default;
 
   virtual TargetInfo info() const = 0;
-  // Runs one step. A request the target refuses (e.g. a drafter it does not have) finishes in
-  // the report with FinishReason::kError. A non-OK status means the step did not run: the target is
-  // unreachable (UNAVAILABLE) or broken, and every request it held is lost.
-  virtual StatusOr<StepOutcome> Step(const StepPlan& plan) = 0;
+  // One step in two halves: StartStep sends the plan (or hands it to the engine's own thread) and
+  // returns; FinishStep waits for the step's outcome. One step at a time: StartStep again only
+  // after FinishStep. The halves let the router plan the next step as soon as a step ends and
+  // deliver that step's tokens (detokenize, match stop strings, stream) while the next one runs.
+  // A request the target refuses (e.g. a drafter it does not have) finishes in the report with
+  // FinishReason::kError. A non-OK status means the step did not run: the target is unreachable
+  // (UNAVAILABLE) or broken, and every request it held is lost.
+  virtual void StartStep(const StepPlan& plan) = 0;
+  virtual StatusOr<StepOutcome> FinishStep() = 0;
+
+  // StartStep, then FinishStep.
+  StatusOr<StepOutcome> Step(const StepPlan& plan) {
+    StartStep(plan);
+    return FinishStep();
+  }
 };
 
 }  // namespace specula

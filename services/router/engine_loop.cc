@@ -190,13 +190,16 @@ void EngineLoop::Run() {
     std::vector<Pending> incoming;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      // active_ and to_cancel_ are the loop thread's own; reading them here is safe.
+      // active_, to_cancel_ and step_in_flight_ are the loop thread's own; reading them here is
+      // safe.
       wake_.wait(lock, [&] {
-        return stopping_ || !inbox_.empty() || !active_.empty() || !to_cancel_.empty();
+        return stopping_ || step_in_flight_ || !inbox_.empty() || !active_.empty() ||
+               !to_cancel_.empty();
       });
       if (stopping_) {
         incoming.swap(inbox_);
         lock.unlock();
+        AbandonStepInFlight();
         const Status down = UnavailableError("the server is shutting down");
         for (Pending& p : incoming) {
           Active a(*model_.tokenizer, std::move(p.request), std::move(p.channel));
@@ -213,13 +216,23 @@ void EngineLoop::Run() {
     try {
       AdmitInbox(std::move(incoming));
       CheckCancellations();
-      if (!active_.empty() || !to_cancel_.empty()) ProcessStep();
+      ProcessStep();
     } catch (const std::exception& e) {
       RecoverFromException(e.what());
     } catch (...) {
       RecoverFromException("unknown exception");
     }
     PublishLoad();
+  }
+}
+
+void EngineLoop::AbandonStepInFlight() {
+  if (!step_in_flight_) return;
+  step_in_flight_ = false;
+  // Its requests end with the caller's status; the step itself must not outlive the loop.
+  try {
+    (void)model_.backend->FinishStep();
+  } catch (...) {
   }
 }
 
@@ -336,26 +349,71 @@ void EngineLoop::Erase(RequestId id) {
 }
 
 void EngineLoop::ProcessStep() {
-  const Clock::time_point planned = Clock::now();
-  StepPlan plan = PlanStep();
-  if (capacity_.num_running() == 0 && plan.empty()) return;
-  const Clock::time_point started = Clock::now();
-  auto outcome = model_.backend->Step(plan);
-  if (!outcome.ok()) {
-    // The step did not run: the target lost every admitted request (or never got this plan's).
-    FailAll(outcome.status().WithContext("engine step"), /*include_waiting=*/false);
-    return;
+  // The step in flight ends first; the next one is planned from its outcome (finished requests
+  // free their batch slots and KV blocks, the draft budget learns) and started before this
+  // one's tokens are delivered, so detokenization, stop strings and streaming run beside the
+  // target's next step rather than between the two.
+  std::optional<StepOutcome> done;
+  BudgetDecision decided;
+  double done_wall_seconds = 0;
+  Clock::time_point ready{};
+  if (step_in_flight_) {
+    step_in_flight_ = false;
+    auto outcome = model_.backend->FinishStep();
+    ready = Clock::now();
+    if (!outcome.ok()) {
+      // The step did not run: the target lost every admitted request (or never got this plan's).
+      FailAll(outcome.status().WithContext("engine step"), /*include_waiting=*/false);
+      return;
+    }
+    done = std::move(*outcome);
+    kv_blocks_used_now_ = done->kv_blocks_used;
+    // A step's cost is what it kept the target from the next one: from the previous step's end
+    // when they ran back to back (this step's planning included), else from its planning.
+    done_wall_seconds = SecondsBetween(step_origin_, ready);
+    if (metrics_) metrics_->StepTimed(SecondsBetween(step_started_, ready), done->step_seconds);
+    if (planner_) decided = planner_->last_decision();
+    RetireFinished(*done);
+    Learn(*done, decided, done_wall_seconds);
   }
-  kv_blocks_used_now_ = outcome->kv_blocks_used;
+
+  if (done && !options_.overlap_steps) {
+    DeliverStep(*done);
+    PublishBudget(*done, decided, done_wall_seconds);
+  }
+  if (!active_.empty() || !to_cancel_.empty()) {
+    const Clock::time_point planned = Clock::now();
+    StepPlan plan = PlanStep();
+    if (capacity_.num_running() > 0 || !plan.empty()) {
+      step_origin_ = done ? ready : planned;
+      step_started_ = Clock::now();
+      model_.backend->StartStep(plan);
+      step_in_flight_ = true;
+    }
+  }
+  if (done && options_.overlap_steps) {
+    DeliverStep(*done);
+    PublishBudget(*done, decided, done_wall_seconds);
+  }
+}
+
+void EngineLoop::RetireFinished(const StepOutcome& outcome) {
+  // Only what the next plan needs: their batch slots and KV blocks (and the budget's entries,
+  // which the planner drops as it learns the step). Their events go out in DeliverStep.
+  for (const RequestUpdate& u : outcome.report.updates) {
+    if (u.finished) (void)capacity_.Release(u.id);
+  }
+}
+
+void EngineLoop::DeliverStep(StepOutcome& outcome) {
   if (metrics_) {
-    metrics_->StepTimed(SecondsBetween(started, Clock::now()), outcome->step_seconds);
-    int64_t tokens = outcome->report.prefill_tokens;
-    for (const RequestUpdate& u : outcome->report.updates) tokens += u.new_tokens.size();
+    int64_t tokens = outcome.report.prefill_tokens;
+    for (const RequestUpdate& u : outcome.report.updates) tokens += u.new_tokens.size();
     metrics_->IterationTokens(tokens);
   }
   PublishLoad();  // before any event, so a client that saw tokens sees their KV blocks in load()
   const Clock::time_point now = Clock::now();
-  for (RequestUpdate& u : outcome->report.updates) {
+  for (RequestUpdate& u : outcome.report.updates) {
     auto it = active_.find(u.id);
     if (it == active_.end()) continue;
     Active& a = *it->second;
@@ -429,16 +487,18 @@ void EngineLoop::ProcessStep() {
     Deliver(a, std::move(event));
     Erase(u.id);
   }
-  LearnFromStep(*outcome, SecondsBetween(planned, Clock::now()));
 }
 
-void EngineLoop::LearnFromStep(const StepOutcome& outcome, double wall_seconds) {
+void EngineLoop::Learn(const StepOutcome& outcome, const BudgetDecision& decided,
+                       double wall_seconds) {
+  averages_.AddStep(outcome.report, decided.predicted_speedup(), wall_seconds);
+  if (planner_) planner_->OnStep(outcome.report, wall_seconds);
+}
+
+void EngineLoop::PublishBudget(const StepOutcome& outcome, const BudgetDecision& decision,
+                               double wall_seconds) {
+  if (!planner_ || !metrics_) return;
   const StepReport& r = outcome.report;
-  const BudgetDecision decision = planner_ ? planner_->last_decision() : BudgetDecision{};
-  averages_.AddStep(r, decision.predicted_speedup(), wall_seconds);
-  if (!planner_) return;
-  planner_->OnStep(r, wall_seconds);
-  if (!metrics_) return;
   BudgetSnapshot snapshot{.budgets = decision.budgets,
                           .predicted_seconds = decision.predicted_seconds,
                           .measured_seconds = wall_seconds,

@@ -12,11 +12,15 @@
 //      applies too: KvBlocksReserved, no overtaking); the target's engine
 //      prefills their prompts in chunks within its per-step token budget (max_step_tokens);
 //      gives every running speculative request its draft budget for the step;
-//   4. runs the step (TargetBackend::Step) and turns each request's new tokens into a LoopEvent on
-//      its RequestChannel: incremental detokenization (StreamDecoder), stop strings
-//      (StopStringMatcher; a match cancels the rest of the request), and on the last event the
-//      finish reason, usage and speculation stats;
+//   4. starts the step (TargetBackend::StartStep) and, while it runs, turns each request's new
+//      tokens of the step before into a LoopEvent on its RequestChannel: incremental
+//      detokenization (StreamDecoder), stop strings (StopStringMatcher; a match cancels the rest
+//      of the request, from the step after next), and on the last event the finish reason, usage
+//      and speculation stats;
 //   5. publishes load (running, waiting, KV usage) and metrics;
+//   6. waits for the step (TargetBackend::FinishStep), frees the batch slots and KV blocks of the
+//      requests it finished and feeds it to the adaptive draft budget, so the next plan, made
+//      right after, knows them;
 // and sleeps on a condition variable when there is nothing to do (no polling). A step that fails
 // (the target unreachable: UNAVAILABLE) ends every request the target held with that status;
 // waiting requests stay queued for the next step, which reconnects.
@@ -61,6 +65,11 @@ struct EngineLoopOptions {
   int32_t max_queue = 256;
   // Sequences in one step's batch; at most the target's own limit.
   int32_t max_batch_size = 64;
+  // Start each step before delivering the tokens of the one before, so that delivery runs beside
+  // the target's step (on another process, or on the backend's own thread). false: deliver, then
+  // plan and start the next step (a stop string then cancels from the very next step, not the one
+  // after).
+  bool overlap_steps = true;
   // Used for requests that leave the drafter empty: a drafter added to the engine, or "none".
   std::string default_drafter = "none";
   // Used for requests that leave max_draft_tokens at 0 (with the adaptive budget: their cap,
@@ -158,7 +167,14 @@ class EngineLoop {
   void AdmitInbox(std::vector<Pending> incoming);
   void CheckCancellations();
   StepPlan PlanStep();
+  // Finishes the step in flight, plans and starts the next, then delivers the finished one.
   void ProcessStep();
+  // Frees the batch slots and KV blocks of the requests the step finished.
+  void RetireFinished(const StepOutcome& outcome);
+  // Turns the step's new tokens into events; ends the requests it finished.
+  void DeliverStep(StepOutcome& outcome);
+  // Waits out a step in flight whose outcome nobody will read (shutdown).
+  void AbandonStepInFlight();
   // Delivers the request's last event (filling the totals) and stops counting it as in flight.
   void Deliver(Active& a, LoopEvent event);
   // Forgets a request the target no longer holds (or never held).
@@ -170,8 +186,12 @@ class EngineLoop {
   // and plans their cancellation on the target; waiting requests stay queued.
   void RecoverFromException(std::string_view what);
   void PublishLoad();
-  // Feeds the step to the adaptive budget and publishes what it decided.
-  void LearnFromStep(const StepOutcome& outcome, double wall_seconds);
+  // Feeds the step to the adaptive budget (and the averages behind kappa and theta); `decided`
+  // is the budget's decision for that step, `wall_seconds` what the step cost the loop.
+  void Learn(const StepOutcome& outcome, const BudgetDecision& decided, double wall_seconds);
+  // Publishes what the budget decided for the step and what it measured.
+  void PublishBudget(const StepOutcome& outcome, const BudgetDecision& decision,
+                     double wall_seconds);
 
   ServedModel model_;
   EngineLoopOptions options_;
@@ -192,6 +212,10 @@ class EngineLoop {
   // The waiting queue (FIFO) and the admitted batch with their KV block reservations.
   CapacityScheduler capacity_{CapacityLimits{}};
   std::vector<RequestId> to_cancel_;  // admitted; cancel in the next plan
+  // The step the target is running (started, not yet finished), when it was started, and where
+  // its cost is counted from (SecondsBetween(step_origin_, its end) is what the budget learns).
+  bool step_in_flight_ = false;
+  Clock::time_point step_started_{}, step_origin_{};
   RequestId next_id_ = 1;
   int64_t kv_blocks_used_now_ = 0;
 

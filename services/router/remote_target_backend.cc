@@ -55,16 +55,25 @@ void RemoteTargetBackend::DropStream() {
   context_.reset();
 }
 
-StatusOr<StepOutcome> RemoteTargetBackend::Step(const StepPlan& plan) {
+void RemoteTargetBackend::StartStep(const StepPlan& plan) {
   if (!stream_) {
     context_ = std::make_unique<grpc::ClientContext>();
     stream_ = stub_->Run(context_.get());
   }
   v1::StepPlan message;
   services::ToProto(plan, &message);
-  v1::StepResult result;
+  // The deadline runs from the plan's sending: the router's own work while the target steps
+  // counts against it as well, which bounds FinishStep's wait all the same.
   watchdog_.Arm(context_.get(), step_deadline_);
-  const bool answered = stream_->Write(message) && stream_->Read(&result);
+  started_ = true;
+  sent_ = stream_->Write(message);
+}
+
+StatusOr<StepOutcome> RemoteTargetBackend::FinishStep() {
+  if (!started_) return FailedPreconditionError("FinishStep without a step started");
+  started_ = false;
+  v1::StepResult result;
+  const bool answered = sent_ && stream_->Read(&result);
   const bool timed_out = watchdog_.Disarm();
   if (!answered || timed_out) {  // an answer that raced the cancel is lost with its session
     if (answered) context_->TryCancel();

@@ -1,10 +1,11 @@
 // The router's gRPC client of the Target service: a TargetBackend whose steps run in another
 // process (`specula serve --role router --target-address HOST:PORT`). One Run stream carries the
-// session; a step that cannot be sent or answered drops the stream and fails with UNAVAILABLE (the
-// router then fails the requests it held), and the next step opens a new session. A step that gets
-// no answer within the step deadline (`--target-step-deadline-s`: a hung target) fails the same way
-// with DEADLINE_EXCEEDED, so the router's loop, and with it every client's cancellation, never
-// waits on a hung target for longer than that.
+// session: StartStep writes a plan, FinishStep reads its result; a step that cannot be sent or
+// answered drops the stream and fails with UNAVAILABLE (the router then fails the requests it
+// held), and the next step opens a new session. A step that gets no answer within the step deadline
+// (`--target-step-deadline-s`: a hung target) fails the same way with DEADLINE_EXCEEDED, so the
+// router's loop, and with it every client's cancellation, never waits on a hung target for longer
+// than that.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -33,7 +34,8 @@ class RemoteTargetBackend : public TargetBackend {
   ~RemoteTargetBackend() override;
 
   TargetInfo info() const override { return info_; }
-  StatusOr<StepOutcome> Step(const StepPlan& plan) override;
+  void StartStep(const StepPlan& plan) override;
+  StatusOr<StepOutcome> FinishStep() override;
 
  private:
   RemoteTargetBackend(std::string address, std::shared_ptr<grpc::Channel> channel);
@@ -46,6 +48,8 @@ class RemoteTargetBackend : public TargetBackend {
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::StepPlan, v1::StepResult>> stream_;
   std::chrono::milliseconds step_deadline_ = kDefaultStepDeadline;
+  bool started_ = false;  // a step is in flight
+  bool sent_ = false;     // and its plan was written
   services::StreamWatchdog watchdog_;
 };
 

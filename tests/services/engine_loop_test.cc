@@ -9,6 +9,8 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -406,8 +408,9 @@ class ThrowingBackend : public TargetBackend {
  public:
   explicit ThrowingBackend(std::unique_ptr<TargetBackend> inner) : inner_(std::move(inner)) {}
   TargetInfo info() const override { return inner_->info(); }
-  StatusOr<StepOutcome> Step(const StepPlan& plan) override {
-    auto out = inner_->Step(plan);
+  void StartStep(const StepPlan& plan) override { inner_->StartStep(plan); }
+  StatusOr<StepOutcome> FinishStep() override {
+    auto out = inner_->FinishStep();
     switch (throw_next.exchange(0)) {
       case 1:
         (void)at::zeros({2}).view({3});  // throws c10::Error
@@ -455,6 +458,111 @@ TEST_P(EngineLoopTest, AnExceptionInAStepFailsItsRequestsAndTheLoopKeepsServing)
     EXPECT_EQ(n.tokens, reference_->Greedy({5, 6, 7}, 20));
     EXPECT_TRUE(WaitIdle(*loop));
   }
+}
+
+// Runs every step on the real backend; a step ends (FinishStep returns) only once the test lets
+// it, and the backend counts the steps started.
+class GatedBackend : public TargetBackend {
+ public:
+  explicit GatedBackend(std::unique_ptr<TargetBackend> inner) : inner_(std::move(inner)) {}
+  TargetInfo info() const override { return inner_->info(); }
+  void StartStep(const StepPlan& plan) override {
+    inner_->StartStep(plan);
+    started.fetch_add(1);
+  }
+  StatusOr<StepOutcome> FinishStep() override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      opened_.wait(lock, [&] { return allowed_ > 0; });
+      --allowed_;
+    }
+    return inner_->FinishStep();
+  }
+  void Allow(int64_t steps) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      allowed_ += steps;
+    }
+    opened_.notify_all();
+  }
+  std::atomic<int> started{0};
+
+ private:
+  std::unique_ptr<TargetBackend> inner_;
+  std::mutex mu_;
+  std::condition_variable opened_;
+  int64_t allowed_ = 0;
+};
+
+TEST_P(EngineLoopTest, TheNextStepRunsWhileAStepsTokensAreDelivered) {
+  const TestModelDirs& dirs = TinyServedModelDirs();
+  stack_ = std::make_unique<ServedStack>(GetParam(), dirs.target, dirs.draft);
+  ServedModel model = stack_->TakeModel();
+  auto gated = std::make_unique<GatedBackend>(std::move(model.backend));
+  GatedBackend* backend = gated.get();
+  model.backend = std::move(gated);
+  auto created = EngineLoop::Create(std::move(model), {}, &metrics_);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<EngineLoop> loop = std::move(*created);
+  for (const std::string drafter : {"none", "ngram"}) {
+    const int idle = backend->started.load();
+    auto channel = loop->Submit(Greedy({5, 6, 7}, 12, drafter));
+    ASSERT_TRUE(channel.ok()) << channel.status();
+    for (int i = 0; i < 6000 && backend->started.load() == idle; ++i)
+      std::this_thread::sleep_for(10ms);
+    ASSERT_EQ(backend->started.load(), idle + 1) << "the request's first step did not start";
+    // Step by step: when a step's tokens reach the client, the step after it has started (and
+    // cannot have ended: it waits for the test).
+    std::vector<int32_t> tokens;
+    bool finished = false;
+    while (!finished) {
+      const int started = backend->started.load();
+      backend->Allow(1);
+      std::vector<LoopEvent> events;
+      for (int i = 0; i < 600 && events.empty(); ++i) events = (*channel)->Wait(100ms);
+      ASSERT_FALSE(events.empty()) << "no event within a minute";
+      for (const LoopEvent& e : events) {
+        tokens.insert(tokens.end(), e.token_ids.begin(), e.token_ids.end());
+        finished = finished || e.finished;
+      }
+      if (!finished) EXPECT_EQ(backend->started.load(), started + 1) << drafter;
+    }
+    EXPECT_EQ(tokens, reference_->Greedy({5, 6, 7}, 12)) << drafter;
+  }
+  backend->Allow(1 << 20);
+  EXPECT_TRUE(WaitIdle(*loop));
+}
+
+TEST_P(EngineLoopTest, WithoutOverlapStepsServeTheSameTokensAndStopStrings) {
+  const TestModelDirs& dirs = TinyServedModelDirs();
+  stack_ = std::make_unique<ServedStack>(GetParam(), dirs.target, dirs.draft);
+  ServedModel model = stack_->TakeModel();
+  auto gated = std::make_unique<GatedBackend>(std::move(model.backend));
+  GatedBackend* backend = gated.get();
+  model.backend = std::move(gated);
+  auto created = EngineLoop::Create(std::move(model), {.overlap_steps = false}, &metrics_);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<EngineLoop> loop = std::move(*created);
+  const Tokenizer& tok = reference_->tokenizer();
+  const std::vector<int32_t> prompt = tok.Encode("def f(x):");
+  const std::string text = tok.Decode(reference_->Greedy(prompt, 40), true).value();
+  ASSERT_GT(text.size(), 12u);
+  size_t begin = text.size() / 2;  // one whole character from the middle
+  while ((static_cast<unsigned char>(text[begin]) & 0xC0) == 0x80) ++begin;
+  size_t end = begin + 1;
+  while (end < text.size() && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) ++end;
+  const std::string stop = text.substr(begin, end - begin);
+  LoopRequest stopped = Greedy(prompt, 40, "ngram");
+  stopped.stop_strings = {stop};
+  auto channel = loop->Submit(Greedy({5, 6, 7}, 12, "draft-model"));
+  auto stop_channel = loop->Submit(std::move(stopped));
+  ASSERT_TRUE(channel.ok() && stop_channel.ok());
+  backend->Allow(1 << 20);
+  EXPECT_EQ(Collect(**channel).tokens, reference_->Greedy({5, 6, 7}, 12));
+  Collected c = Collect(**stop_channel);
+  EXPECT_EQ(c.last.finish_reason, FinishReason::kStopString);
+  EXPECT_EQ(c.text, text.substr(0, text.find(stop)));
+  EXPECT_TRUE(WaitIdle(*loop));
 }
 
 TEST_P(EngineLoopTest, CreateRejectsAnUnknownDefaultDrafter) {

@@ -47,12 +47,13 @@ const TestModelDirs& TinyServedModelDirs() {
 
 std::unique_ptr<LocalTargetBackend> LoadTargetBackend(const std::string& target_dir,
                                                       const std::string& draft_dir,
-                                                      SpecEngineOptions engine, KvCacheOptions kv) {
+                                                      SpecEngineOptions engine, KvCacheOptions kv,
+                                                      bool step_thread) {
   ModelRunnerOptions options;
   options.kv = kv;
   auto target = ModelRunner::Load(target_dir, options);
   EXPECT_TRUE(target.ok()) << target.status();
-  auto backend = std::make_unique<LocalTargetBackend>(std::move(*target), engine);
+  auto backend = std::make_unique<LocalTargetBackend>(std::move(*target), engine, step_thread);
   for (auto& d : LoadTestDrafters(target_dir, draft_dir)) {
     EXPECT_TRUE(backend->engine().AddDrafter(std::move(d)).ok());
   }
@@ -86,7 +87,7 @@ router::ServedModel LoadServedModel(const std::string& target_dir, const std::st
   auto tok = Tokenizer::FromFile(target_dir + "/tokenizer.json");
   EXPECT_TRUE(tok.ok()) << tok.status();
   m.tokenizer = std::move(*tok);
-  m.backend = LoadTargetBackend(target_dir, draft_dir, engine, kv);
+  m.backend = LoadTargetBackend(target_dir, draft_dir, engine, kv, /*step_thread=*/true);
   return m;
 }
 

@@ -28,12 +28,15 @@ const TestModelDirs& TinyServedModelDirs();
 // The n-gram drafter, plus the draft LM in `draft_dir` unless it is empty.
 std::vector<std::unique_ptr<Drafter>> LoadTestDrafters(const std::string& target_dir,
                                                        const std::string& draft_dir);
-// The target in this process with LoadTestDrafters' drafters.
+// The target in this process with LoadTestDrafters' drafters; `step_thread` as
+// LocalTargetBackend's.
 std::unique_ptr<LocalTargetBackend> LoadTargetBackend(const std::string& target_dir,
                                                       const std::string& draft_dir,
                                                       SpecEngineOptions engine = {},
-                                                      KvCacheOptions kv = {});
-// The model as `specula serve --role all` loads it: tokenizer and LoadTargetBackend.
+                                                      KvCacheOptions kv = {},
+                                                      bool step_thread = false);
+// The model as `specula serve --role all` loads it: tokenizer and LoadTargetBackend, its steps
+// on a thread of their own (--overlap-steps).
 router::ServedModel LoadServedModel(const std::string& target_dir, const std::string& draft_dir,
                                     SpecEngineOptions engine = {}, KvCacheOptions kv = {});
 

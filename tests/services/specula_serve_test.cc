@@ -375,6 +375,10 @@ TEST(SpeculaServeFlagsTest, ClearErrors) {
       << r.err;
   r = RunServe("--role drafter --model " + dirs.target + " --drafter none --port 0");
   EXPECT_NE(r.err.find("--role drafter needs --drafter"), std::string::npos) << r.err;
+  r = RunServe("--role target --model " + dirs.target + " --overlap-steps sometimes --port 0");
+  EXPECT_NE(r.err.find("--overlap-steps must be auto, true or false, got 'sometimes'"),
+            std::string::npos)
+      << r.err;
   r = RunServe("--role banana");
   EXPECT_NE(r.err.find("INVALID_ARGUMENT: --role must be"), std::string::npos) << r.err;
   r = RunServe("--model " + dirs.target +
