@@ -61,7 +61,7 @@ StatusOr<std::string> LoadApiToken(const std::string& path) {
   return token;
 }
 
-grpc::Status ApiTokenAuth::Check(const grpc::ServerContext& context) const {
+grpc::Status ApiTokenAuth::Check(const grpc::ServerContextBase& context) const {
   if (token_.empty()) return grpc::Status::OK;
   const auto& metadata = context.client_metadata();
   const auto found = metadata.find("authorization");

@@ -33,7 +33,7 @@ class ApiTokenAuth {
   bool enabled() const { return !token_.empty(); }
   // OK when off or when the call's `authorization` metadata is `Bearer <token>` (scheme
   // case-insensitive); UNAUTHENTICATED otherwise.
-  grpc::Status Check(const grpc::ServerContext& context) const;
+  grpc::Status Check(const grpc::ServerContextBase& context) const;
 
  private:
   std::string token_;

@@ -115,7 +115,8 @@ EngineLoop::EngineLoop(ServedModel model, EngineLoopOptions options, RouterMetri
 
 EngineLoop::~EngineLoop() { Shutdown(); }
 
-StatusOr<std::shared_ptr<RequestChannel>> EngineLoop::Submit(LoopRequest request) {
+StatusOr<std::shared_ptr<RequestChannel>> EngineLoop::Submit(LoopRequest request,
+                                                             std::function<void()> on_event) {
   // Everything here is a pure function of the request and fixed facts, so it is safe on the
   // caller's thread while the loop thread drives the engine.
   const SpecRequest& spec = request.spec;
@@ -140,6 +141,7 @@ StatusOr<std::shared_ptr<RequestChannel>> EngineLoop::Submit(LoopRequest request
     }
   }
   auto channel = std::make_shared<RequestChannel>();
+  if (on_event) channel->SetListener(std::move(on_event));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ || !accepting_) return UnavailableError("the server is shutting down");

@@ -30,6 +30,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -141,7 +142,10 @@ class EngineLoop {
   // name, verification parameters: INVALID_ARGUMENT / OUT_OF_RANGE naming the field), then
   // queues the request: RESOURCE_EXHAUSTED when max_queue requests are in flight, UNAVAILABLE
   // after Shutdown. Thread-safe. The returned channel receives the request's events.
-  StatusOr<std::shared_ptr<RequestChannel>> Submit(LoopRequest request);
+  // `on_event`, if given, becomes the channel's listener (RequestChannel::SetListener) before the
+  // loop can push anything to it.
+  StatusOr<std::shared_ptr<RequestChannel>> Submit(LoopRequest request,
+                                                   std::function<void()> on_event = {});
   // Cancels the request of `channel` (the loop ends it with CANCELLED and frees its KV blocks).
   // Thread-safe; no-op for a finished request.
   void Cancel(RequestChannel& channel);

@@ -6,13 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "services/router/generate_stream_reactor.h"
 #include "services/router/request_convert.h"
 
 namespace specula::router {
 namespace {
 
 // The call's deadline on the steady clock (gRPC reports it on the system clock).
-Clock::time_point SteadyDeadline(const grpc::ServerContext& context) {
+Clock::time_point SteadyDeadline(const grpc::ServerContextBase& context) {
   const auto deadline = context.deadline();
   const auto now = std::chrono::system_clock::now();
   if (deadline >= now + std::chrono::hours(24 * 365)) return Clock::time_point::max();
@@ -31,17 +32,15 @@ GenerationService::GenerationService(EngineLoop* loop, RouterMetrics* metrics,
                          [this](grpc::ServerContext* context, RawUnary* stream) {
                            return RawGenerate(context, stream);
                          }));
-  MarkMethodStreamed(
-      1, new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
-             [this](grpc::ServerContext* context, RawStream* stream) {
-               return RawGenerateStream(context, stream);
+  MarkMethodRawCallback(
+      1, new grpc::internal::CallbackServerStreamingHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+             [this](grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+               return GenerateStreamCall(context, request);
              }));
 }
 
-template <typename Reader>
-grpc::Status GenerationService::ReadRequest(Reader* stream, v1::GenerateRequest* request) {
-  grpc::ByteBuffer buffer;
-  if (!stream->Read(&buffer)) return grpc::Status(grpc::StatusCode::CANCELLED, "no request");
+grpc::Status GenerationService::ParseRequest(const grpc::ByteBuffer& buffer,
+                                             v1::GenerateRequest* request) {
   std::vector<grpc::Slice> slices;
   if (!buffer.Dump(&slices).ok()) return grpc::Status(grpc::StatusCode::INTERNAL, "request bytes");
   std::string bytes;
@@ -57,8 +56,10 @@ grpc::Status GenerationService::ReadRequest(Reader* stream, v1::GenerateRequest*
 grpc::Status GenerationService::RawGenerate(grpc::ServerContext* context, RawUnary* stream) {
   if (grpc::Status auth = auth_.Check(*context); !auth.ok()) return auth;
   v1::GenerateRequest request;
-  grpc::Status read = ReadRequest(stream, &request);
-  if (!read.ok()) return read;
+  grpc::ByteBuffer buffer;
+  if (!stream->Read(&buffer)) return grpc::Status(grpc::StatusCode::CANCELLED, "no request");
+  grpc::Status parsed = ParseRequest(buffer, &request);
+  if (!parsed.ok()) return parsed;
   v1::GenerateResponse response;
   grpc::Status status = Generate(context, &request, &response);
   if (!status.ok()) return status;
@@ -71,40 +72,56 @@ grpc::Status GenerationService::RawGenerate(grpc::ServerContext* context, RawUna
   return grpc::Status::OK;
 }
 
-grpc::Status GenerationService::RawGenerateStream(grpc::ServerContext* context, RawStream* stream) {
-  if (grpc::Status auth = auth_.Check(*context); !auth.ok()) return auth;
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::GenerateStreamCall(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes) {
+  if (grpc::Status auth = auth_.Check(*context); !auth.ok()) {
+    return GenerateStreamReactor::Refuse(auth);
+  }
   v1::GenerateRequest request;
-  grpc::Status read = ReadRequest(stream, &request);
-  if (!read.ok()) return read;
-  return StreamEvents(context, request, [&](const v1::GenerateStreamResponse& message) {
-    grpc::ByteBuffer out;
-    bool own_buffer = false;
-    return grpc::SerializationTraits<v1::GenerateStreamResponse>::Serialize(message, &out,
-                                                                            &own_buffer)
-               .ok() &&
-           stream->Write(out);
-  });
+  if (grpc::Status parsed = ParseRequest(*bytes, &request); !parsed.ok()) {
+    return GenerateStreamReactor::Refuse(parsed);
+  }
+  auto resolved = Resolve(*context, request);
+  if (!resolved.ok()) return GenerateStreamReactor::Refuse(ToGrpcStatus(resolved.status()));
+  ++calls_in_progress_;
+  return GenerateStreamReactor::Start(
+      loop_, std::move(resolved->request), std::move(resolved->request_id), resolved->speculation,
+      [this](const Status& refused) {
+        if (metrics_) metrics_->Rejected(refused.code());
+      },
+      [this] { --calls_in_progress_; });
+}
+
+StatusOr<GenerationService::Resolved> GenerationService::Resolve(
+    const grpc::ServerContextBase& context, const v1::GenerateRequest& request) {
+  Resolved out;
+  out.request_id = request.request_id().empty() ? StrCat("req-", next_request_id_.fetch_add(1))
+                                                : request.request_id();
+  auto loop_request = ToLoopRequest(request, loop_->info(), loop_->tokenizer(), max_prompt_bytes_);
+  if (!loop_request.ok()) {
+    if (metrics_) metrics_->Rejected(loop_request.status().code());
+    return loop_request.status();
+  }
+  out.request = std::move(*loop_request);
+  out.request.deadline = SteadyDeadline(context);
+  out.request.id = out.request_id;
+  out.speculation = out.request.spec.speculation;
+  return out;
 }
 
 StatusOr<GenerationService::Started> GenerationService::Start(grpc::ServerContext* context,
                                                               const v1::GenerateRequest& request) {
+  ASSIGN_OR_RETURN(Resolved resolved, Resolve(*context, request));
   Started started;
-  started.request_id = request.request_id().empty() ? StrCat("req-", next_request_id_.fetch_add(1))
-                                                    : request.request_id();
-  auto resolved = ToLoopRequest(request, loop_->info(), loop_->tokenizer(), max_prompt_bytes_);
-  if (resolved.ok()) {
-    resolved->deadline = SteadyDeadline(*context);
-    resolved->id = started.request_id;
-    started.speculation = resolved->spec.speculation;
-    auto channel = loop_->Submit(std::move(*resolved));
-    if (channel.ok()) {
-      started.channel = std::move(*channel);
-      return started;
-    }
-    resolved = channel.status();
+  started.request_id = std::move(resolved.request_id);
+  started.speculation = resolved.speculation;
+  auto channel = loop_->Submit(std::move(resolved.request));
+  if (!channel.ok()) {
+    if (metrics_) metrics_->Rejected(channel.status().code());
+    return channel.status();
   }
-  if (metrics_) metrics_->Rejected(resolved.status().code());
-  return resolved.status();
+  started.channel = std::move(*channel);
+  return started;
 }
 
 grpc::Status GenerationService::Drain(grpc::ServerContext* context, RequestChannel& channel,
@@ -148,40 +165,6 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
       FillSpecStats(started->speculation, event.stats, response->mutable_spec());
     }
     return true;
-  });
-}
-
-grpc::Status GenerationService::GenerateStream(
-    grpc::ServerContext* context, const v1::GenerateRequest* request,
-    grpc::ServerWriter<v1::GenerateStreamResponse>* writer) {
-  return StreamEvents(context, *request, [&](const v1::GenerateStreamResponse& message) {
-    return writer->Write(message);
-  });
-}
-
-grpc::Status GenerationService::StreamEvents(
-    grpc::ServerContext* context, const v1::GenerateRequest& request,
-    const std::function<bool(const v1::GenerateStreamResponse&)>& write) {
-  auto started = Start(context, request);
-  if (!started.ok()) return ToGrpcStatus(started.status());
-  return Drain(context, *started->channel, [&](const LoopEvent& event) {
-    v1::GenerateStreamResponse message;
-    message.set_request_id(started->request_id);
-    if (!event.token_ids.empty() || !event.text.empty()) {
-      v1::TokenDelta* delta = message.mutable_delta();
-      for (int32_t id : event.token_ids) delta->add_token_ids(id);
-      delta->set_text(event.text);
-      if (!write(message)) return false;
-    }
-    // A request that failed ends with its error status instead of a GenerationFinished.
-    if (!event.finished || !event.status.ok()) return true;
-    v1::GenerationFinished* finished = message.mutable_finished();
-    finished->set_finish_reason(ToProto(event.finish_reason));
-    finished->set_stop_string(event.stop_string);
-    finished->mutable_usage()->set_prompt_tokens(static_cast<int32_t>(event.prompt_tokens));
-    finished->mutable_usage()->set_completion_tokens(static_cast<int32_t>(event.completion_tokens));
-    FillSpecStats(started->speculation, event.stats, finished->mutable_spec());
-    return write(message);
   });
 }
 

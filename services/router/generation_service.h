@@ -1,7 +1,9 @@
-// The Generation gRPC service (proto/specula/v1/generation.proto) on the synchronous gRPC API:
-// each handler validates its request, submits it to the EngineLoop and blocks on the request's
-// channel, waking at least every kPollInterval to notice a client that cancelled or whose deadline
-// passed (the request is then cancelled in the engine, which frees its KV blocks).
+// The Generation gRPC service (proto/specula/v1/generation.proto). GenerateStream runs on gRPC's
+// callback API (generate_stream_reactor.h): the engine loop's push of an event starts its write,
+// and no thread waits on a stream. Generate (unary) and GetServerInfo run on the synchronous API:
+// Generate's handler submits its request to the EngineLoop and blocks on the request's channel,
+// waking at least every kPollInterval to notice a client that cancelled or whose deadline passed
+// (the request is then cancelled in the engine, which frees its KV blocks).
 //
 // Generate and GenerateStream take their request as raw bytes and parse it here, so that a request
 // protobuf cannot parse (a proto3 string that is not UTF-8) gets INVALID_ARGUMENT naming the field
@@ -35,8 +37,6 @@ class GenerationService final : public v1::Generation::Service {
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         v1::GenerateResponse* response) override;
-  grpc::Status GenerateStream(grpc::ServerContext* context, const v1::GenerateRequest* request,
-                              grpc::ServerWriter<v1::GenerateStreamResponse>* writer) override;
   grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
                              v1::ServerInfo* response) override;
 
@@ -52,15 +52,20 @@ class GenerationService final : public v1::Generation::Service {
     std::shared_ptr<RequestChannel> channel;
   };
   using RawUnary = grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>;
-  using RawStream = grpc::ServerSplitStreamer<grpc::ByteBuffer, grpc::ByteBuffer>;
-  // The registered handlers: parse (or explain why not), then as Generate / GenerateStream.
+  struct Resolved {
+    LoopRequest request;
+    std::string request_id;
+    SpeculationSettings speculation;
+  };
+  // The registered handlers: parse (or explain why not), then serve.
   grpc::Status RawGenerate(grpc::ServerContext* context, RawUnary* stream);
-  grpc::Status RawGenerateStream(grpc::ServerContext* context, RawStream* stream);
-  // Reads the one request message of a call into `request`.
-  template <typename Reader>
-  grpc::Status ReadRequest(Reader* stream, v1::GenerateRequest* request);
-  grpc::Status StreamEvents(grpc::ServerContext* context, const v1::GenerateRequest& request,
-                            const std::function<bool(const v1::GenerateStreamResponse&)>& write);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateStreamCall(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request);
+  // Parses a request's bytes into `request` (INVALID_ARGUMENT naming the field when it cannot).
+  grpc::Status ParseRequest(const grpc::ByteBuffer& buffer, v1::GenerateRequest* request);
+  // Validates the request and resolves it for the loop, with the call's deadline.
+  StatusOr<Resolved> Resolve(const grpc::ServerContextBase& context,
+                             const v1::GenerateRequest& request);
   // Validates and submits the request with the call's deadline.
   StatusOr<Started> Start(grpc::ServerContext* context, const v1::GenerateRequest& request);
   // Passes each event to `on_event` until the last one; returns the request's final status.

@@ -1,5 +1,7 @@
-// The per-request channel between the engine loop (producer) and the RPC handler waiting on the
-// request (consumer): a queue of events plus the handler's cancellation flag.
+// The per-request channel between the engine loop (producer) and the RPC call that streams the
+// request's events (consumer): a queue of events plus the call's cancellation flag. A consumer
+// either blocks in Wait (a synchronous handler) or is told of each event by a listener and takes
+// them with TakeAll (a callback reactor, which then writes from the producer's thread).
 #pragma once
 
 #include <atomic>
@@ -7,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -35,11 +38,17 @@ struct LoopEvent {
 
 class RequestChannel {
  public:
-  // Loop thread: queues an event and wakes the waiting handler.
+  // Loop thread: queues an event, wakes the waiting handler and calls the listener (after the
+  // event is queued, outside the channel's lock).
   void Push(LoopEvent event);
   // Handler thread: waits until at least one event is queued or `timeout` passes, then returns
   // every queued event in order (none on timeout).
   std::vector<LoopEvent> Wait(std::chrono::milliseconds timeout);
+  // Every queued event in order, without waiting.
+  std::vector<LoopEvent> TakeAll();
+  // Called after every Push from then on (the loop thread; it must not block). Set it before the
+  // request is submitted, once.
+  void SetListener(std::function<void()> listener) { listener_ = std::move(listener); }
 
   // Handler thread: asks the loop to cancel the request (see EngineLoop::Cancel).
   void RequestCancel() { cancelled_.store(true, std::memory_order_release); }
@@ -49,6 +58,7 @@ class RequestChannel {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<LoopEvent> events_;
+  std::function<void()> listener_;
   std::atomic<bool> cancelled_{false};
 };
 

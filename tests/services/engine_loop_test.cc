@@ -9,14 +9,13 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
 #include "common/util/mapped_file.h"
+#include "tests/services/gated_backend.h"
 #include "tests/services/served_stack.h"
 #include "tests/services/served_test_model.h"
 #include "tests/testing/temp_dir.h"
@@ -459,40 +458,6 @@ TEST_P(EngineLoopTest, AnExceptionInAStepFailsItsRequestsAndTheLoopKeepsServing)
     EXPECT_TRUE(WaitIdle(*loop));
   }
 }
-
-// Runs every step on the real backend; a step ends (FinishStep returns) only once the test lets
-// it, and the backend counts the steps started.
-class GatedBackend : public TargetBackend {
- public:
-  explicit GatedBackend(std::unique_ptr<TargetBackend> inner) : inner_(std::move(inner)) {}
-  TargetInfo info() const override { return inner_->info(); }
-  void StartStep(const StepPlan& plan) override {
-    inner_->StartStep(plan);
-    started.fetch_add(1);
-  }
-  StatusOr<StepOutcome> FinishStep() override {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      opened_.wait(lock, [&] { return allowed_ > 0; });
-      --allowed_;
-    }
-    return inner_->FinishStep();
-  }
-  void Allow(int64_t steps) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      allowed_ += steps;
-    }
-    opened_.notify_all();
-  }
-  std::atomic<int> started{0};
-
- private:
-  std::unique_ptr<TargetBackend> inner_;
-  std::mutex mu_;
-  std::condition_variable opened_;
-  int64_t allowed_ = 0;
-};
 
 TEST_P(EngineLoopTest, TheNextStepRunsWhileAStepsTokensAreDelivered) {
   const TestModelDirs& dirs = TinyServedModelDirs();
