@@ -91,6 +91,21 @@ class EngineLoopTest : public ::testing::TestWithParam<Transport> {
     return loop.ok() ? std::move(*loop) : nullptr;
   }
 
+  // A loop whose target backend is wrapped in a `Wrapper` (a test double around the real one),
+  // returned in `*wrapper`.
+  template <typename Wrapper>
+  std::unique_ptr<EngineLoop> MakeWrappedLoop(Wrapper** wrapper, EngineLoopOptions options = {}) {
+    const TestModelDirs& dirs = TinyServedModelDirs();
+    stack_ = std::make_unique<ServedStack>(GetParam(), dirs.target, dirs.draft);
+    ServedModel model = stack_->TakeModel();
+    auto wrapped = std::make_unique<Wrapper>(std::move(model.backend));
+    *wrapper = wrapped.get();
+    model.backend = std::move(wrapped);
+    auto loop = EngineLoop::Create(std::move(model), options, &metrics_);
+    EXPECT_TRUE(loop.ok()) << loop.status();
+    return loop.ok() ? std::move(*loop) : nullptr;
+  }
+
   std::unique_ptr<ServedStack> stack_;  // outlives the test's loop (a local of the test body)
 
   static ReferenceDecoder* reference_;
@@ -427,15 +442,9 @@ class ThrowingBackend : public TargetBackend {
 
 TEST_P(EngineLoopTest, AnExceptionInAStepFailsItsRequestsAndTheLoopKeepsServing) {
   // Issue 19: an exception escaping a step reached std::terminate on the loop thread.
-  const TestModelDirs& dirs = TinyServedModelDirs();
-  stack_ = std::make_unique<ServedStack>(GetParam(), dirs.target, dirs.draft);
-  ServedModel model = stack_->TakeModel();
-  auto throwing = std::make_unique<ThrowingBackend>(std::move(model.backend));
-  ThrowingBackend* backend = throwing.get();
-  model.backend = std::move(throwing);
-  auto created = EngineLoop::Create(std::move(model), {}, &metrics_);
-  ASSERT_TRUE(created.ok()) << created.status();
-  std::unique_ptr<EngineLoop> loop = std::move(*created);
+  ThrowingBackend* backend = nullptr;
+  std::unique_ptr<EngineLoop> loop = MakeWrappedLoop(&backend);
+  ASSERT_TRUE(loop);
   for (int kind : {1, 2}) {
     auto victim = loop->Submit(Greedy({5, 6, 7}, 1000, "none"));
     ASSERT_TRUE(victim.ok()) << victim.status();
@@ -460,15 +469,9 @@ TEST_P(EngineLoopTest, AnExceptionInAStepFailsItsRequestsAndTheLoopKeepsServing)
 }
 
 TEST_P(EngineLoopTest, TheNextStepRunsWhileAStepsTokensAreDelivered) {
-  const TestModelDirs& dirs = TinyServedModelDirs();
-  stack_ = std::make_unique<ServedStack>(GetParam(), dirs.target, dirs.draft);
-  ServedModel model = stack_->TakeModel();
-  auto gated = std::make_unique<GatedBackend>(std::move(model.backend));
-  GatedBackend* backend = gated.get();
-  model.backend = std::move(gated);
-  auto created = EngineLoop::Create(std::move(model), {}, &metrics_);
-  ASSERT_TRUE(created.ok()) << created.status();
-  std::unique_ptr<EngineLoop> loop = std::move(*created);
+  GatedBackend* backend = nullptr;
+  std::unique_ptr<EngineLoop> loop = MakeWrappedLoop(&backend);
+  ASSERT_TRUE(loop);
   for (const std::string drafter : {"none", "ngram"}) {
     const int idle = backend->started.load();
     auto channel = loop->Submit(Greedy({5, 6, 7}, 12, drafter));
@@ -499,15 +502,9 @@ TEST_P(EngineLoopTest, TheNextStepRunsWhileAStepsTokensAreDelivered) {
 }
 
 TEST_P(EngineLoopTest, WithoutOverlapStepsServeTheSameTokensAndStopStrings) {
-  const TestModelDirs& dirs = TinyServedModelDirs();
-  stack_ = std::make_unique<ServedStack>(GetParam(), dirs.target, dirs.draft);
-  ServedModel model = stack_->TakeModel();
-  auto gated = std::make_unique<GatedBackend>(std::move(model.backend));
-  GatedBackend* backend = gated.get();
-  model.backend = std::move(gated);
-  auto created = EngineLoop::Create(std::move(model), {.overlap_steps = false}, &metrics_);
-  ASSERT_TRUE(created.ok()) << created.status();
-  std::unique_ptr<EngineLoop> loop = std::move(*created);
+  GatedBackend* backend = nullptr;
+  std::unique_ptr<EngineLoop> loop = MakeWrappedLoop(&backend, {.overlap_steps = false});
+  ASSERT_TRUE(loop);
   const Tokenizer& tok = reference_->tokenizer();
   const std::vector<int32_t> prompt = tok.Encode("def f(x):");
   const std::string text = tok.Decode(reference_->Greedy(prompt, 40), true).value();
