@@ -111,6 +111,52 @@ GenerateStreamReactor* GenerateStreamReactor::Refuse(const grpc::Status& status)
   return reactor;
 }
 
+GenerateStreamReactor::WriteStarter& GenerateStreamReactor::WriteStarter::Get() {
+  static WriteStarter starter;
+  return starter;
+}
+
+GenerateStreamReactor::WriteStarter::WriteStarter() : thread_([this] { Run(); }) {}
+
+GenerateStreamReactor::WriteStarter::~WriteStarter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_one();
+  thread_.join();
+}
+
+void GenerateStreamReactor::WriteStarter::Post(std::weak_ptr<Shared> call) {
+  bool was_empty;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    was_empty = posted_.empty();
+    posted_.push_back(std::move(call));
+  }
+  // A step's pushes to many calls wake the thread once.
+  if (was_empty) wake_.notify_one();
+}
+
+void GenerateStreamReactor::WriteStarter::Run() {
+  std::vector<std::weak_ptr<Shared>> calls;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stopping_ || !posted_.empty(); });
+      if (posted_.empty()) return;  // stopping, nothing left
+      calls.swap(posted_);
+    }
+    for (const std::weak_ptr<Shared>& weak : calls) {
+      if (std::shared_ptr<Shared> call = weak.lock()) {
+        std::lock_guard<std::mutex> lock(call->mu);
+        call->Pump();
+      }
+    }
+    calls.clear();
+  }
+}
+
 GenerateStreamReactor* GenerateStreamReactor::Start(EngineLoop* loop, LoopRequest request,
                                                     std::string request_id,
                                                     SpeculationSettings speculation,
@@ -127,12 +173,7 @@ GenerateStreamReactor* GenerateStreamReactor::Start(EngineLoop* loop, LoopReques
   // The channel keeps the listener for as long as the engine knows the request: a weak
   // reference, so a finished call's state goes with its reactor.
   std::weak_ptr<Shared> weak = shared;
-  auto channel = loop->Submit(std::move(request), [weak] {
-    if (std::shared_ptr<Shared> s = weak.lock()) {
-      std::lock_guard<std::mutex> lock(s->mu);
-      s->Pump();
-    }
-  });
+  auto channel = loop->Submit(std::move(request), [weak] { WriteStarter::Get().Post(weak); });
   std::lock_guard<std::mutex> lock(shared->mu);
   if (channel.ok()) {
     shared->channel = std::move(*channel);

@@ -1,8 +1,10 @@
 // One GenerateStream call on gRPC's callback API: no thread waits on the request. The engine
-// loop's push of an event (RequestChannel's listener) starts the write of it, on the loop's
-// thread; each write's completion starts the next with whatever events queued meanwhile (merged
-// into one token delta), and the last event finishes the call. Against a synchronous handler per
-// stream, a token costs no thread wake-up for the handler and no blocking write.
+// loop's push of an event (RequestChannel's listener) hands the call to a WriteStarter, whose one
+// thread starts the write (the loop thread, which may be running the target's step inline, only
+// queues it); each write's completion starts the next with whatever events queued meanwhile
+// (merged into one token delta), and the last event finishes the call. Against a synchronous
+// handler per stream, a step's tokens cost one thread wake-up instead of one per stream, and no
+// thread blocks on a write.
 //
 // The client going away (or the call's deadline) cancels the request in the engine and ends the
 // call at once, whatever the engine still sends. The state the loop's listener reaches lives in
@@ -13,12 +15,15 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/server_callback.h>
 
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common/spec/step_contract.h"
 #include "services/router/engine_loop.h"
@@ -26,7 +31,30 @@
 namespace specula::router {
 
 class GenerateStreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+  struct Shared;
+
  public:
+  // Starts the writes of calls that have new events, on a thread of its own: one for the
+  // process, made on first use and stopped at exit (a per-service one could be released last by
+  // a call's state on its own thread).
+  class WriteStarter {
+   public:
+    static WriteStarter& Get();
+    WriteStarter();
+    ~WriteStarter();  // after the calls already posted
+    WriteStarter(const WriteStarter&) = delete;
+    WriteStarter& operator=(const WriteStarter&) = delete;
+    void Post(std::weak_ptr<Shared> call);
+
+   private:
+    void Run();
+    std::mutex mu_;
+    std::condition_variable wake_;
+    std::vector<std::weak_ptr<Shared>> posted_;
+    bool stopping_ = false;
+    std::thread thread_;
+  };
+
   // Ends the call with `status` without streaming anything (a refused request).
   static GenerateStreamReactor* Refuse(const grpc::Status& status);
 
@@ -43,7 +71,6 @@ class GenerateStreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   void OnDone() override;
 
  private:
-  struct Shared;
   GenerateStreamReactor() = default;
 
   std::shared_ptr<Shared> shared_;

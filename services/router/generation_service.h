@@ -1,9 +1,10 @@
 // The Generation gRPC service (proto/specula/v1/generation.proto). GenerateStream runs on gRPC's
-// callback API (generate_stream_reactor.h): the engine loop's push of an event starts its write,
-// and no thread waits on a stream. Generate (unary) and GetServerInfo run on the synchronous API:
-// Generate's handler submits its request to the EngineLoop and blocks on the request's channel,
-// waking at least every kPollInterval to notice a client that cancelled or whose deadline passed
-// (the request is then cancelled in the engine, which frees its KV blocks).
+// callback API (generate_stream_reactor.h): the engine loop's push of an event has a write
+// starter thread start its write, and no thread waits on a stream. Generate (unary) and
+// GetServerInfo run on the synchronous API: Generate's handler submits its request to the
+// EngineLoop and blocks on the request's channel, waking at least every kPollInterval to notice a
+// client that cancelled or whose deadline passed (the request is then cancelled in the engine,
+// which frees its KV blocks).
 //
 // Generate and GenerateStream take their request as raw bytes and parse it here, so that a request
 // protobuf cannot parse (a proto3 string that is not UTF-8) gets INVALID_ARGUMENT naming the field
