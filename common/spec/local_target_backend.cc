@@ -25,10 +25,10 @@ LocalTargetBackend::~LocalTargetBackend() {
   engine_.reset();  // releases its sequences from the target before the target goes
 }
 
-void LocalTargetBackend::StartStep(const StepPlan& plan) {
+void LocalTargetBackend::StartStep(StepPlan plan) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    plan_ = plan;
+    plan_ = std::move(plan);
     outcome_.reset();
     thrown_ = nullptr;
   }

@@ -36,7 +36,7 @@ class LocalTargetBackend : public TargetBackend {
   // FinishReason::kError), then budgets, then one SpecEngine::Step. INVALID_ARGUMENT (nothing run)
   // if the plan admits an id the backend already holds or names the same id twice. An exception
   // from the step (LibTorch, allocation) leaves FinishStep, on whichever thread ran it.
-  void StartStep(const StepPlan& plan) override;
+  void StartStep(StepPlan plan) override;
   StatusOr<StepOutcome> FinishStep() override;
 
   // Cancels every request and runs steps until their KV blocks are freed (a router that went

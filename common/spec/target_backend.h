@@ -27,12 +27,12 @@ class TargetBackend {
   // A request the target refuses (e.g. a drafter it does not have) finishes in the report with
   // FinishReason::kError. A non-OK status means the step did not run: the target is unreachable
   // (UNAVAILABLE) or broken, and every request it held is lost.
-  virtual void StartStep(const StepPlan& plan) = 0;
+  virtual void StartStep(StepPlan plan) = 0;
   virtual StatusOr<StepOutcome> FinishStep() = 0;
 
   // StartStep, then FinishStep.
-  StatusOr<StepOutcome> Step(const StepPlan& plan) {
-    StartStep(plan);
+  StatusOr<StepOutcome> Step(StepPlan plan) {
+    StartStep(std::move(plan));
     return FinishStep();
   }
 };

@@ -389,7 +389,7 @@ void EngineLoop::ProcessStep() {
     if (capacity_.num_running() > 0 || !plan.empty()) {
       step_origin_ = done ? ready : planned;
       step_started_ = Clock::now();
-      model_.backend->StartStep(plan);
+      model_.backend->StartStep(std::move(plan));
       step_in_flight_ = true;
     }
   }

@@ -55,7 +55,7 @@ void RemoteTargetBackend::DropStream() {
   context_.reset();
 }
 
-void RemoteTargetBackend::StartStep(const StepPlan& plan) {
+void RemoteTargetBackend::StartStep(StepPlan plan) {
   if (!stream_) {
     context_ = std::make_unique<grpc::ClientContext>();
     stream_ = stub_->Run(context_.get());

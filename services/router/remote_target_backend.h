@@ -34,7 +34,7 @@ class RemoteTargetBackend : public TargetBackend {
   ~RemoteTargetBackend() override;
 
   TargetInfo info() const override { return info_; }
-  void StartStep(const StepPlan& plan) override;
+  void StartStep(StepPlan plan) override;
   StatusOr<StepOutcome> FinishStep() override;
 
  private:

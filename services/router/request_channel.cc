@@ -14,14 +14,15 @@ void RequestChannel::Push(LoopEvent event) {
 std::vector<LoopEvent> RequestChannel::Wait(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait_for(lock, timeout, [&] { return !events_.empty(); });
-  std::vector<LoopEvent> out(std::make_move_iterator(events_.begin()),
-                             std::make_move_iterator(events_.end()));
-  events_.clear();
-  return out;
+  return TakeLocked();
 }
 
 std::vector<LoopEvent> RequestChannel::TakeAll() {
   std::lock_guard<std::mutex> lock(mu_);
+  return TakeLocked();
+}
+
+std::vector<LoopEvent> RequestChannel::TakeLocked() {
   std::vector<LoopEvent> out(std::make_move_iterator(events_.begin()),
                              std::make_move_iterator(events_.end()));
   events_.clear();

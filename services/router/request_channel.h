@@ -55,6 +55,8 @@ class RequestChannel {
   bool cancel_requested() const { return cancelled_.load(std::memory_order_acquire); }
 
  private:
+  std::vector<LoopEvent> TakeLocked();  // mu_ held
+
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<LoopEvent> events_;

@@ -42,7 +42,7 @@ grpc::Status TargetService::Run(grpc::ServerContext* context,
       // An exception must still end the session below (CancelAll), or the router's KV blocks
       // would stay taken; escaping into gRPC it would skip that.
       try {
-        auto out = backend_->Step(*plan);
+        auto out = backend_->Step(std::move(*plan));
         if (out.ok() && metrics_) {
           metrics_->Step(*out, backend_->num_requests(), backend_->target().kv_stats().usage());
         }

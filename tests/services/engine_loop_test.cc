@@ -422,7 +422,7 @@ class ThrowingBackend : public TargetBackend {
  public:
   explicit ThrowingBackend(std::unique_ptr<TargetBackend> inner) : inner_(std::move(inner)) {}
   TargetInfo info() const override { return inner_->info(); }
-  void StartStep(const StepPlan& plan) override { inner_->StartStep(plan); }
+  void StartStep(StepPlan plan) override { inner_->StartStep(std::move(plan)); }
   StatusOr<StepOutcome> FinishStep() override {
     auto out = inner_->FinishStep();
     switch (throw_next.exchange(0)) {

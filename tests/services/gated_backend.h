@@ -18,8 +18,8 @@ class GatedBackend : public TargetBackend {
  public:
   explicit GatedBackend(std::unique_ptr<TargetBackend> inner) : inner_(std::move(inner)) {}
   TargetInfo info() const override { return inner_->info(); }
-  void StartStep(const StepPlan& plan) override {
-    inner_->StartStep(plan);
+  void StartStep(StepPlan plan) override {
+    inner_->StartStep(std::move(plan));
     started.fetch_add(1);
   }
   StatusOr<StepOutcome> FinishStep() override {
