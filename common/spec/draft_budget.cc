@@ -804,7 +804,21 @@ double DraftBudgetPolicy::Margin(const StepBase& base) const {
 
 double DraftBudgetPolicy::StepLimit(double no_draft_seconds) const {
   if (options_.max_step_increase < 0) return std::numeric_limits<double>::infinity();
-  return no_draft_seconds * (1 + options_.max_step_increase);
+  const double own = no_draft_seconds * (1 + options_.max_step_increase);
+  if (!options_.bound_by_gap_tail || !gap_tail_.ready()) return own;
+  // The streams' p99 gap stays within the bound while this step's own p99 run does (see
+  // step_gap_tail.h).
+  return std::max(own, (1 + options_.max_step_increase) * gap_tail_.plain_quantile() -
+                           gap_tail_.residual_quantile());
+}
+
+double DraftBudgetPolicy::ExplorationLimit(double no_draft_seconds) const {
+  if (options_.max_step_increase < 0 || !options_.bound_by_gap_tail || !gap_tail_.ready()) {
+    return std::numeric_limits<double>::infinity();
+  }
+  // Rare steps: up to the bound on the p99 gap itself, without room for their own overrun.
+  return std::max(StepLimit(no_draft_seconds),
+                  (1 + options_.max_step_increase) * gap_tail_.plain_quantile());
 }
 
 double BudgetDecision::predicted_speedup() const {
@@ -1493,6 +1507,16 @@ DraftBudgetPolicy::Audit* DraftBudgetPolicy::AuditOf(
 
 BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
                                        const std::vector<BudgetCandidate>& candidates) {
+  BudgetDecision decision = PlanStep(base, candidates);
+  planned_gap_ = {.planned = true,
+                  .predicted = decision.predicted_seconds,
+                  .no_draft = decision.no_draft_seconds,
+                  .gaps = base.decoding};
+  return decision;
+}
+
+BudgetDecision DraftBudgetPolicy::PlanStep(const StepBase& base,
+                                           const std::vector<BudgetCandidate>& candidates) {
   Audit* audit = AuditOf(candidates);
   audited_step_ = {
       .planned = true,
@@ -1644,13 +1668,23 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
       }
       started.assign(1, keep);
     }
-    // Not bound by max_step_increase: a cost model that overestimates drafts would otherwise
-    // never see one measured and never correct itself. The share bounds how often it happens.
-    // A step with prompt chunks is not explored past its bound (decode-only steps measure the
-    // same drafts without lengthening the longest gaps).
+    // Not bound by the step's own max_step_increase: a cost model that overestimates drafts
+    // would otherwise never see one measured and never correct itself. The share bounds how
+    // often it happens. But not past the streams' p99 gap either, once measured (ExplorationLimit):
+    // the probes of a drafter that does not pay were that p99 (three processes at batch 1: 0.85%
+    // of a SpecFormer run's steps, 1.7 ms against a p99 of 1.3 ms without them). A step with
+    // prompt chunks is not explored past its bound (decode-only steps measure the same drafts
+    // without lengthening the longest gaps).
     const double explored_seconds = Evaluate(base, candidates, expected, explore).first;
     const double extra = std::max(0.0, explored_seconds - optimum_seconds);
-    const bool within_bound = explored_seconds <= std::max(prefill_limit, optimum_seconds);
+    const double explore_limit = std::max(
+        std::min(prefill_limit, ExplorationLimit(decision.no_draft_seconds)), optimum_seconds);
+    const bool within_bound = explored_seconds <= explore_limit;
+    // The plan with only the trials under way, should the share have no room for the rest.
+    std::vector<int32_t> continued = optimum;
+    for (size_t i : trials) continued[i] = explore[i];
+    const double continued_seconds =
+        trials.empty() ? 0 : Evaluate(base, candidates, expected, continued).first;
     if ((young || explored_seconds_ + extra <= options_.exploration_share * measured_seconds_) &&
         within_bound) {
       explored_seconds_ += extra;
@@ -1675,18 +1709,16 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
         auto [it, added] = probe_backoff_.try_emplace(drafter, 1);
         it->second = std::min(2 * it->second, std::max(options_.max_probe_backoff, 1));
       }
-    } else if (!trials.empty()) {
+    } else if (!trials.empty() && continued_seconds <= explore_limit) {
       // A trial goes on past the share: its first step paid the catch-up (and used the share up),
       // and stopping now would leave its backlog to grow until the next one pays it again. Its
-      // steps are still charged, so the next exploration waits for them.
-      std::vector<int32_t> continued = optimum;
+      // steps are still charged, so the next exploration waits for them. Not past the latency
+      // bound on the p99 gap: a trial that no longer fits under it (the gaps got shorter) waits.
       explored = 0;
       for (size_t i : trials) {
-        continued[i] = explore[i];
         explored += explore[i];
         if (--trial_left_[candidates[i].id] <= 0) trial_left_.erase(candidates[i].id);
       }
-      const double continued_seconds = Evaluate(base, candidates, expected, continued).first;
       const double charged = std::max(0.0, continued_seconds - optimum_seconds);
       explored_seconds_ += charged;
       pending_exploration_ = {.optimum_seconds = optimum_seconds, .charged_seconds = charged};
@@ -1736,6 +1768,9 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   double drafters_seconds = 0;
   for (const DrafterCall& call : step.drafter_calls) drafters_seconds += call.seconds;
   const double wall = step.target_seconds + drafters_seconds + std::max(0.0, step.other_seconds);
+  if (std::exchange(planned_gap_.planned, false)) {
+    gap_tail_.Add(wall, planned_gap_.predicted, planned_gap_.no_draft, planned_gap_.gaps);
+  }
   AuditStep(step, wall);
   const bool explored = pending_exploration_.charged_seconds > 0;
   // The step cost fit's prediction for this step's shape, before it learns from it: what the

@@ -48,7 +48,8 @@
 // target's weights from the caches), and not in the step cost fit.
 //
 // Decision (Plan): start from no drafts. Then greedy marginal allocation (within the latency
-// bound, DraftBudgetOptions::max_step_increase, when one is set): repeatedly add the node
+// bound, DraftBudgetOptions::max_step_increase, when one is set: on the streams' p99 gap, from
+// the planned steps' measured tail, step_gap_tail.h): repeatedly add the node
 // (or, for a sequence not drafting yet, the best first bundle of nodes, which pays the
 // per-sequence drafter cost) with the most expected tokens per added second, while that beats the
 // batch's decoding rate R = Y/T by the margin (DraftBudgetOptions::node_margin), Y the expected
@@ -109,6 +110,7 @@
 #include <vector>
 
 #include "common/spec/drafting_audit.h"
+#include "common/spec/step_gap_tail.h"
 
 namespace specula {
 
@@ -482,9 +484,19 @@ struct DraftBudgetOptions {
   // The latency bound: drafts may make a step take at most (1 + max_step_increase) times its
   // predicted time without them. Streamed chunks are a step apart, so this bounds what drafting
   // adds to inter-token latency (p99 ITL) at the price of throughput where verification is not
-  // free. Exploration (within exploration_share) is exempt, so that the cost of the drafts the
-  // bound forbids is still measured. < 0: no bound (tokens per second alone decide).
+  // free. Exploration (within exploration_share) is exempt from the step's own bound, so that
+  // the cost of the drafts the bound forbids is still measured (but see bound_by_gap_tail).
+  // < 0: no bound (tokens per second alone decide).
   double max_step_increase = -1;
+  // With the bound: a step may also take as long as keeps the streams' p99 gap within
+  // (1 + max_step_increase) of what it is without drafts, measured (step_gap_tail.h): its plan
+  // plus the p99.9 of how much longer than planned steps run, at most (1 + max_step_increase) times
+  // the p99 gap without drafts. The bound is on the p99 gap, and where that gap is set by jitter
+  // or by prefill steps rather than by the decode step itself, drafts fit under it. Exploration
+  // is bound by it too, once the gaps are measured: at most (1 + max_step_increase) times the p99
+  // gap (rare steps: no room for their own overrun). false: the step's own time alone, and
+  // exploration exempt.
+  bool bound_by_gap_tail = true;
   // The prefill-step bound: a step that also prefills prompt chunks is already the longest gap
   // in its decoding sequences' streams (under load these steps set the p99 inter-token latency),
   // so drafts may make it take at most the longer of (1 + max_prefill_step_increase) times its
@@ -666,6 +678,8 @@ class DraftBudgetPolicy {
 
   BudgetDecision Plan(const StepBase& base, const std::vector<BudgetCandidate>& candidates);
   void Observe(const StepMeasurement& step);
+  // The gaps between streamed chunks that the latency bound reads (planned steps only).
+  const StepGapTail& gap_tail() const { return gap_tail_; }
   // The request ended: drop its acceptance and exploration state.
   void Forget(int64_t id);
   // Spare compute: tokens the forward of `base` could add before its predicted time grows by
@@ -743,6 +757,17 @@ class DraftBudgetPolicy {
   double Margin(const StepBase& base) const;
   // The most seconds a step may take with drafts (max_step_increase; infinity without a bound).
   double StepLimit(double no_draft_seconds) const;
+  // The most seconds an exploring step may take: (1 + max_step_increase) times the streams' p99
+  // gap once measured (or StepLimit, if longer); infinity without a bound on it.
+  double ExplorationLimit(double no_draft_seconds) const;
+  // Plan without recording the plan for gap_tail_.
+  BudgetDecision PlanStep(const StepBase& base, const std::vector<BudgetCandidate>& candidates);
+  StepGapTail gap_tail_;
+  struct PlannedGap {
+    bool planned = false;  // a plan preceded the step Observe reports next
+    double predicted = 0, no_draft = 0;
+    int32_t gaps = 0;  // its decoding sequences
+  } planned_gap_;
   // Greedy marginal allocation of the step's nodes within `step_limit` seconds (see the header);
   // expected[i]: candidate i's expected tokens and rows at every budget.
   std::vector<int32_t> Allocate(const StepBase& base,

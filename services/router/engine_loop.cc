@@ -516,6 +516,9 @@ void EngineLoop::PublishBudget(const StepOutcome& outcome, const BudgetDecision&
                                                                                        : -1;
   snapshot.spare_tokens = planner_->policy().SpareTokens(
       {.tokens = r.prefill_tokens + r.verify_tokens, .attention = r.attention});
+  const StepGapTail& gaps = planner_->policy().gap_tail();
+  snapshot.gap_p99_seconds = gaps.plain_quantile();
+  snapshot.overrun_p999_seconds = gaps.residual_quantile();
   for (const std::string& drafter : info_.drafters) {
     std::vector<double> p, supply;
     for (int32_t d = 1; d <= std::max(info_.default_max_draft_tokens, 1); ++d) {

@@ -276,6 +276,26 @@ struct RouterMetrics::Impl {
           .Labels(labels)
           .Register(*registry)
           .Add({});
+  Gauge& gap_p99 =
+      BuildGauge()
+          .Name("specula_draft_budget_gap_p99_seconds")
+          .Help(
+              "The p99 gap between streamed chunks without drafts, over the last 1,024 planned "
+              "steps (each step's wall less what its drafts were predicted to add, weighted by "
+              "the sequences that waited for it); 0 until measured.")
+          .Labels(labels)
+          .Register(*registry)
+          .Add({});
+  Gauge& overrun_p999 =
+      BuildGauge()
+          .Name("specula_draft_budget_overrun_p999_seconds")
+          .Help(
+              "The p99.9 of how much longer than planned the last 1,024 planned steps ran; 0 "
+              "until measured. --max-draft-slowdown X lets a step take up to (1 + X) times the "
+              "p99 gap less this.")
+          .Labels(labels)
+          .Register(*registry)
+          .Add({});
   Gauge& row_price =
       BuildGauge()
           .Name("specula_draft_budget_row_price")
@@ -451,6 +471,8 @@ void RouterMetrics::DraftBudget(const BudgetSnapshot& s) {
   impl_->realized_speedup.Set(s.realized_speedup);
   impl_->drafting_verdict.Set(static_cast<double>(s.drafting_verdict));
   impl_->spare_tokens.Set(s.spare_tokens);
+  impl_->gap_p99.Set(s.gap_p99_seconds);
+  impl_->overrun_p999.Set(s.overrun_p999_seconds);
   impl_->row_price.Set(s.row_price);
   impl_->kappa.Set(s.kappa);
   impl_->theta.Set(s.theta);

@@ -29,10 +29,14 @@ struct BudgetSnapshot {
   double realized_speedup = 1;
   int32_t drafting_verdict = -1;
   double spare_tokens = 0;  // tokens the forward could add within 5% of its time
-  double row_price = 0;     // BudgetDecision::min_reach: the reach a node needs to pay
-  double kappa = 0;         // a * depth / k over recent drafting steps (SpecFormer)
-  double theta = 0;         // kappa / speedup (lower is better)
-  double draft_share = 0;   // drafters' share of recent step time
+  // The streams' p99 gap without drafts and the steps' p99.9 overrun of their plans, over the last
+  // planned steps (StepGapTail; 0 until measured): what --max-draft-slowdown bounds against.
+  double gap_p99_seconds = 0;
+  double overrun_p999_seconds = 0;
+  double row_price = 0;    // BudgetDecision::min_reach: the reach a node needs to pay
+  double kappa = 0;        // a * depth / k over recent drafting steps (SpecFormer)
+  double theta = 0;        // kappa / speedup (lower is better)
+  double draft_share = 0;  // drafters' share of recent step time
   // Per drafter: p[d] = P(depth d + 1 accepted | depth d accepted), d = 0..
   std::vector<std::pair<std::string, std::vector<double>>> acceptance;
   // Per drafter, P(node j + 1 comes back | node j did): budgets that came back short or empty.

@@ -337,6 +337,26 @@ TEST(SpeculaServeFlagsTest, HelpIsGroupedByRole) {
   EXPECT_STREQ(section_of("proposal-top-k"), "drafter");
 }
 
+// Served, the draft budget keeps the streams' p99 inter-token gap within 5% of no speculation's
+// by default; `generate` and `bench`, whose output nobody waits on chunk by chunk, have no bound.
+TEST(SpeculaServeFlagsTest, ServedDraftsAreLatencyBoundByDefault) {
+  TempDir dir;
+  auto default_of = [&](const std::string& command) {
+    const std::string out = dir.File(command + ".txt");
+    const std::string cmd =
+        std::string(SPECULA_BINARY_DIR) + "/bin/specula " + command + " --help > " + out;
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << command;
+    const std::string help = ReadFileToString(out).value();
+    const size_t flag = help.find("\n  --max-draft-slowdown ");
+    if (flag == std::string::npos) return std::string("missing");
+    const size_t at = help.find("(default: ", flag);
+    return help.substr(at + 10, help.find(')', at) - at - 10);
+  };
+  EXPECT_EQ(default_of("serve"), "0.05");
+  EXPECT_EQ(default_of("generate"), "-1");
+  EXPECT_EQ(default_of("bench"), "-1");
+}
+
 TEST(SpeculaServeFlagsTest, ClearErrors) {
   const TestModelDirs& dirs = TinyServedModelDirs();
   RunResult r = RunServe("--role router --model " + dirs.target);

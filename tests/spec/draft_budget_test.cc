@@ -1704,6 +1704,167 @@ TEST(DraftBudgetPolicyTest, LatencyBoundCapsTheStepTime) {
   }
 }
 
+// Two sequences decoding in a closed loop on a target whose every verified token costs 8% of the
+// step (5 ms + 0.5 ms per token), n-gram chains accepted with p = 0.85 per depth, every plan's
+// drafts measured and observed. Every `every`-th step is `extra` longer (the scheduler, the
+// machine's other load), or, with `chunk` tokens, prefills a prompt chunk beside `chunk_decodes`
+// decoding sequences (0: a prompt's own step at batch 1, which no stream waits for). Returns the
+// mean draft nodes per decode-only plan over the last half; each plan is checked against the
+// latency bound.
+struct BoundedRun {
+  double nodes = 0;    // mean draft nodes per decode-only plan, last half
+  int explored = 0;    // plans that explored, last half
+  double p99_gap = 0;  // of every step's wall in the last half, weighted by its decoding sequences
+};
+BoundedRun BoundedSteps(DraftBudgetOptions options, int every, double extra, int64_t chunk = 0,
+                        int32_t chunk_decodes = 0) {
+  const Curve curve{.base = 5e-3, .knee = 0, .per_token = 5e-4};
+  DraftBudgetPolicy policy(options);
+  std::mt19937 rng(21);
+  Train(policy, curve, 400, rng, 0.01);
+  for (int64_t id = 1; id <= 2; ++id) TrainAcceptance(policy, "ngram", id, 0.85, 60, rng);
+  TrainDrafter(policy, "ngram", 2e-5, 1e-6);
+  std::bernoulli_distribution accept(0.85);
+  const double x = options.max_step_increase;
+  const int kSteps = 1600;
+  BoundedRun run;
+  double nodes = 0;
+  int counted = 0;
+  std::vector<std::pair<double, int32_t>> gaps;  // wall, sequences waiting
+  for (int step = 0; step < kSteps; ++step) {
+    const bool odd = step % every == every - 1;
+    if (odd && chunk > 0) {  // a step that prefills
+      const StepBase base = WithChunk(Decoding(chunk_decodes, 50), chunk);
+      const BudgetDecision d = policy.Plan(base, Candidates(chunk_decodes, "ngram", 12, 50));
+      int64_t rows = 0;
+      for (int32_t b : d.budgets) rows += b;
+      StepShape shape = base.shape;
+      shape.tokens += rows;
+      policy.Observe({.shape = shape, .target_seconds = curve(shape)});
+      if (step >= kSteps / 2) gaps.emplace_back(curve(shape), chunk_decodes);
+      continue;
+    }
+    const StepBase base = Decoding(2, 50);
+    const BudgetDecision d = policy.Plan(base, Candidates(2, "ngram", 12, 50));
+    if (d.explored_nodes > 0) {
+      if (step >= kSteps / 2) ++run.explored;
+      if (x >= 0 && options.bound_by_gap_tail && policy.gap_tail().ready()) {
+        EXPECT_LE(
+            d.predicted_seconds,
+            (1 + x) * std::max(d.no_draft_seconds, policy.gap_tail().plain_quantile()) * (1 + 1e-9))
+            << "an exploration past the p99 gap, step " << step;
+      }
+    } else if (x >= 0) {
+      double limit = (1 + x) * d.no_draft_seconds;
+      if (options.bound_by_gap_tail && policy.gap_tail().ready()) {
+        limit = std::max(limit, (1 + x) * policy.gap_tail().plain_quantile() -
+                                    policy.gap_tail().residual_quantile());
+      }
+      EXPECT_LE(d.predicted_seconds, limit * (1 + 1e-9)) << "step " << step;
+    }
+    StepMeasurement m;
+    int64_t rows = 0;
+    for (size_t i = 0; i < d.budgets.size(); ++i) {
+      const int32_t n = d.budgets[i];
+      if (n == 0) continue;
+      int32_t a = 0;
+      while (a < n && accept(rng)) ++a;
+      rows += n;
+      m.sequences.push_back({.id = static_cast<int64_t>(i) + 1,
+                             .drafter = "ngram",
+                             .nodes = n,
+                             .depth = n,
+                             .accepted = a,
+                             .asked = n});
+    }
+    if (rows > 0) {
+      m.drafter_calls.push_back({.drafter = "ngram",
+                                 .sequences = static_cast<int32_t>(m.sequences.size()),
+                                 .nodes = rows,
+                                 .max_depth = 12,
+                                 .seconds = 2e-5 + 1e-6 * static_cast<double>(rows)});
+    }
+    m.shape = base.shape;
+    m.shape.tokens += rows;
+    m.target_seconds = curve(m.shape) + (odd ? extra : 0.0);
+    policy.Observe(m);
+    if (step >= kSteps / 2) {
+      nodes += static_cast<double>(rows);
+      ++counted;
+      gaps.emplace_back(m.target_seconds, 2);
+    }
+  }
+  std::sort(gaps.begin(), gaps.end());
+  int64_t total = 0, below = 0;
+  for (const auto& g : gaps) total += g.second;
+  run.nodes = nodes / counted;
+  for (const auto& [wall, n] : gaps) {
+    below += n;
+    run.p99_gap = wall;
+    if (static_cast<double>(below) >= 0.99 * static_cast<double>(total)) break;
+  }
+  return run;
+}
+
+// The latency bound is on the streams' p99 gap: where that gap is the machine's jitter (one step
+// in 25 delayed 20 ms: p99 26 ms against 6 ms steps), a drafted step may grow by 5% of the p99
+// gap, not only by 5% of itself (0.3 ms: less than one verified token). Drafts a step too long
+// for that still wait.
+TEST(DraftBudgetPolicyTest, LatencyBoundLetsStepsGrowWithinTheJitterOfTheGaps) {
+  DraftBudgetOptions bounded = NoExploration();
+  bounded.max_step_increase = 0.05;
+  DraftBudgetOptions own_step = bounded;
+  own_step.bound_by_gap_tail = false;
+  const BoundedRun unbounded = BoundedSteps(NoExploration(), 25, 20e-3);
+  const BoundedRun steady = BoundedSteps(bounded, 25, 0);
+  const BoundedRun jitter = BoundedSteps(bounded, 25, 20e-3);
+  const BoundedRun jitter_own_step = BoundedSteps(own_step, 25, 20e-3);
+  EXPECT_LT(steady.nodes, 0.05) << "without jitter the bound is the step's own 5%";
+  EXPECT_LT(jitter_own_step.nodes, 0.05);
+  // 1.05 x 26 - 20 = 7.3 ms: up to 1.3 ms of drafts, two nodes; unbounded the chains grow longer.
+  EXPECT_GE(jitter.nodes, 1.0);
+  EXPECT_LE(jitter.nodes, 2.5);
+  EXPECT_GT(unbounded.nodes, jitter.nodes + 2);
+  // And the streams' p99 gap stays within 5% of what it is without drafts (26 ms), where the
+  // unbounded drafts lengthen it.
+  EXPECT_NEAR(jitter_own_step.p99_gap, 26e-3, 0.5e-3);
+  EXPECT_LE(jitter.p99_gap, 1.05 * 26e-3);
+  EXPECT_GT(unbounded.p99_gap, 1.1 * 26e-3);
+}
+
+// Under the bound, exploration (probes, trials, the extra node) may make a step as long as the
+// streams' p99 gap, not longer: the probes of a drafter that does not pay were what set that p99.
+// Without the bound it explores as before.
+TEST(DraftBudgetPolicyTest, LatencyBoundKeepsExplorationWithinTheP99Gap) {
+  DraftBudgetOptions explores = Unaudited({.probe_after = 4, .explore_every = 8});
+  explores.remeasure_below_speedup = 0;
+  DraftBudgetOptions bounded = explores;
+  bounded.max_step_increase = 0.05;
+  DraftBudgetOptions own_step = bounded;
+  own_step.bound_by_gap_tail = false;
+  // Steady 6 ms steps, where a probe's two nodes add 1 ms: past the p99 gap.
+  EXPECT_GT(BoundedSteps(explores, 25, 0).explored, 0);
+  EXPECT_GT(BoundedSteps(own_step, 25, 0).explored, 0);
+  const BoundedRun steady = BoundedSteps(bounded, 25, 0);
+  EXPECT_EQ(steady.explored, 0);
+  EXPECT_LE(steady.p99_gap, 1.05 * 6e-3);
+  // With one step in 25 delayed 20 ms, they fit under it and go on (checked in BoundedSteps).
+  EXPECT_GT(BoundedSteps(bounded, 25, 20e-3).explored, 0);
+}
+
+// Steps that prefill prompt chunks count as gaps for the sequences decoding beside them (under
+// load they are the streams' p99 gap, and decode steps with drafts may take about as long), not
+// where nothing decodes beside them (at batch 1 a prompt's step is its time to first token).
+TEST(DraftBudgetPolicyTest, LatencyBoundCountsPrefillStepsAsGapsOfTheSequencesBesideThem) {
+  DraftBudgetOptions bounded = NoExploration();
+  bounded.max_step_increase = 0.05;
+  // One step in 10 prefills 16 tokens: 14 ms against 6 ms decode steps.
+  EXPECT_LT(BoundedSteps(bounded, 10, 0, /*chunk=*/16, /*chunk_decodes=*/0).nodes, 0.05);
+  const BoundedRun beside = BoundedSteps(bounded, 10, 0, /*chunk=*/16, /*chunk_decodes=*/2);
+  EXPECT_GE(beside.nodes, 3);
+  EXPECT_LE(beside.p99_gap, 1.05 * 14e-3);
+}
+
 // A step that also prefills a prompt chunk is the longest gap its decoding sequences see: drafts
 // may make it at most 5% longer (the p99 inter-token latency of no speculation), unless the
 // decodes alone would take that long with their drafts (a short chunk drafts as usual).

@@ -514,6 +514,10 @@ int RunServe(const std::vector<std::string>& args) {
   if (Status s = flags.SetDefault("drafter-model", "models/pyllama-draft-1m"); !s.ok()) {
     return ReportError(kCommand, s);
   }
+  // Served, the streams' p99 inter-token gap is bounded by default (spec_flags.h).
+  if (Status s = flags.SetDefault("max-draft-slowdown", StrCat(kServeMaxDraftSlowdown)); !s.ok()) {
+    return ReportError(kCommand, s);
+  }
   // Same flag and target as SpecFlags', with serve's meaning in --help (FlagSet keeps the last).
   flags.AddString("drafter", &f.spec.drafter,
                   StrCat("comma-separated drafters to load (requests pick one, or none): ",

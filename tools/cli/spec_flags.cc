@@ -50,9 +50,10 @@ void SpecFlags::Register(FlagSet& flags, bool many_drafters) {
   }
   flags.AddInt("draft-cap", &draft_cap, "adaptive: most draft nodes per step for one request");
   flags.AddDouble("max-draft-slowdown", &max_draft_slowdown,
-                  "adaptive: drafts may make a step at most this fraction slower than without "
-                  "them (bounds the inter-token latency they add; negative = no bound, tokens "
-                  "per second alone decide)");
+                  "adaptive: drafts may make the p99 gap between streamed chunks at most this "
+                  "fraction longer than without them: a step may grow by this fraction of itself "
+                  "or of the measured p99 gap, less the steps' own p99.9 jitter (negative = no "
+                  "bound, tokens per second alone decide)");
   flags.AddDouble("max-prefill-step-slowdown", &max_prefill_step_slowdown,
                   "adaptive: a step that also prefills prompt chunks (the longest gap in the "
                   "other streams: p99 inter-token latency under load) may be made at most this "

@@ -16,8 +16,14 @@ namespace specula::cli {
 
 // Most draft nodes per step an adaptive budget gives one request, unless the request sets its own.
 inline constexpr int64_t kDefaultDraftCap = 16;
-// --max-draft-slowdown: no latency bound unless asked for (see docs/BENCHMARKS.md, issue 14).
+// --max-draft-slowdown: `bench` and `generate` have no latency bound unless asked for (their
+// output is not streamed to a client waiting on each chunk: tokens per second decide).
 inline constexpr double kDefaultMaxDraftSlowdown = -1;
+// `serve` keeps what drafting adds to the streams' p99 inter-token gap within 5%: never worse than
+// no speculation in tokens/s, TPOT or p99 ITL, at the price of drafts that would add tokens per
+// second only by lengthening the gaps (batch 1 on a CPU, where a verified token costs 5-20% of a
+// step; docs/BENCHMARKS.md, fortieth session). -1 for tokens per second alone.
+inline constexpr double kServeMaxDraftSlowdown = 0.05;
 // --max-prefill-step-slowdown: steps that prefill prompt chunks (the p99 inter-token gaps under
 // load) are not made longer by drafts beyond this (DraftBudgetOptions::max_prefill_step_increase).
 inline constexpr double kDefaultMaxPrefillStepSlowdown =
