@@ -147,6 +147,14 @@ PANELS = [
         ("Spare compute", "Tokens the step's forward could add within 5% of its time: room for "
          "more draft nodes at almost no cost.", "short", "timeseries",
          [(f"avg by (instance) (specula_draft_budget_spare_tokens{{{JOB}}})", "{{instance}}")]),
+        ("Gap tail (latency bound)", "The streams' p99 gap between chunks without drafts and "
+         "the steps' p99.9 overrun of their plans, over the last 1,024 planned steps: with "
+         "--max-draft-slowdown X (0.05 by default when serving) a drafted step may take (1 + X) "
+         "x the p99 gap less the overrun, or (1 + X) x its own time.", "s", "timeseries",
+         [(f"avg by (instance) (specula_draft_budget_gap_p99_seconds{{{JOB}}})",
+           "{{instance}} p99 gap"),
+          (f"avg by (instance) (specula_draft_budget_overrun_p999_seconds{{{JOB}}})",
+           "{{instance}} p99.9 overrun")]),
         ("Row price", "The chance of acceptance a draft node needs to be worth its forward row "
          "(one more row's predicted seconds x the step's tokens/s): the n-gram drafter leaves out "
          "the nodes of weak matches below it (--prune-drafts).", "percentunit", "timeseries",
