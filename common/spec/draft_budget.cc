@@ -1679,14 +1679,18 @@ BudgetDecision DraftBudgetPolicy::PlanStep(const StepBase& base,
     const double extra = std::max(0.0, explored_seconds - optimum_seconds);
     const double explore_limit = std::max(
         std::min(prefill_limit, ExplorationLimit(decision.no_draft_seconds)), optimum_seconds);
-    const bool within_bound = explored_seconds <= explore_limit;
-    // The plan with only the trials under way, should the share have no room for the rest.
-    std::vector<int32_t> continued = optimum;
-    for (size_t i : trials) continued[i] = explore[i];
-    const double continued_seconds =
-        trials.empty() ? 0 : Evaluate(base, candidates, expected, continued).first;
-    if ((young || explored_seconds_ + extra <= options_.exploration_share * measured_seconds_) &&
-        within_bound) {
+    const bool explores =
+        (young || explored_seconds_ + extra <= options_.exploration_share * measured_seconds_) &&
+        explored_seconds <= explore_limit;
+    // Otherwise, the plan with only the trials under way.
+    std::vector<int32_t> continued;
+    double continued_seconds = 0;
+    if (!explores && !trials.empty()) {
+      continued = optimum;
+      for (size_t i : trials) continued[i] = explore[i];
+      continued_seconds = Evaluate(base, candidates, expected, continued).first;
+    }
+    if (explores) {
       explored_seconds_ += extra;
       // Observe charges what the step measures beyond the optimum's prediction, if more.
       pending_exploration_ = {.optimum_seconds = optimum_seconds, .charged_seconds = extra};
@@ -1725,7 +1729,7 @@ BudgetDecision DraftBudgetPolicy::PlanStep(const StepBase& base,
       decision.budgets = continued;
     } else {
       explored = 0;  // waits (the idle counts keep growing) until the share and bound allow it
-      if (within_bound && !young) waiting_extra = extra;
+      if (explored_seconds <= explore_limit && !young) waiting_extra = extra;
     }
   }
   decision.explored_nodes = explored;

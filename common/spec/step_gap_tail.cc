@@ -18,8 +18,6 @@ void StepGapTail::Add(double wall, double predicted, double no_draft_predicted, 
     samples_[next_] = sample;
   }
   next_ = (next_ + 1) % kWindow;
-  filled_ = static_cast<int32_t>(samples_.size());
-  ++added_;
   ++stale_;
 }
 

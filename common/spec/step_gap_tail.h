@@ -43,7 +43,7 @@ class StepGapTail {
   // A planned step: its measured wall, what the plan predicted for it and for the same step
   // without drafts, and the sequences that waited for it (its gaps; 0: it counts for nothing).
   void Add(double wall, double predicted, double no_draft_predicted, int32_t gaps);
-  bool ready() const { return filled_ >= kReadyAfter; }
+  bool ready() const { return samples_.size() >= static_cast<size_t>(kReadyAfter); }
   // Both 0 until ready().
   double plain_quantile() const {
     Refresh();
@@ -53,7 +53,6 @@ class StepGapTail {
     Refresh();
     return residual_q_;
   }
-  int64_t steps() const { return added_; }
 
  private:
   struct Sample {
@@ -67,8 +66,6 @@ class StepGapTail {
 
   std::vector<Sample> samples_;  // a ring of up to kWindow
   size_t next_ = 0;
-  int32_t filled_ = 0;
-  int64_t added_ = 0;
   mutable int32_t stale_ = 0;  // samples since the quantiles were computed
   mutable bool computed_ = false;
   mutable double plain_q_ = 0, residual_q_ = 0;
