@@ -188,6 +188,21 @@ std::pair<int64_t, int64_t> RandomLengthBounds(int64_t len, double range_ratio, 
   return {low, high};
 }
 
+Status SpreadOutputLengths(std::vector<SampleRequest>& requests, int64_t output_len,
+                           double range_ratio, uint64_t seed) {
+  if (!(range_ratio >= 0 && range_ratio < 1)) {
+    return InvalidArgumentError(
+        StrCat("--random-range-ratio must be in [0, 1), got ", range_ratio));
+  }
+  const auto [low, high] = RandomLengthBounds(output_len, range_ratio, 1);
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> len(low, high);
+  for (SampleRequest& r : requests) {
+    if (r.output_len == 0) r.output_len = len(rng);
+  }
+  return OkStatus();
+}
+
 StatusOr<std::vector<SampleRequest>> RandomDataset(const Tokenizer& tokenizer,
                                                    const RandomDatasetOptions& o) {
   if (!(o.range_ratio >= 0 && o.range_ratio < 1)) {

@@ -67,6 +67,15 @@ struct RandomDatasetOptions {
 StatusOr<std::vector<SampleRequest>> RandomDataset(const Tokenizer& tokenizer,
                                                    const RandomDatasetOptions& options);
 
+// Gives each request without an output length of its own one drawn uniformly from
+// RandomLengthBounds(output_len, range_ratio, 1), seeded: the held-out prompts with
+// --random-range-ratio, so that a run's requests do not all end on the same step (with one output
+// length, requests admitted together finish together and their successors' prompts run in steps
+// no stream waits on, unless speculation staggers them). INVALID_ARGUMENT naming
+// --random-range-ratio unless it is in [0, 1).
+Status SpreadOutputLengths(std::vector<SampleRequest>& requests, int64_t output_len,
+                           double range_ratio, uint64_t seed);
+
 // Length bounds [low, high] of the random dataset for `len` and `range_ratio`.
 std::pair<int64_t, int64_t> RandomLengthBounds(int64_t len, double range_ratio, int64_t at_least);
 

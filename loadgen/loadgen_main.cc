@@ -319,6 +319,10 @@ StatusOr<std::vector<SampleRequest>> LoadDataset(const Flags& f, const Tokenizer
     ASSIGN_OR_RETURN(auto prompts, cli::HeldOutPrompts(tokenizer, dir, count, f.prompt_tokens));
     std::vector<SampleRequest> out;
     for (auto& p : prompts) out.push_back({std::move(p), 0});
+    if (f.random_range_ratio > 0) {
+      RETURN_IF_ERROR(SpreadOutputLengths(out, f.max_new_tokens, f.random_range_ratio,
+                                          static_cast<uint64_t>(f.seed)));
+    }
     return out;
   }
   return InvalidArgumentError(
@@ -821,7 +825,8 @@ int main(int argc, char** argv) {
   flags.AddInt("random-output-len", &f.random_output_len,
                "random dataset: output tokens (0 = --max-new-tokens)");
   flags.AddDouble("random-range-ratio", &f.random_range_ratio,
-                  "random dataset: lengths uniform in [len * (1 - r), len * (1 + r)], r in [0, 1)");
+                  "random dataset: lengths uniform in [len * (1 - r), len * (1 + r)], r in [0, 1); "
+                  "heldout: each request's output length so, around --max-new-tokens");
   flags.AddIntList("concurrency", &f.concurrency,
                    "concurrent requests at most (vLLM's --max-concurrency), one run each");
   flags.AddIntList("max-concurrency", &f.concurrency, "same as --concurrency");

@@ -8,7 +8,11 @@
 #   scripts/bench_adaptive_serving.sh [OUT]     (default docs/bench-adaptive-serving-pyllama-6m-cpu)
 # Environment: CONCURRENCY (1,4,16,64),
 # DRAFTERS (none,ngram,draft-model,specformer,parallelspec,beagle),
-# MAX_NEW_TOKENS (48), REPEATS (3), FIXED_LEN (4), REQUEST_RATE (0 = all at once), SPLIT (0),
+# MAX_NEW_TOKENS (48), REPEATS (3), FIXED_LEN (4; 0 = the adaptive stack alone, at `specula
+# serve`'s defaults, so that no second stack shares the machine; with AA=1 loadgen also measures
+# it as a second target "control", an A/A run whose ratios show the machine's spread),
+# REQUEST_RATE (0 = all at once), RANGE_RATIO (0: every request MAX_NEW_TOKENS long; R: output
+# lengths uniform in MAX_NEW_TOKENS x [1 - R, 1 + R], loadgen's --random-range-ratio), SPLIT (0),
 # NUM_PROMPTS (requests per run; 0 = 2 x concurrency, at least 8), NUM_WARMUPS (0),
 # PERCENTILE_METRICS (ttft,tpot,itl,token_itl: p99 of ITL per streamed chunk and per token).
 # OLD_BIN=DIR compares builds instead of budgets: targets "old" (DIR/specula) and "new"
@@ -62,6 +66,11 @@ if [ -n "${OLD_BIN:-}" ]; then
   echo "$OLD_NAME ($OLD_BIN) on :$OLD_PORT, $NEW_NAME (build/bin ${NEW_EXTRA[*]}) on :$NEW_PORT," \
     "${BUDGET_FLAGS[*]} (split=${SPLIT:-0})"
   TARGETS="$OLD_NAME=127.0.0.1:$OLD_PORT,$NEW_NAME=127.0.0.1:$NEW_PORT"
+elif [ "${FIXED_LEN:-4}" = 0 ]; then
+  ADAPTIVE_PORT="$(start adaptive --draft-budget adaptive)"
+  echo "adaptive on :$ADAPTIVE_PORT, alone (split=${SPLIT:-0})"
+  TARGETS="adaptive=127.0.0.1:$ADAPTIVE_PORT"
+  [ "${AA:-0}" = 1 ] && TARGETS="$TARGETS,control=127.0.0.1:$ADAPTIVE_PORT"
 else
   ADAPTIVE_PORT="$(start adaptive --draft-budget adaptive)"
   FIXED_PORT="$(start fixed --draft-budget fixed --draft-len "${FIXED_LEN:-4}")"
@@ -73,7 +82,8 @@ fi
   --targets "$TARGETS" \
   --drafters "${DRAFTERS:-none,ngram,draft-model,specformer,parallelspec,beagle}" \
   --concurrency "${CONCURRENCY:-1,4,16,64}" --max-new-tokens "${MAX_NEW_TOKENS:-48}" \
-  --request-rate "${REQUEST_RATE:-0}" --num-prompts "${NUM_PROMPTS:-0}" \
+  --request-rate "${REQUEST_RATE:-0}" --random-range-ratio "${RANGE_RATIO:-0}" \
+  --num-prompts "${NUM_PROMPTS:-0}" \
   --num-warmups "${NUM_WARMUPS:-0}" --ignore-eos --repeats "${REPEATS:-3}" \
   --percentile-metrics "${PERCENTILE_METRICS:-ttft,tpot,itl,token_itl}" --json "$OUT.json"
 

@@ -6,7 +6,9 @@
 # and throughput over time).
 #
 #   scripts/bench_load_change.sh [OUT]      (default docs/load-change-adaptive)
-# Environment: DRAFTER (ngram), PHASE_REQUESTS (24 at c=1, 8x that at c=64), MAX_NEW_TOKENS (48),
+# Environment: DRAFTER (ngram), PHASE_REQUESTS (24 at c=1, 8x that at c=64), PHASES (the load as
+# CONCURRENCY:REQUESTS pairs, e.g. "1:300,4:600,64:2400,1:300"; default "1:N,64:8N,1:N" with N =
+# PHASE_REQUESTS), MAX_NEW_TOKENS (48),
 # BIN (build/bin: the specula binary's folder, e.g. an older build's), SERVE_FLAGS (more flags for
 # `specula serve`, e.g. --step-trace FILE).
 set -euo pipefail
@@ -63,16 +65,18 @@ phase() {
     --max-new-tokens "${MAX_NEW_TOKENS:-48}" --repeats 1 --json "$LOGS/phase-$3.json" >/dev/null
   date +%s.%N >>"$LOGS/phases"
 }
+IFS=, read -r -a LOAD <<<"${PHASES:-1:$N,64:$((N * 8)),1:$N}"
 date +%s.%N >"$LOGS/phases"
 sleep 2
-phase 1 "$N" 1
-phase 64 "$((N * 8))" 2
-phase 1 "$N" 3
+for i in "${!LOAD[@]}"; do
+  phase "${LOAD[$i]%%:*}" "${LOAD[$i]##*:}" "$i"
+done
 sleep 2
 kill "$(cat "$LOGS/sampler.pid")" 2>/dev/null || true
 sleep 0.5
 
-/usr/bin/python3 - "$LOGS/series.json" "$LOGS/phases" "$OUT" "$DRAFTER" <<'PY'
+/usr/bin/python3 - "$LOGS/series.json" "$LOGS/phases" "$OUT" "$DRAFTER" "${LOAD[*]}" \
+  "${SERVE_FLAGS:-}" "$LOGS" <<'PY'
 import json, sys
 import matplotlib
 matplotlib.use("Agg")
@@ -80,6 +84,18 @@ import matplotlib.pyplot as plt
 samples = json.load(open(sys.argv[1]))
 phases = [float(x) for x in open(sys.argv[2]).read().split()]
 out, drafter = sys.argv[3], sys.argv[4]
+load = [int(p.split(":")[0]) for p in sys.argv[5].split()]
+flags = sys.argv[6]
+# Each phase as its loadgen run measured it.
+phase_results = []
+for i, c in enumerate(load):
+    r = json.load(open(f"{sys.argv[7]}/phase-{i}.json"))["results"][0]
+    phase_results.append({k: r.get(k) for k in (
+        "concurrency", "completed", "duration", "output_throughput", "mean_tpot_ms", "p99_itl_ms",
+        "mean_accepted_len")})
+    print("phase %d, concurrency %d: %.0f tokens/s, TPOT %.2f ms, p99 ITL %.2f ms, accepted %.2f"
+          % (i, c, r["output_throughput"], r["mean_tpot_ms"], r.get("p99_itl_ms", 0),
+             r["mean_accepted_len"]))
 t0 = samples[0]["t"]
 series = []
 for a, b in zip(samples, samples[1:]):
@@ -91,7 +107,8 @@ for a, b in zip(samples, samples[1:]):
                    "predicted_speedup": b["speedup"], "spare_tokens": b["spare"],
                    "running": b["running"]})
 json.dump({"drafter": drafter, "phase_ends": [p - t0 for p in phases[1:]],
-           "phases": ["concurrency 1", "concurrency 64", "concurrency 1"], "series": series},
+           "phases": [f"concurrency {c}" for c in load], "serve_flags": flags,
+           "phase_results": phase_results, "series": series},
           open(out + ".json", "w"), indent=1)
 fig, ax = plt.subplots(3, 1, figsize=(9, 7), sharex=True)
 t = [s["t"] for s in series]
@@ -106,7 +123,8 @@ ax[2].set_xlabel("seconds")
 for a in ax:
     for p in phases[1:-1]:
         a.axvline(p - t0, color="gray", linestyle=":")
-fig.suptitle(f"Adaptive draft budget ({drafter}), load 1 -> 64 -> 1 concurrent requests")
+fig.suptitle(f"Adaptive draft budget ({drafter}{', ' + flags if flags else ''}), load "
+             + " -> ".join(map(str, load)) + " concurrent requests")
 fig.tight_layout()
 fig.savefig(out + ".png", dpi=90)
 print(f"wrote {out}.json and {out}.png")

@@ -8,7 +8,19 @@ step. Ratios are medians of the per-repeat ratios (the loadgen alternates target
 repeat by repeat, so each repeat's ratio cancels the machine's drift). TPOT and ITL ratios below 1
 are better.
 
-  scripts/loadgen_vs_none.py RUN.json [--targets bound,unbounded]
+With --best, each ratio is instead of the best repeats: the highest tokens/s over `none`'s
+highest, the lowest TPOT and p99s over `none`'s lowest (on a machine whose speed jumps between
+runs, each setting's least disturbed run; needs several repeats), and the cell's tokens/s shows
+the paired min in parentheses as before.
+
+With --control NAME (a second target on the same server: `AA=1 FIXED_LEN=0
+scripts/bench_adaptive_serving.sh`), a last column "A/A" holds NAME over the first target for the
+same drafter, `none` included, paired by repeat: tokens/s median (min) / TPOT / p99 ITL per chunk /
+per token. Both measured one server, so these ratios are the run's spread, not speculation's; and a
+column "both" before it pools the two targets' repeats (each drafter over its own target's `none`,
+paired by repeat: twice the pairs for each median).
+
+  scripts/loadgen_vs_none.py RUN.json [--targets bound,unbounded] [--control control]
 """
 import argparse
 import json
@@ -20,6 +32,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", help="specula-loadgen --json output")
     p.add_argument("--targets", help="comma-separated targets, in column order (default: all)")
+    p.add_argument("--best", action="store_true", help="ratios of each setting's best repeats")
+    p.add_argument("--control", help="a target on the same server as the first: adds an A/A column")
     args = p.parse_args()
     with open(args.results) as f:
         results = json.load(f)["results"]
@@ -31,9 +45,48 @@ def main() -> int:
     def paired(r, none, key):
         return [x / y for x, y in zip(r[key], none[key])]
 
-    print("| concurrency | drafter | " + " | ".join(targets) + " |")
-    print("|---|---|" + "---|" * len(targets))
+    def ratio(r, none, key):
+        if args.best:
+            best = max if key == "output_throughput_repeats" else min
+            return best(r[key]) / best(none[key])
+        return statistics.median(paired(r, none, key))
+
+    if args.control and args.control not in targets:
+        targets.append(args.control)
+    reference = next((t for t in targets if t != args.control), None)
+    columns = targets + (["both", "A/A"] if args.control else [])
+
+    def pooled(rs, nones, key):
+        return [x for r, none in zip(rs, nones) for x in paired(r, none, key)]
+
+    def both_cell(c, d):
+        rs = [by.get((t, c, d)) for t in (reference, args.control)]
+        nones = [by.get((t, c, "none")) for t in (reference, args.control)]
+        if None in rs or None in nones:
+            return "-"
+        tps = pooled(rs, nones, "output_throughput_repeats")
+        return "%.2f (%.2f) / %.2f / %.2f / %.2f" % (
+            statistics.median(tps), min(tps),
+            statistics.median(pooled(rs, nones, "mean_tpot_ms_repeats")),
+            statistics.median(pooled(rs, nones, "p99_itl_ms_repeats")),
+            statistics.median(pooled(rs, nones, "p99_token_itl_ms_repeats")))
+
+    def aa_cell(c, d):
+        r, base = by.get((args.control, c, d)), by.get((reference, c, d))
+        if r is None or base is None:
+            return "-"
+        return "%.2f (%.2f) / %.2f / %.2f / %.2f" % (
+            ratio(r, base, "output_throughput_repeats"),
+            min(paired(r, base, "output_throughput_repeats")),
+            ratio(r, base, "mean_tpot_ms_repeats"), ratio(r, base, "p99_itl_ms_repeats"),
+            ratio(r, base, "p99_token_itl_ms_repeats"))
+
+    print("| concurrency | drafter | " + " | ".join(columns) + " |")
+    print("|---|---|" + "---|" * len(columns))
     for c in sorted({r["concurrency"] for r in results}):
+        if args.control:
+            print("| %d | none | %s | 1 | %s |" % (c, " | ".join("1" for _ in targets),
+                                                 aa_cell(c, "none")))
         for d in drafters:
             cells = []
             for t in targets:
@@ -41,13 +94,13 @@ def main() -> int:
                 if r is None or none is None:
                     cells.append("-")
                     continue
-                tps = paired(r, none, "output_throughput_repeats")
                 cells.append("%.2f (%.2f) / %.2f / %.2f / %.2f / %.2f" % (
-                    statistics.median(tps), min(tps),
-                    statistics.median(paired(r, none, "mean_tpot_ms_repeats")),
-                    statistics.median(paired(r, none, "p99_itl_ms_repeats")),
-                    statistics.median(paired(r, none, "p99_token_itl_ms_repeats")),
-                    r["mean_accepted_len"]))
+                    ratio(r, none, "output_throughput_repeats"),
+                    min(paired(r, none, "output_throughput_repeats")),
+                    ratio(r, none, "mean_tpot_ms_repeats"), ratio(r, none, "p99_itl_ms_repeats"),
+                    ratio(r, none, "p99_token_itl_ms_repeats"), r["mean_accepted_len"]))
+            if args.control:
+                cells += [both_cell(c, d), aa_cell(c, d)]
             print("| %d | %s | %s |" % (c, d, " | ".join(cells)))
     for t in targets:
         rows = [by[(t, c, "none")] for c in sorted({r["concurrency"] for r in results})

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 namespace specula::loadgen {
 namespace {
@@ -220,6 +221,29 @@ TEST_F(DatasetTest, RandomRatioZeroGivesExactLengths) {
   }
   EXPECT_EQ(RandomLengthBounds(10, 0.25, 1), (std::pair<int64_t, int64_t>{7, 13}));
   EXPECT_EQ(RandomLengthBounds(1, 0.9, 1), (std::pair<int64_t, int64_t>{1, 2}));
+}
+
+TEST_F(DatasetTest, SpreadOutputLengthsKeepsTheDatasetsOwnAndDrawsTheRest) {
+  std::vector<SampleRequest> requests(400);
+  requests[0].output_len = 7;  // the dataset's own length stays
+  ASSERT_TRUE(SpreadOutputLengths(requests, 48, 0.5, 11).ok());
+  EXPECT_EQ(requests[0].output_len, 7);
+  std::set<int64_t> seen;
+  for (size_t i = 1; i < requests.size(); ++i) {
+    EXPECT_GE(requests[i].output_len, 24);
+    EXPECT_LE(requests[i].output_len, 72);
+    seen.insert(requests[i].output_len);
+  }
+  EXPECT_GT(seen.size(), 30u);  // spread over the range, not one length
+  // Seeded: the same lengths again.
+  std::vector<SampleRequest> again(400);
+  again[0].output_len = 7;
+  ASSERT_TRUE(SpreadOutputLengths(again, 48, 0.5, 11).ok());
+  for (size_t i = 0; i < requests.size(); ++i)
+    EXPECT_EQ(again[i].output_len, requests[i].output_len);
+  const Status bad = SpreadOutputLengths(again, 48, 1.0, 11);
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("--random-range-ratio"), std::string::npos) << bad;
 }
 
 TEST_F(DatasetTest, RandomRejectsBadSettingsNamingTheFlag) {
