@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The adaptive draft budget under a load change: `specula serve` (all-in-one, --draft-budget
-# adaptive) is driven by specula-loadgen at concurrency 1, then 64, then 1 again, while a sampler
-# scrapes /metrics every 0.5 s. Writes OUT.json (the time series: delivered tokens/s, mean draft
-# nodes per sequence-step, predicted speedup, spare tokens, running requests) and OUT.png (budget
-# and throughput over time).
+# adaptive) is driven by specula-loadgen at concurrency 1, then 64, then 1 again (PHASES: any other
+# profile), while a sampler scrapes /metrics every 0.5 s. Writes OUT.json (the time series:
+# delivered tokens/s, mean draft nodes per sequence-step, predicted speedup, spare tokens, running
+# requests, the latency bound's p99 gap and p99.9 overrun) and OUT.png (budget, throughput and the
+# bound's inputs over time).
 #
 #   scripts/bench_load_change.sh [OUT]      (default docs/load-change-adaptive)
 # Environment: DRAFTER (ngram), PHASE_REQUESTS (24 at c=1, 8x that at c=64), PHASES (the load as
@@ -47,7 +48,9 @@ def scrape():
             "budget_count": val("specula_draft_budget_nodes_count"),
             "speedup": val("specula_draft_budget_predicted_speedup"),
             "spare": val("specula_draft_budget_spare_tokens"),
-            "running": val("specula_num_requests_running")}
+            "running": val("specula_num_requests_running"),
+            "gap_p99": val("specula_draft_budget_gap_p99_seconds"),
+            "overrun_p999": val("specula_draft_budget_overrun_p999_seconds")}
 samples = []
 try:
     while True:
@@ -105,12 +108,13 @@ for a, b in zip(samples, samples[1:]):
                    "tokens_per_s": (b["tokens"] - a["tokens"]) / dt if dt > 0 else 0,
                    "mean_budget": (b["budget_sum"] - a["budget_sum"]) / dn if dn > 0 else None,
                    "predicted_speedup": b["speedup"], "spare_tokens": b["spare"],
-                   "running": b["running"]})
+                   "running": b["running"], "gap_p99_ms": b.get("gap_p99", 0) * 1e3,
+                   "overrun_p999_ms": b.get("overrun_p999", 0) * 1e3})
 json.dump({"drafter": drafter, "phase_ends": [p - t0 for p in phases[1:]],
            "phases": [f"concurrency {c}" for c in load], "serve_flags": flags,
            "phase_results": phase_results, "series": series},
           open(out + ".json", "w"), indent=1)
-fig, ax = plt.subplots(3, 1, figsize=(9, 7), sharex=True)
+fig, ax = plt.subplots(4, 1, figsize=(9, 9), sharex=True)
 t = [s["t"] for s in series]
 ax[0].plot(t, [s["tokens_per_s"] for s in series], color="tab:blue")
 ax[0].set_ylabel("tokens/s delivered")
@@ -119,7 +123,14 @@ ax[1].plot(t, [s["mean_budget"] if s["mean_budget"] is not None else float("nan"
 ax[1].set_ylabel("draft nodes /\nsequence-step")
 ax[2].plot(t, [s["running"] for s in series], color="tab:green")
 ax[2].set_ylabel("running requests")
-ax[2].set_xlabel("seconds")
+# The latency bound's inputs (--max-draft-slowdown): a step may take (1 + X) x the p99 gap less
+# the p99.9 overrun of the steps' plans (0 until the tail has 256 steps).
+ax[3].plot(t, [s["gap_p99_ms"] for s in series], color="tab:red", label="p99 gap")
+ax[3].plot(t, [s["overrun_p999_ms"] for s in series], color="tab:purple",
+           label="p99.9 overrun of plans")
+ax[3].set_ylabel("ms")
+ax[3].legend(loc="upper left", fontsize="small")
+ax[3].set_xlabel("seconds")
 for a in ax:
     for p in phases[1:-1]:
         a.axvline(p - t0, color="gray", linestyle=":")

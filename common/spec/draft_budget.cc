@@ -1511,7 +1511,8 @@ BudgetDecision DraftBudgetPolicy::Plan(const StepBase& base,
   planned_gap_ = {.planned = true,
                   .predicted = decision.predicted_seconds,
                   .no_draft = decision.no_draft_seconds,
-                  .gaps = base.decoding};
+                  .gaps = base.decoding,
+                  .prompt_chunks = base.chunks.tokens > 0};
   return decision;
 }
 
@@ -1773,7 +1774,10 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   for (const DrafterCall& call : step.drafter_calls) drafters_seconds += call.seconds;
   const double wall = step.target_seconds + drafters_seconds + std::max(0.0, step.other_seconds);
   if (std::exchange(planned_gap_.planned, false)) {
-    gap_tail_.Add(wall, planned_gap_.predicted, planned_gap_.no_draft, planned_gap_.gaps);
+    int32_t accepted = 0;
+    for (const StepMeasurement::Sequence& sequence : step.sequences) accepted += sequence.accepted;
+    gap_tail_.Add(wall, planned_gap_.predicted, planned_gap_.no_draft, planned_gap_.gaps, accepted,
+                  planned_gap_.prompt_chunks);
   }
   AuditStep(step, wall);
   const bool explored = pending_exploration_.charged_seconds > 0;

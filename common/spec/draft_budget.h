@@ -767,6 +767,7 @@ class DraftBudgetPolicy {
     bool planned = false;  // a plan preceded the step Observe reports next
     double predicted = 0, no_draft = 0;
     int32_t gaps = 0;  // its decoding sequences
+    bool prompt_chunks = false;
   } planned_gap_;
   // Greedy marginal allocation of the step's nodes within `step_limit` seconds (see the header);
   // expected[i]: candidate i's expected tokens and rows at every budget.

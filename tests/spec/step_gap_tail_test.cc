@@ -53,6 +53,45 @@ TEST(StepGapTailTest, ADraftedStepCountsAsItsGapWithoutItsDrafts) {
   EXPECT_NEAR(tail.residual_quantile(), 3e-3, 1e-12);
 }
 
+TEST(StepGapTailTest, AcceptedTokensCountAsThePlainStepsTheyStandFor) {
+  // Without drafts: 1 ms decode steps and, 0.8% of them, 5 ms steps that also prefill a prompt:
+  // the p99 gap is the decode step.
+  StepGapTail plain;
+  for (int i = 0; i < 1000; ++i) {
+    const bool prompt = i % 125 == 124;
+    plain.Add(prompt ? 5e-3 : 1e-3, prompt ? 5e-3 : 1e-3, prompt ? 5e-3 : 1e-3, 1, 0, prompt);
+  }
+  ASSERT_DOUBLE_EQ(plain.plain_quantile(), 1e-3);
+  // The same tokens with drafts that each decode step accepts one of (planned at 1.5 ms, 1 ms
+  // without its drafts): half the decode steps, so the prompt steps are 1.6% of the steps; the
+  // accepted tokens stand for the decode steps they saved, and the p99 stays the decode step's.
+  StepGapTail drafted;
+  for (int i = 0; i < 1000; ++i) {
+    const bool prompt = i % 63 == 62;
+    if (prompt) {
+      drafted.Add(5e-3, 5e-3, 5e-3, 1, 0, /*prompt_chunks=*/true);
+    } else {
+      drafted.Add(1.5e-3, 1.5e-3, 1e-3, 1, /*accepted=*/1);
+    }
+  }
+  EXPECT_DOUBLE_EQ(drafted.plain_quantile(), 1e-3);
+  // Counted as steps alone, the drafts would lift their own reference to the prompt steps.
+  StepGapTail steps_only;
+  for (int i = 0; i < 1000; ++i) {
+    const bool prompt = i % 63 == 62;
+    steps_only.Add(prompt ? 5e-3 : 1.5e-3, prompt ? 5e-3 : 1.5e-3, prompt ? 5e-3 : 1e-3, 1);
+  }
+  EXPECT_DOUBLE_EQ(steps_only.plain_quantile(), 5e-3);
+  // A prompt step's own accepted tokens stand for decode steps, not for prompt steps.
+  StepGapTail mixed;
+  for (int i = 0; i < 1000; ++i) {
+    const bool prompt = i % 63 == 62;
+    mixed.Add(prompt ? 5.5e-3 : 1.5e-3, prompt ? 5.5e-3 : 1.5e-3, prompt ? 5e-3 : 1e-3, 1,
+              /*accepted=*/1, prompt);
+  }
+  EXPECT_DOUBLE_EQ(mixed.plain_quantile(), 1e-3);
+}
+
 TEST(StepGapTailTest, ForgetsStepsOutsideItsWindow) {
   StepGapTail tail;
   AddSteps(tail, 1000, 20, 10e-3);  // a noisy stretch
