@@ -18,7 +18,7 @@ scripts/bench_adaptive_serving.sh`), a last column "A/A" holds NAME over the fir
 same drafter, `none` included, paired by repeat: tokens/s median (min) / TPOT / p99 ITL per chunk /
 per token. Both measured one server, so these ratios are the run's spread, not speculation's; and a
 column "both" before it pools the two targets' repeats (each drafter over its own target's `none`,
-paired by repeat: twice the pairs for each median).
+paired by repeat: twice the pairs for each median; accepted length their mean).
 
   scripts/loadgen_vs_none.py RUN.json [--targets bound,unbounded] [--control control]
 """
@@ -65,11 +65,12 @@ def main() -> int:
         if None in rs or None in nones:
             return "-"
         tps = pooled(rs, nones, "output_throughput_repeats")
-        return "%.2f (%.2f) / %.2f / %.2f / %.2f" % (
+        return "%.2f (%.2f) / %.2f / %.2f / %.2f / %.2f" % (
             statistics.median(tps), min(tps),
             statistics.median(pooled(rs, nones, "mean_tpot_ms_repeats")),
             statistics.median(pooled(rs, nones, "p99_itl_ms_repeats")),
-            statistics.median(pooled(rs, nones, "p99_token_itl_ms_repeats")))
+            statistics.median(pooled(rs, nones, "p99_token_itl_ms_repeats")),
+            statistics.mean(r["mean_accepted_len"] for r in rs))
 
     def aa_cell(c, d):
         r, base = by.get((args.control, c, d)), by.get((reference, c, d))
