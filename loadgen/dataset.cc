@@ -188,12 +188,18 @@ std::pair<int64_t, int64_t> RandomLengthBounds(int64_t len, double range_ratio, 
   return {low, high};
 }
 
+namespace {
+
+Status CheckRangeRatio(double range_ratio) {
+  if (range_ratio >= 0 && range_ratio < 1) return OkStatus();
+  return InvalidArgumentError(StrCat("--random-range-ratio must be in [0, 1), got ", range_ratio));
+}
+
+}  // namespace
+
 Status SpreadOutputLengths(std::vector<SampleRequest>& requests, int64_t output_len,
                            double range_ratio, uint64_t seed) {
-  if (!(range_ratio >= 0 && range_ratio < 1)) {
-    return InvalidArgumentError(
-        StrCat("--random-range-ratio must be in [0, 1), got ", range_ratio));
-  }
+  RETURN_IF_ERROR(CheckRangeRatio(range_ratio));
   const auto [low, high] = RandomLengthBounds(output_len, range_ratio, 1);
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int64_t> len(low, high);
@@ -205,10 +211,7 @@ Status SpreadOutputLengths(std::vector<SampleRequest>& requests, int64_t output_
 
 StatusOr<std::vector<SampleRequest>> RandomDataset(const Tokenizer& tokenizer,
                                                    const RandomDatasetOptions& o) {
-  if (!(o.range_ratio >= 0 && o.range_ratio < 1)) {
-    return InvalidArgumentError(
-        StrCat("--random-range-ratio must be in [0, 1), got ", o.range_ratio));
-  }
+  RETURN_IF_ERROR(CheckRangeRatio(o.range_ratio));
   if (o.input_len < 1) {
     return InvalidArgumentError(StrCat("--random-input-len must be >= 1, got ", o.input_len));
   }

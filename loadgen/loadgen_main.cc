@@ -319,7 +319,7 @@ StatusOr<std::vector<SampleRequest>> LoadDataset(const Flags& f, const Tokenizer
     ASSIGN_OR_RETURN(auto prompts, cli::HeldOutPrompts(tokenizer, dir, count, f.prompt_tokens));
     std::vector<SampleRequest> out;
     for (auto& p : prompts) out.push_back({std::move(p), 0});
-    if (f.random_range_ratio > 0) {
+    if (f.random_range_ratio != 0) {  // a bad ratio is an error, not ignored
       RETURN_IF_ERROR(SpreadOutputLengths(out, f.max_new_tokens, f.random_range_ratio,
                                           static_cast<uint64_t>(f.seed)));
     }

@@ -10,8 +10,8 @@ are better.
 
 With --best, each ratio is instead of the best repeats: the highest tokens/s over `none`'s
 highest, the lowest TPOT and p99s over `none`'s lowest (on a machine whose speed jumps between
-runs, each setting's least disturbed run; needs several repeats), and the cell's tokens/s shows
-the paired min in parentheses as before.
+runs, each setting's least disturbed run; needs several repeats; pooled columns take the best of
+all their repeats), and the cell's tokens/s shows the paired min in parentheses as before.
 
 With --control NAME (a second target on the same server: `AA=1 FIXED_LEN=0
 scripts/bench_adaptive_serving.sh`), a last column "A/A" holds NAME over the first target for the
@@ -42,45 +42,40 @@ def main() -> int:
                else sorted({r["target"] for r in results}))
     drafters = [d for d in dict.fromkeys(r["drafter"] for r in results) if d != "none"]
 
-    def paired(r, none, key):
-        return [x / y for x, y in zip(r[key], none[key])]
+    def paired(r, base, key):
+        return [x / y for x, y in zip(r[key], base[key])]
 
-    def ratio(r, none, key):
-        if args.best:
-            best = max if key == "output_throughput_repeats" else min
-            return best(r[key]) / best(none[key])
-        return statistics.median(paired(r, none, key))
+    def cell(pairs, accepted=True):
+        """Each (result, base) pair's ratios, pooled: "-" if any is missing."""
+        if any(r is None or base is None for r, base in pairs):
+            return "-"
+
+        def ratio(key):
+            if args.best:  # each side's best repeat, over every pair's repeats
+                best = max if key == "output_throughput_repeats" else min
+                return (best(x for r, _ in pairs for x in r[key]) /
+                        best(x for _, base in pairs for x in base[key]))
+            return statistics.median(x for r, base in pairs for x in paired(r, base, key))
+
+        text = "%.2f (%.2f) / %.2f / %.2f / %.2f" % (
+            ratio("output_throughput_repeats"),
+            min(x for r, base in pairs for x in paired(r, base, "output_throughput_repeats")),
+            ratio("mean_tpot_ms_repeats"), ratio("p99_itl_ms_repeats"),
+            ratio("p99_token_itl_ms_repeats"))
+        if accepted:
+            text += " / %.2f" % statistics.mean(r["mean_accepted_len"] for r, _ in pairs)
+        return text
 
     if args.control and args.control not in targets:
         targets.append(args.control)
     reference = next((t for t in targets if t != args.control), None)
     columns = targets + (["both", "A/A"] if args.control else [])
 
-    def pooled(rs, nones, key):
-        return [x for r, none in zip(rs, nones) for x in paired(r, none, key)]
-
-    def both_cell(c, d):
-        rs = [by.get((t, c, d)) for t in (reference, args.control)]
-        nones = [by.get((t, c, "none")) for t in (reference, args.control)]
-        if None in rs or None in nones:
-            return "-"
-        tps = pooled(rs, nones, "output_throughput_repeats")
-        return "%.2f (%.2f) / %.2f / %.2f / %.2f / %.2f" % (
-            statistics.median(tps), min(tps),
-            statistics.median(pooled(rs, nones, "mean_tpot_ms_repeats")),
-            statistics.median(pooled(rs, nones, "p99_itl_ms_repeats")),
-            statistics.median(pooled(rs, nones, "p99_token_itl_ms_repeats")),
-            statistics.mean(r["mean_accepted_len"] for r in rs))
+    def against_none(t, c, d):
+        return (by.get((t, c, d)), by.get((t, c, "none")))
 
     def aa_cell(c, d):
-        r, base = by.get((args.control, c, d)), by.get((reference, c, d))
-        if r is None or base is None:
-            return "-"
-        return "%.2f (%.2f) / %.2f / %.2f / %.2f" % (
-            ratio(r, base, "output_throughput_repeats"),
-            min(paired(r, base, "output_throughput_repeats")),
-            ratio(r, base, "mean_tpot_ms_repeats"), ratio(r, base, "p99_itl_ms_repeats"),
-            ratio(r, base, "p99_token_itl_ms_repeats"))
+        return cell([(by.get((args.control, c, d)), by.get((reference, c, d)))], accepted=False)
 
     print("| concurrency | drafter | " + " | ".join(columns) + " |")
     print("|---|---|" + "---|" * len(columns))
@@ -89,19 +84,10 @@ def main() -> int:
             print("| %d | none | %s | 1 | %s |" % (c, " | ".join("1" for _ in targets),
                                                  aa_cell(c, "none")))
         for d in drafters:
-            cells = []
-            for t in targets:
-                r, none = by.get((t, c, d)), by.get((t, c, "none"))
-                if r is None or none is None:
-                    cells.append("-")
-                    continue
-                cells.append("%.2f (%.2f) / %.2f / %.2f / %.2f / %.2f" % (
-                    ratio(r, none, "output_throughput_repeats"),
-                    min(paired(r, none, "output_throughput_repeats")),
-                    ratio(r, none, "mean_tpot_ms_repeats"), ratio(r, none, "p99_itl_ms_repeats"),
-                    ratio(r, none, "p99_token_itl_ms_repeats"), r["mean_accepted_len"]))
+            cells = [cell([against_none(t, c, d)]) for t in targets]
             if args.control:
-                cells += [both_cell(c, d), aa_cell(c, d)]
+                both = [against_none(t, c, d) for t in (reference, args.control)]
+                cells += [cell(both), aa_cell(c, d)]
             print("| %d | %s | %s |" % (c, d, " | ".join(cells)))
     for t in targets:
         rows = [by[(t, c, "none")] for c in sorted({r["concurrency"] for r in results})

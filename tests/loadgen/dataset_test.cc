@@ -241,9 +241,11 @@ TEST_F(DatasetTest, SpreadOutputLengthsKeepsTheDatasetsOwnAndDrawsTheRest) {
   ASSERT_TRUE(SpreadOutputLengths(again, 48, 0.5, 11).ok());
   for (size_t i = 0; i < requests.size(); ++i)
     EXPECT_EQ(again[i].output_len, requests[i].output_len);
-  const Status bad = SpreadOutputLengths(again, 48, 1.0, 11);
-  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.message().find("--random-range-ratio"), std::string::npos) << bad;
+  for (double ratio : {1.0, -0.5}) {
+    const Status bad = SpreadOutputLengths(again, 48, ratio, 11);
+    EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.message().find("--random-range-ratio"), std::string::npos) << bad;
+  }
 }
 
 TEST_F(DatasetTest, RandomRejectsBadSettingsNamingTheFlag) {
