@@ -45,34 +45,90 @@ void ForgettingLeastSquares::Add(const std::vector<double>& x, double y) {
   solved_ = false;
 }
 
-void ForgettingLeastSquares::Solve() const {
-  if (solved_) return;
-  solved_ = true;
-  // Cholesky of the (symmetric positive definite: prior_weight > 0) normal matrix. Only the
-  // lower triangle of l is read, each entry after it is written.
+void ForgettingLeastSquares::SetNonNegative(std::vector<size_t> indices) {
+  indices.resize(std::min(indices.size(), kMaxNonNegative));
+  nonnegative_ = std::move(indices);
+  solved_ = false;
+}
+
+bool ForgettingLeastSquares::SolveWith(uint32_t zero_mask, std::vector<double>& theta) const {
+  // Cholesky of the (symmetric positive definite: prior_weight > 0) normal matrix, each held
+  // coefficient's row and column replaced by the identity's (its equation: theta_i = 0). Only
+  // the lower triangle of l is read, each entry after it is written.
+  auto held = [&](size_t i) {
+    for (size_t c = 0; c < nonnegative_.size(); ++c) {
+      if ((zero_mask >> c & 1u) != 0 && nonnegative_[c] == i) return true;
+    }
+    return false;
+  };
+  auto a = [&](size_t i, size_t j) {
+    if (zero_mask != 0 && (held(i) || held(j))) return i == j ? 1.0 : 0.0;
+    return a_[i * n_ + j];
+  };
   std::vector<double>& l = l_;
   for (size_t j = 0; j < n_; ++j) {
-    double d = a_[j * n_ + j];
+    double d = a(j, j);
     for (size_t k = 0; k < j; ++k) d -= l[j * n_ + k] * l[j * n_ + k];
-    if (d <= 0) return;  // numerically singular: keep the previous solution
+    if (d <= 0) return false;
     const double ljj = std::sqrt(d);
     l[j * n_ + j] = ljj;
     for (size_t i = j + 1; i < n_; ++i) {
-      double s = a_[i * n_ + j];
+      double s = a(i, j);
       for (size_t k = 0; k < j; ++k) s -= l[i * n_ + k] * l[j * n_ + k];
       l[i * n_ + j] = s / ljj;
     }
   }
   std::vector<double>& z = z_;
   for (size_t i = 0; i < n_; ++i) {
-    double s = b_[i];
+    double s = zero_mask != 0 && held(i) ? 0.0 : b_[i];
     for (size_t k = 0; k < i; ++k) s -= l[i * n_ + k] * z[k];
     z[i] = s / l[i * n_ + i];
   }
+  theta.resize(n_);
   for (size_t i = n_; i-- > 0;) {
     double s = z[i];
-    for (size_t k = i + 1; k < n_; ++k) s -= l[k * n_ + i] * theta_[k];
-    theta_[i] = s / l[i * n_ + i];
+    for (size_t k = i + 1; k < n_; ++k) s -= l[k * n_ + i] * theta[k];
+    theta[i] = s / l[i * n_ + i];
+  }
+  return true;
+}
+
+double ForgettingLeastSquares::Objective(const std::vector<double>& theta) const {
+  double f = 0;
+  for (size_t i = 0; i < n_; ++i) {
+    double row = 0;
+    for (size_t j = 0; j < n_; ++j) row += a_[i * n_ + j] * theta[j];
+    f += theta[i] * (row - 2 * b_[i]);
+  }
+  return f;
+}
+
+void ForgettingLeastSquares::Solve() const {
+  if (solved_) return;
+  solved_ = true;
+  // Numerically singular: keep the previous solution.
+  if (!SolveWith(0, candidate_)) return;
+  auto feasible = [&](const std::vector<double>& theta) {
+    return std::all_of(nonnegative_.begin(), nonnegative_.end(),
+                       [&](size_t i) { return theta[i] >= 0; });
+  };
+  if (feasible(candidate_)) {
+    theta_.swap(candidate_);
+    return;
+  }
+  // The constrained optimum holds some subset of the constrained coefficients at 0 and is the
+  // free optimum of the rest: of the feasible subsets' solutions, the one with the least squared
+  // error is it (each is a feasible point, so none is below the optimum). At most
+  // 2^kMaxNonNegative - 1 more solves, and only when the free fit broke a constraint.
+  double best = std::numeric_limits<double>::infinity();
+  const uint32_t subsets = 1u << nonnegative_.size();
+  for (uint32_t mask = 1; mask < subsets; ++mask) {
+    if (!SolveWith(mask, candidate_) || !feasible(candidate_)) continue;
+    const double f = Objective(candidate_);
+    if (f < best) {
+      best = f;
+      theta_ = candidate_;
+    }
   }
 }
 
@@ -828,9 +884,33 @@ double BudgetDecision::predicted_speedup() const {
 
 DraftBudgetPolicy::DraftBudgetPolicy(DraftBudgetOptions options)
     : options_(options),
+      chunk_fit_({0.0, 0.0}, /*prior_weight=*/0.2, /*forgetting=*/0.97),
       acceptance_(/*rate=*/0.1, /*prior_rate=*/0.05, /*initial=*/0.5, options.acceptance_streaks),
       idle_audit_(options.audit),
-      rng_(options.seed) {}
+      rng_(options.seed) {
+  chunk_fit_.SetNonNegative({0, 1});
+}
+
+StepShape DraftBudgetPolicy::DecodePart(const StepShape& shape) {
+  const double chunk = static_cast<double>(std::max<int64_t>(shape.chunk_tokens, 0));
+  return {.tokens = shape.tokens - shape.chunk_tokens,
+          .attention = std::max(0.0, shape.attention - chunk * chunk / 2)};
+}
+
+double DraftBudgetPolicy::ChunkPart(const StepShape& shape) const {
+  if (shape.chunk_tokens <= 0) return 0;
+  const std::vector<double>& c = chunk_fit_.coefficients();
+  return c[0] + c[1] * static_cast<double>(shape.chunk_tokens) / kChunkRowUnit;
+}
+
+double DraftBudgetPolicy::PredictTarget(const StepShape& shape, bool recent) const {
+  if (shape.chunk_tokens <= 0 || !ChunkFitReady()) {
+    return recent ? target_cost_.PredictRecent(shape) : target_cost_.Predict(shape);
+  }
+  const StepShape decodes = DecodePart(shape);
+  return (recent ? target_cost_.PredictRecent(decodes) : target_cost_.Predict(decodes)) +
+         ChunkPart(shape);
+}
 
 const DrafterCostModel* DraftBudgetPolicy::drafter_cost(const std::string& drafter) const {
   auto it = drafter_cost_.find(drafter);
@@ -850,17 +930,22 @@ double DraftBudgetPolicy::CatchUpCharge(const BudgetCandidate& candidate, double
 
 double DraftBudgetPolicy::TargetSeconds(StepShape shape, double rows, std::vector<double>* knots,
                                         int64_t knots_from) const {
-  auto predict = [&](const StepShape& at) {
-    const int64_t slot = at.tokens - knots_from;
+  // A step with prompt chunks, once chunk_fit_ is ready: its decode part at the step cost fit's
+  // prices plus the chunks' (all the shapes here hold the same chunks: one base's).
+  const bool split = shape.chunk_tokens > 0 && ChunkFitReady();
+  const double chunk_part = split ? ChunkPart(shape) : 0.0;
+  auto predict = [&](const StepShape& full) {
+    const StepShape at = split ? DecodePart(full) : full;
+    const int64_t slot = full.tokens - knots_from;
     if (knots == nullptr || at.tokens <= 0 || !target_cost_.ready() || slot < 0) {
-      return target_cost_.Predict(at);
+      return target_cost_.Predict(at) + chunk_part;
     }
     if (static_cast<size_t>(slot) >= knots->size()) {
       knots->resize(static_cast<size_t>(slot) + 1, std::numeric_limits<double>::quiet_NaN());
     }
     double& part = (*knots)[static_cast<size_t>(slot)];
     if (std::isnan(part)) part = target_cost_.KnotPart(at.tokens);
-    return target_cost_.PredictWith(part, at);
+    return target_cost_.PredictWith(part, at) + chunk_part;
   };
   const double whole = std::floor(std::max(rows, 0.0));
   shape.tokens += static_cast<int64_t>(whole);
@@ -952,7 +1037,7 @@ double DraftBudgetPolicy::NoDraftSeconds(const StepBase& base) const {
 }
 
 double DraftBudgetPolicy::ChunkSeconds(const StepBase& base) const {
-  return target_cost_.Predict(base.shape) - target_cost_.Predict(WithoutChunks(base).shape);
+  return PredictTarget(base.shape) - target_cost_.Predict(WithoutChunks(base).shape);
 }
 
 DraftBudgetPolicy::DraftRowFloor DraftBudgetPolicy::RowFloor(const StepBase& base) const {
@@ -1478,7 +1563,7 @@ BudgetDecision DraftBudgetPolicy::PlanWithoutDrafting(
   // Priced from PredictRecent's knots, not a refreshed fit: the fit is solved when read, and a
   // solve every step cost ~2 us at batch 1 on the CPU (see PredictRecent), where a reused quiet
   // plan costs nothing. Nothing drafts, so no node is priced (min_reach 0).
-  return Undrafted(candidates.size(), target_cost_.PredictRecent(base.shape) + other_seconds_,
+  return Undrafted(candidates.size(), PredictTarget(base.shape, /*recent=*/true) + other_seconds_,
                    base.decoding);
 }
 
@@ -1784,7 +1869,7 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   // The step cost fit's prediction for this step's shape, before it learns from it: what the
   // steps around a drafter's call are measured against (the caches it evicted).
   const bool predictable = step.shape.tokens > 0 && target_cost_.ready();
-  const double predicted_target = predictable ? target_cost_.PredictRecent(step.shape) : 0.0;
+  const double predicted_target = predictable ? PredictTarget(step.shape, /*recent=*/true) : 0.0;
   if (std::isfinite(wall) && wall > 0) {
     measured_seconds_ += wall;
     // Exploration is bounded by what it measurably cost: a probe whose catch-up took longer
@@ -1868,7 +1953,16 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
     average(far_ratio_, far_samples_, kFarRate);
   }
   after_catch_up_ = caught_up;
-  if (step.shape.tokens > 0) target_cost_.Observe(step.shape, target_seconds);
+  if (step.shape.tokens > 0) {
+    if (step.shape.chunk_tokens > 0 && std::isfinite(target_seconds) && target_cost_.ready()) {
+      // What the chunks added beyond the decode part's price, before the fit learns this step.
+      const StepShape decodes = DecodePart(step.shape);
+      const double decode_seconds = decodes.tokens > 0 ? target_cost_.PredictRecent(decodes) : 0;
+      chunk_fit_.Add({1.0, static_cast<double>(step.shape.chunk_tokens) / kChunkRowUnit},
+                     target_seconds - decode_seconds);
+    }
+    target_cost_.Observe(step.shape, target_seconds);
+  }
   if (step.other_seconds >= 0 && std::isfinite(step.other_seconds)) {
     other_seconds_ = other_seen_ ? other_seconds_ + 0.1 * (step.other_seconds - other_seconds_)
                                  : step.other_seconds;
@@ -1940,11 +2034,11 @@ double DraftBudgetPolicy::AftermathSeconds(int32_t k, double predicted) const {
 
 double DraftBudgetPolicy::SpareTokens(const StepShape& base, double tolerance) const {
   if (!target_cost_.ready()) return 0;
-  const double limit = (1.0 + tolerance) * target_cost_.Predict(base);
+  const double limit = (1.0 + tolerance) * PredictTarget(base);
   auto fits = [&](int64_t extra) {
     StepShape s = base;
     s.tokens += extra;
-    return target_cost_.Predict(s) <= limit;
+    return PredictTarget(s) <= limit;
   };
   // Predict is monotone in tokens: binary search the largest extra that fits.
   int64_t lo = 0, hi = 1;

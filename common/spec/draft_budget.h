@@ -11,7 +11,10 @@
 //     forgetting, so it follows drift (other load on the machine) within a few dozen steps. A
 //     knot no recent step visited is kept within what the recently visited ones imply (cost
 //     non-decreasing in tokens, cost per token non-increasing), so a warm-up's cold steps or a
-//     load since gone do not price the shapes that only drafts would visit.
+//     load since gone do not price the shapes that only drafts would visit. A step that also
+//     prefills prompt chunks is priced as its other rows at these prices plus what its chunks
+//     add, per step and per chunk row, fitted apart (DraftBudgetPolicy::chunk_fit_): a prompt
+//     row needs no logits and costs a fraction of a decode or draft row.
 //   - DrafterCostModel: one drafter call's seconds as a function of sequences, nodes, depth and
 //     observed (caught-up) tokens; a non-autoregressive drafter fits ~0 per depth, an
 //     autoregressive one pays per depth.
@@ -130,6 +133,11 @@ class ForgettingLeastSquares {
   void Reset(std::vector<double> prior);
   // Moves the anchor that future forgetting pulls toward, keeping the data.
   void SetAnchor(std::vector<double> anchor) { prior_ = std::move(anchor); }
+  // Coefficients the solution keeps at 0 or above (at most kMaxNonNegative): the least squares
+  // fit under that constraint, not the free fit clamped afterwards (clamped, a coefficient the
+  // data drove negative leaves the others fitted to cancel it).
+  void SetNonNegative(std::vector<size_t> indices);
+  static constexpr size_t kMaxNonNegative = 4;
   // Solved when read (Add only accumulates: the engine observes every step, and reads the fit
   // once per plan).
   const std::vector<double>& coefficients() const {
@@ -141,6 +149,11 @@ class ForgettingLeastSquares {
  private:
   // theta_ from A and b, if a sample came since the last solve.
   void Solve() const;
+  // Solves A theta = b with the coefficients nonnegative_[c] for the bits c of zero_mask held
+  // at 0; false if the matrix is numerically singular.
+  bool SolveWith(uint32_t zero_mask, std::vector<double>& theta) const;
+  // theta^T A theta - 2 b^T theta: the fit's squared error up to a constant.
+  double Objective(const std::vector<double>& theta) const;
 
   size_t n_;
   double prior_weight_;
@@ -154,6 +167,8 @@ class ForgettingLeastSquares {
   mutable std::vector<double> l_, z_;
   mutable bool solved_ = true;
   int64_t samples_ = 0;
+  std::vector<size_t> nonnegative_;
+  mutable std::vector<double> candidate_;  // a solve's solution before it is taken (no allocation)
 };
 
 // The shape of a target step that its cost depends on.
@@ -688,6 +703,9 @@ class DraftBudgetPolicy {
 
   StepCostModel& target_cost() { return target_cost_; }
   const StepCostModel& target_cost() const { return target_cost_; }
+  // The target's predicted seconds for a step of `shape`, with prompt chunks or without (see
+  // chunk_fit_); PredictRecent's knots with `recent`.
+  double PredictTarget(const StepShape& shape, bool recent = false) const;
   const DrafterCostModel* drafter_cost(const std::string& drafter) const;
   const AcceptanceModel& acceptance() const { return acceptance_; }
   double other_seconds() const { return other_seconds_; }
@@ -786,6 +804,28 @@ class DraftBudgetPolicy {
 
   DraftBudgetOptions options_;
   StepCostModel target_cost_;
+  // What prompt chunks add to a step: chunk_fit_'s per step and per kChunkRowUnit chunk rows
+  // (both at least 0), fitted on what steps with chunks measured beyond target_cost_'s price
+  // for their other rows (DecodePart). A step with chunks is priced as that sum once
+  // kChunkFitSamples such steps were measured; before, by target_cost_ alone (rows are rows).
+  // target_cost_ prices a chunk step by its rows with a constant for "holds a chunk", and a prompt
+  // row costs far less than a decode or draft row (it needs no logits: the vocabulary
+  // projection and sampling, most of a row's cost for a small model; served at 16 decoding
+  // sequences on the CPU a 16-row decode step took 3.4 ms and the same step with a 64-row chunk
+  // 7.6). The constant and the knots that only chunk steps reach (64-256 rows there) priced the
+  // same steps two ways, and the split the data left free went wrong: the constant at -10 ms
+  // (clamped to 0 when predicting) and those knots 2.5x too high, so that the prefill steps were
+  // predicted at 13.5 ms where they took 7.9, and the prefill-step bound, 5% of that, let drafts
+  // make them (the streams' p99 gap under load) 8% slower.
+  ForgettingLeastSquares chunk_fit_;
+  static constexpr double kChunkRowUnit = 64;
+  static constexpr int64_t kChunkFitSamples = 4;
+  // The part of `shape` target_cost_ prices in a step with prompt chunks: its other rows, and
+  // their attention (the shape's less the chunk's estimate, chunk^2 / 2 as BudgetPlanner's).
+  static StepShape DecodePart(const StepShape& shape);
+  // chunk_fit_'s price for the chunks of `shape` (0 without chunks).
+  double ChunkPart(const StepShape& shape) const;
+  bool ChunkFitReady() const { return chunk_fit_.samples() >= kChunkFitSamples; }
   std::map<std::string, DrafterCostModel> drafter_cost_;
   AcceptanceModel acceptance_;
   double other_seconds_ = 0;

@@ -120,6 +120,33 @@ TEST(ForgettingLeastSquaresTest, RecoversALinearFunction) {
   EXPECT_NEAR(fit.coefficients()[1], 2.0, 0.1);
 }
 
+// y = 1 + 2a - 0.5b: the free fit finds b's -0.5; with b's coefficient held at 0 or above it is
+// 0 and the rest are the least squares fit without b (not the free fit's with b clamped).
+TEST(ForgettingLeastSquaresTest, HoldsNonNegativeCoefficientsAtTheConstrainedOptimum) {
+  ForgettingLeastSquares free({0, 0, 0}, 1e-6, 1.0), held({0, 0, 0}, 1e-6, 1.0);
+  ForgettingLeastSquares without_b({0, 0}, 1e-6, 1.0);
+  held.SetNonNegative({1, 2});
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int i = 0; i < 400; ++i) {
+    const double a = u(rng), b = u(rng), y = 1 + 2 * a - 0.5 * b;
+    free.Add({1.0, a, b}, y);
+    held.Add({1.0, a, b}, y);
+    without_b.Add({1.0, a}, y);
+  }
+  EXPECT_NEAR(free.coefficients()[2], -0.5, 1e-3);
+  EXPECT_EQ(held.coefficients()[2], 0.0);
+  EXPECT_NEAR(held.coefficients()[0], without_b.coefficients()[0], 1e-9);
+  EXPECT_NEAR(held.coefficients()[1], without_b.coefficients()[1], 1e-9);
+  EXPECT_NEAR(held.coefficients()[0], 0.75, 0.05) << "b's mean effect moves to the intercept";
+  // Where the free fit keeps every constrained coefficient at 0 or above, it is the fit.
+  ForgettingLeastSquares positive({0, 0}, 1e-6, 1.0);
+  positive.SetNonNegative({0, 1});
+  for (int i = 0; i < 50; ++i) positive.Add({1.0, i / 50.0}, 3.0 + 2.0 * i / 50.0);
+  EXPECT_NEAR(positive.coefficients()[0], 3.0, 1e-4);
+  EXPECT_NEAR(positive.coefficients()[1], 2.0, 1e-4);
+}
+
 TEST(StepCostModelTest, RecoversAKnownCurveFromNoisySamples) {
   std::mt19937 rng(7);
   const Curve curve{.per_attention = 2e-8};
@@ -1953,6 +1980,52 @@ TEST(DraftBudgetPolicyTest, DraftRowsInAPrefillStepCostWhatItsPromptRowsCost) {
   int32_t plain_nodes = 0;
   for (int32_t b : plain.budgets) plain_nodes += b;
   EXPECT_GT(plain_nodes, nodes);
+}
+
+// Served at 16 decoding sequences (the CPU's numbers): decode steps of 16 rows take 3.4 ms, and a
+// prompt row costs far less than a decode row (no logits), so the steps that also prefill a
+// 64-192-row chunk take 7.6-18 ms. Fitted with the rest as rows plus a constant, those steps were
+// predicted at 1.7x what they took (the constant and the knots only they reach priced them two
+// ways), and the prefill-step bound, 5% of that price, let drafts slow them 8%. They are priced
+// as what their chunks add to their decodes.
+TEST(DraftBudgetPolicyTest, PrefillStepsArePricedAsTheyMeasure) {
+  auto truth = [](const StepShape& s) {
+    const double decodes = static_cast<double>(s.tokens - s.chunk_tokens);
+    const double chunk = static_cast<double>(s.chunk_tokens);
+    return 0.75e-3 + 0.165e-3 * decodes + (chunk > 0 ? 0.5e-3 + 0.065e-3 * chunk : 0.0);
+  };
+  DraftBudgetPolicy policy(NoExploration());
+  std::mt19937 rng(31);
+  std::uniform_int_distribution<int64_t> context(64, 112), chunk_decodes(12, 16), draft(0, 24);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::normal_distribution<double> jitter(1.0, 0.03);
+  for (int i = 0; i < 4000; ++i) {
+    StepShape s;
+    const double ctx = static_cast<double>(context(rng));
+    if (i % 5 == 4) {
+      const int64_t d = chunk_decodes(rng);
+      const double r = u(rng);
+      const int64_t chunk = r < 0.7 ? 64 : (r < 0.9 ? 128 : 192);
+      s = {.tokens = d + chunk,
+           .attention = static_cast<double>(d) * ctx + static_cast<double>(chunk * chunk),
+           .chunk_tokens = chunk};
+    } else {
+      const int64_t rows = 16 + (u(rng) < 0.1 ? draft(rng) : 0);
+      s = {.tokens = rows, .attention = static_cast<double>(rows) * ctx};
+    }
+    policy.Observe({.shape = s, .target_seconds = truth(s) * std::max(0.5, jitter(rng))});
+  }
+  for (int64_t chunk : {64, 128, 192}) {
+    const StepShape s{.tokens = 14 + chunk,
+                      .attention = 14.0 * 90 + static_cast<double>(chunk * chunk) / 2,
+                      .chunk_tokens = chunk};
+    EXPECT_NEAR(policy.PredictTarget(s), truth(s), 0.1 * truth(s)) << "chunk " << chunk;
+  }
+  const StepBase step = WithChunk(Decoding(14, 90), 64);
+  const BudgetDecision d = policy.Plan(step, {});
+  EXPECT_NEAR(d.no_draft_seconds, truth(step.shape), 0.1 * truth(step.shape));
+  const StepShape decode{.tokens = 16, .attention = 16.0 * 90};
+  EXPECT_NEAR(policy.PredictTarget(decode), truth(decode), 0.1 * truth(decode));
 }
 
 // Exploration is exempt from the latency bound but not from the prefill-step bound: a probe
