@@ -16,6 +16,11 @@ steps after the last step that drafted, against those further than --aftermath-s
 (per decoding sequences), and what the steps after a draft took beyond those, summed per draft
 (a drafter's call and the verify forward evict the target's weights from the caches).
 
+Then the steps that prefilled prompt chunks, by the chunk rows (in 64s) and whether they drafted:
+the plan's predicted ms (with and without its drafts) against the measured wall and target ms,
+medians (the prefill-step bound is a fraction of the prediction without drafts; a `specula serve`
+trace's label is "router": --label-contains router).
+
 Last, where drafting gained or lost time: each decode-only step's wall ms less its tokens at the
 far undrafted steps' mean ms per token, summed by what it was (a drafted step that starts a run
 of drafted steps or continues one, by the optimum or exploration; the undrafted steps within
@@ -54,6 +59,7 @@ def main():
     previous = {}  # label -> whether its previous step drafted
     since = {}  # label -> steps since its last drafted step (None: none yet, or a prompt since)
     after_draft = collections.defaultdict(list)  # (decoding, steps since a draft) -> target ms
+    prompt_steps = collections.defaultdict(list)  # (chunk rows // 64, drafted) -> lines
     with open(args.trace) as f:
         for text in f:
             line = json.loads(text)
@@ -71,6 +77,8 @@ def main():
                 far = k is None or k > args.aftermath_steps
                 after_draft[(plan["decoding"], "far" if far else k)].append(line["target_ms"])
             total_ms += line["wall_ms"]
+            if line["prefill_tokens"] > 0 and plan is not None:
+                prompt_steps[(line["prefill_tokens"] // 64, drafted)].append(line)
             if line["prefill_tokens"] == 0 and plan is not None:
                 if drafted:
                     kind = "explore" if plan["explored"] > 0 else "exploit"
@@ -148,6 +156,27 @@ def main():
                        for c in cells) +
               "; excess per draft %.3f ms" % excess)
 
+    prompt_rows = []
+    print("\nsteps with prompt chunks: medians (ms)")
+    print("%10s %8s %6s %6s %9s %12s %8s %9s %8s" % (
+        "chunk rows", "drafted", "steps", "dec", "pred ms", "no-draft ms", "wall ms",
+        "target ms", "nodes"))
+    for (chunks, drafted), lines in sorted(prompt_steps.items()):
+        median = lambda f: statistics.median(f(l) for l in lines)
+        row = {"chunk_rows_from": 64 * chunks, "chunk_rows_to": 64 * chunks + 63,
+               "drafted": drafted, "steps": len(lines),
+               "decoding": median(lambda l: l["plan"]["decoding"]),
+               "predicted_ms": median(lambda l: l["plan"]["ms"]),
+               "no_draft_ms": median(lambda l: l["plan"]["no_draft_ms"]),
+               "wall_ms": median(lambda l: l["wall_ms"]),
+               "target_ms": median(lambda l: l["target_ms"]),
+               "draft_nodes": median(lambda l: l["draft_nodes"])}
+        prompt_rows.append(row)
+        print("%4d-%-5d %8s %6d %6.0f %9.2f %12.2f %8.2f %9.2f %8.1f" % (
+            row["chunk_rows_from"], row["chunk_rows_to"], "yes" if drafted else "no",
+            len(lines), row["decoding"], row["predicted_ms"], row["no_draft_ms"],
+            row["wall_ms"], row["target_ms"], row["draft_nodes"]))
+
     # Per decoding sequences: the far undrafted steps' ms per token is the rate drafting is
     # measured against.
     far_rate = {}
@@ -165,13 +194,16 @@ def main():
           total_ms)
     for what in sorted(balance):
         steps, ms = balance[what]
-        print("  %-18s %6d steps %9.1f ms %7.2f%%" % (what, steps, ms, 100 * ms / total_ms))
+        print("  %-18s %6d steps %9.1f ms %7.2f%%" % (what, steps, ms,
+                                                     100 * ms / total_ms if total_ms else 0.0))
     net = sum(ms for _, ms in balance.values())
-    print("  %-18s %6s       %9.1f ms %7.2f%%" % ("all drafting", "", net, 100 * net / total_ms))
+    share = 100 * net / total_ms if total_ms > 0 else 0.0
+    print("  %-18s %6s       %9.1f ms %7.2f%%" % ("all drafting", "", net, share))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"trace": args.trace, "label_contains": args.label_contains, "groups": rows,
                        "after_draft": aftermath,
+                       "prompt_steps": prompt_rows,
                        "balance": {w: {"steps": n, "ms": ms, "share": ms / total_ms}
                                    for w, (n, ms) in balance.items()},
                        "total_ms": total_ms}, f, indent=1)
