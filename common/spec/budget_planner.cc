@@ -13,7 +13,8 @@ void BudgetPlanner::Admit(RequestId id, const SpecRequest& request) {
     t.drafter = request.speculation.drafter;
     t.cap = request.speculation.max_draft_tokens;
   }
-  t.prefill_left = static_cast<int64_t>(request.generation.prompt.size());
+  t.prompt = static_cast<int64_t>(request.generation.prompt.size());
+  t.prefill_left = t.prompt;
   t.tokens_left = request.generation.max_new_tokens;
   tracked_[id] = t;
 }
@@ -32,7 +33,8 @@ void BudgetPlanner::OnStep(const StepReport& report, double wall_seconds) {
   StepMeasurement m;
   m.shape = {.tokens = report.prefill_tokens + report.verify_tokens,
              .attention = report.attention,
-             .chunk_tokens = report.prefill_tokens};
+             .chunk_tokens = report.prefill_tokens,
+             .chunk_attention = report.prefill_attention};
   m.target_seconds = report.verify_seconds;
   m.other_seconds = wall_seconds > 0
                         ? std::max(0.0, wall_seconds - report.verify_seconds - report.draft_seconds)
@@ -102,13 +104,24 @@ std::vector<StepPlan::DraftBudget> BudgetPlanner::Plan() {
     prefill = std::min(prefill, std::max<int64_t>(max_step_tokens_ - base.decoding, 1));
   }
   base.shape.tokens = base.decoding + prefill;
-  // A chunk's rows attend to the chunk itself (its earlier part is already counted as context
-  // of nothing: a conservative, cheap estimate).
+  // The chunks' attention as the engine counts it (SpecEngine::PlanChunks: in admission order,
+  // each chunk's rows x the context after it).
+  double chunk_attention = 0;
+  int64_t left = prefill;
+  for (const auto& [id, t] : tracked_) {
+    if (t.decoding || left <= 0) continue;
+    const int64_t take = std::min(left, t.prefill_left);
+    chunk_attention +=
+        static_cast<double>(take) * static_cast<double>(t.prompt - t.prefill_left + take);
+    left -= take;
+  }
   base.chunks = {.tokens = prefill,
-                 .attention = static_cast<double>(prefill) * static_cast<double>(prefill) / 2,
-                 .chunk_tokens = prefill};
+                 .attention = chunk_attention,
+                 .chunk_tokens = prefill,
+                 .chunk_attention = chunk_attention};
   base.shape.chunk_tokens = prefill;
-  base.shape.attention += base.chunks.attention;
+  base.shape.attention += chunk_attention;
+  base.shape.chunk_attention = chunk_attention;
   if (max_step_tokens_ > 0)
     base.max_nodes = std::max<int64_t>(0, max_step_tokens_ - base.shape.tokens);
   const uint64_t quiet_before = policy_.quiet_plans();

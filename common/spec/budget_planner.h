@@ -47,6 +47,7 @@ class BudgetPlanner {
   struct Tracked {
     std::string drafter;       // "" when the request does not speculate
     int32_t cap = 0;           // the request's max_draft_tokens
+    int64_t prompt = 0;        // prompt tokens
     int64_t prefill_left = 0;  // prompt tokens not prefilled yet (estimated from the reports)
     int64_t context = 0;
     int64_t unobserved = 0;

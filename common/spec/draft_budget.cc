@@ -838,6 +838,7 @@ StepBase WithoutChunks(const StepBase& base) {
   decodes.shape.tokens -= base.chunks.tokens;
   decodes.shape.attention -= base.chunks.attention;
   decodes.shape.chunk_tokens = 0;
+  decodes.shape.chunk_attention = 0;
   decodes.chunks = {};
   return decodes;
 }
@@ -893,8 +894,10 @@ DraftBudgetPolicy::DraftBudgetPolicy(DraftBudgetOptions options)
 
 StepShape DraftBudgetPolicy::DecodePart(const StepShape& shape) {
   const double chunk = static_cast<double>(std::max<int64_t>(shape.chunk_tokens, 0));
+  const double chunk_attention =
+      shape.chunk_attention > 0 ? shape.chunk_attention : chunk * chunk / 2;
   return {.tokens = shape.tokens - shape.chunk_tokens,
-          .attention = std::max(0.0, shape.attention - chunk * chunk / 2)};
+          .attention = std::max(0.0, shape.attention - chunk_attention)};
 }
 
 double DraftBudgetPolicy::ChunkPart(const StepShape& shape) const {

@@ -173,9 +173,10 @@ class ForgettingLeastSquares {
 
 // The shape of a target step that its cost depends on.
 struct StepShape {
-  int64_t tokens = 0;        // rows in the forward (pending tokens, draft nodes, prompt chunks)
-  double attention = 0;      // sum over sequences of (new rows x context length after the step)
-  int64_t chunk_tokens = 0;  // of `tokens`, prompt-chunk rows (0: a decode-only step)
+  int64_t tokens = 0;          // rows in the forward (pending tokens, draft nodes, prompt chunks)
+  double attention = 0;        // sum over sequences of (new rows x context length after the step)
+  int64_t chunk_tokens = 0;    // of `tokens`, prompt-chunk rows (0: a decode-only step)
+  double chunk_attention = 0;  // of `attention`, the prompt chunks' (0: not known)
 };
 
 class StepCostModel {
@@ -821,7 +822,7 @@ class DraftBudgetPolicy {
   static constexpr double kChunkRowUnit = 64;
   static constexpr int64_t kChunkFitSamples = 4;
   // The part of `shape` target_cost_ prices in a step with prompt chunks: its other rows, and
-  // their attention (the shape's less the chunk's estimate, chunk^2 / 2 as BudgetPlanner's).
+  // their attention (the shape's less the chunks', or, where that is not known, less chunk^2 / 2).
   static StepShape DecodePart(const StepShape& shape);
   // chunk_fit_'s price for the chunks of `shape` (0 without chunks).
   double ChunkPart(const StepShape& shape) const;

@@ -407,7 +407,9 @@ void SpecEngine::RunStep(StepReport* report) {
       const int64_t n = static_cast<int64_t>(group.batch.seqs[b].tokens.size());
       ++report->batch_size;
       (group.members[b]->prefilled ? report->verify_tokens : report->prefill_tokens) += n;
-      report->attention += static_cast<double>(n) * static_cast<double>(group.starts[b] + n);
+      const double attention = static_cast<double>(n) * static_cast<double>(group.starts[b] + n);
+      report->attention += attention;
+      if (!group.members[b]->prefilled) report->prefill_attention += attention;
     }
     CommitGroup(group, report);
   }

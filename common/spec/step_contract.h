@@ -83,6 +83,8 @@ struct StepReport {
   double forward_seconds = 0;  // the target forward alone
   // Attention work of the forward: sum over sequences of new rows x context after the step.
   double attention = 0;
+  // Of `attention`, the prompt chunks' (prefilling sequences').
+  double prefill_attention = 0;
   // Each drafter's Observe (catch-up) + Propose this step, as one call.
   std::vector<DrafterCall> drafter_calls;
 };

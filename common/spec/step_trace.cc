@@ -40,6 +40,7 @@ void StepTrace::Write(const std::string& label, int64_t step, const TracedPlan* 
     }
     line["plan"] = {{"decoding", plan->base.decoding},
                     {"prefill_tokens", plan->base.chunks.tokens},
+                    {"prefill_attention", plan->base.chunks.attention},
                     {"quiet", plan->quiet},
                     {"audit_off", plan->audit_off},
                     {"quiet_steps", plan->decision.quiet_steps},
@@ -59,6 +60,7 @@ void StepTrace::Write(const std::string& label, int64_t step, const TracedPlan* 
   }
   line["prefill_tokens"] = report.prefill_tokens;
   line["verify_tokens"] = report.verify_tokens;
+  line["prefill_attention"] = report.prefill_attention;
   line["draft_nodes"] = draft_nodes;
   line["accepted"] = accepted;
   line["new_tokens"] = new_tokens;

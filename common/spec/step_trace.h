@@ -8,13 +8,15 @@
 // A line (times in ms; t_ms: when the step's line was written, since the trace was opened;
 // "plan" is absent for a step no plan preceded):
 //   {"label":"specformer b1","step":17,"t_ms":1234.567,
-//    "plan":{"decoding":1,"prefill_tokens":0,"quiet":true,"audit_off":false,"quiet_steps":0,
-//            "nodes":0,"drafting":0,"explored":0,"ms":0.41,"tokens":1.0,"no_draft_ms":0.41,
-//            "no_draft_tokens":1.0},
-//    "prefill_tokens":0,"verify_tokens":1,"draft_nodes":0,"accepted":0,"new_tokens":1,
-//    "wall_ms":0.43,"target_ms":0.41,"forward_ms":0.40,"draft_ms":0.0,
+//    "plan":{"decoding":1,"prefill_tokens":0,"prefill_attention":0,"quiet":true,
+//            "audit_off":false,"quiet_steps":0,"nodes":0,"drafting":0,"explored":0,"ms":0.41,
+//            "tokens":1.0,"no_draft_ms":0.41,"no_draft_tokens":1.0},
+//    "prefill_tokens":0,"verify_tokens":1,"prefill_attention":0,"draft_nodes":0,"accepted":0,
+//    "new_tokens":1,"wall_ms":0.43,"target_ms":0.41,"forward_ms":0.40,"draft_ms":0.0,
 //    "drafter_calls":[{"drafter":"specformer","sequences":1,"nodes":3,"observed_tokens":3,
 //                      "ms":0.19}]}
+// (prefill_attention: the prompt chunks' attention work, rows x context after the step, as the
+// plan computed it and as the engine reported it.)
 #pragma once
 
 #include <chrono>

@@ -170,6 +170,7 @@ void ToProto(const StepOutcome& outcome, v1::StepResult* out) {
   out->set_kv_cache_blocks_used(outcome.kv_blocks_used);
   out->set_forward_seconds(r.forward_seconds);
   out->set_attention(r.attention);
+  out->set_prefill_attention(r.prefill_attention);
   for (const DrafterCall& c : r.drafter_calls) {
     v1::DrafterCallTiming* m = out->add_drafter_calls();
     m->set_drafter(c.drafter);
@@ -231,6 +232,7 @@ StepOutcome FromProto(const v1::StepResult& result) {
   out.kv_blocks_used = result.kv_cache_blocks_used();
   r.forward_seconds = result.forward_seconds();
   r.attention = result.attention();
+  r.prefill_attention = result.prefill_attention();
   for (const v1::DrafterCallTiming& m : result.drafter_calls()) {
     r.drafter_calls.push_back({.drafter = m.drafter(),
                                .sequences = m.sequences(),

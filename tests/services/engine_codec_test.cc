@@ -192,6 +192,31 @@ TEST(EngineCodecTest, TopKSparseProposalsAreSmallOnTheWire) {
   }
 }
 
+TEST(EngineCodecTest, AStepsMeasurementsRoundTrip) {
+  StepOutcome outcome{.kv_blocks_used = 17, .step_seconds = 4e-3};
+  outcome.report = {.batch_size = 5,
+                    .prefill_tokens = 64,
+                    .verify_tokens = 9,
+                    .draft_seconds = 1e-4,
+                    .verify_seconds = 3e-3,
+                    .forward_seconds = 2.5e-3,
+                    .attention = 4096.0 + 900.0,
+                    .prefill_attention = 4096.0};
+  v1::StepResult message;
+  ToProto(outcome, &message);
+  const StepOutcome back = FromProto(message);
+  EXPECT_EQ(back.report.batch_size, 5);
+  EXPECT_EQ(back.report.prefill_tokens, 64);
+  EXPECT_EQ(back.report.verify_tokens, 9);
+  EXPECT_DOUBLE_EQ(back.report.draft_seconds, 1e-4);
+  EXPECT_DOUBLE_EQ(back.report.verify_seconds, 3e-3);
+  EXPECT_DOUBLE_EQ(back.report.forward_seconds, 2.5e-3);
+  EXPECT_DOUBLE_EQ(back.report.attention, 4996.0);
+  EXPECT_DOUBLE_EQ(back.report.prefill_attention, 4096.0);
+  EXPECT_DOUBLE_EQ(back.step_seconds, 4e-3);
+  EXPECT_EQ(back.kv_blocks_used, 17);
+}
+
 TEST(EngineCodecTest, FinishReasonsRoundTripAsTheirNames) {
   StepOutcome outcome;
   for (FinishReason r : {FinishReason::kStop, FinishReason::kLength, FinishReason::kCancelled,

@@ -2008,7 +2008,8 @@ TEST(DraftBudgetPolicyTest, PrefillStepsArePricedAsTheyMeasure) {
       const int64_t chunk = r < 0.7 ? 64 : (r < 0.9 ? 128 : 192);
       s = {.tokens = d + chunk,
            .attention = static_cast<double>(d) * ctx + static_cast<double>(chunk * chunk),
-           .chunk_tokens = chunk};
+           .chunk_tokens = chunk,
+           .chunk_attention = static_cast<double>(chunk * chunk)};
     } else {
       const int64_t rows = 16 + (u(rng) < 0.1 ? draft(rng) : 0);
       s = {.tokens = rows, .attention = static_cast<double>(rows) * ctx};
@@ -2017,8 +2018,9 @@ TEST(DraftBudgetPolicyTest, PrefillStepsArePricedAsTheyMeasure) {
   }
   for (int64_t chunk : {64, 128, 192}) {
     const StepShape s{.tokens = 14 + chunk,
-                      .attention = 14.0 * 90 + static_cast<double>(chunk * chunk) / 2,
-                      .chunk_tokens = chunk};
+                      .attention = 14.0 * 90 + static_cast<double>(chunk * chunk),
+                      .chunk_tokens = chunk,
+                      .chunk_attention = static_cast<double>(chunk * chunk)};
     EXPECT_NEAR(policy.PredictTarget(s), truth(s), 0.1 * truth(s)) << "chunk " << chunk;
   }
   const StepBase step = WithChunk(Decoding(14, 90), 64);
@@ -2129,6 +2131,49 @@ TEST(DraftBudgetPolicyTest, ADepthIsPricedAtTheDraftersSecondsTimesTheStepsRate)
   EXPECT_LT(cheap.decision.depth_reach[0], price / 3);
   const Planned off = plan({.probe_after = 0, .explore_every = 0, .prune_by_reach = false}, 1e-4);
   for (double price_off : off.decision.depth_reach) EXPECT_EQ(price_off, 0);
+}
+
+// A plan counts a prompt chunk's attention as the engine does (its rows x the context after it),
+// the second chunk of a long prompt included, so that a prompt step's decode part is priced on
+// the decodes' attention alone (DraftBudgetPolicy::DecodePart).
+TEST(BudgetPlannerTest, PlansAPromptChunksAttentionAsTheEngineCountsIt) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("specula_chunk_attention_" + std::to_string(::getpid()) + ".jsonl"))
+                               .string();
+  {
+    auto trace = StepTrace::Open(path);
+    ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+    BudgetPlanner planner({}, /*max_step_tokens=*/64);
+    planner.SetTrace(trace->get(), "chunks");
+    SpecRequest request;
+    request.generation.prompt.assign(100, 1);
+    request.generation.max_new_tokens = 4;
+    planner.Admit(7, request);
+    planner.Plan();
+    planner.OnStep({.prefill_tokens = 64,
+                    .verify_seconds = 5e-3,
+                    .attention = 64.0 * 64,
+                    .prefill_attention = 64.0 * 64},
+                   5e-3);
+    planner.Plan();
+    StepReport second{.prefill_tokens = 36,
+                      .verify_seconds = 3e-3,
+                      .attention = 36.0 * 100,
+                      .prefill_attention = 36.0 * 100};
+    second.updates.push_back({.id = 7, .new_tokens = {2}, .context_tokens = 100});
+    planner.OnStep(second, 3e-3);
+  }
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string text; std::getline(in, text);) lines.push_back(nlohmann::json::parse(text));
+  std::filesystem::remove(path);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0]["plan"]["prefill_tokens"], 64);
+  EXPECT_DOUBLE_EQ(lines[0]["plan"]["prefill_attention"].get<double>(), 64.0 * 64);
+  EXPECT_DOUBLE_EQ(lines[0]["prefill_attention"].get<double>(), 64.0 * 64);
+  // The rest of the prompt: 36 rows attending to all 100 positions (not 36 x 36 / 2).
+  EXPECT_EQ(lines[1]["plan"]["prefill_tokens"], 36);
+  EXPECT_DOUBLE_EQ(lines[1]["plan"]["prefill_attention"].get<double>(), 36.0 * 100);
 }
 
 TEST(BudgetPlannerTest, LearnsWhatItsBudgetsBroughtBack) {

@@ -1335,6 +1335,7 @@ TEST_F(SpecEngineTest, LongPromptIsPrefilledInChunksWhileRunningSequencesDecode)
   for (size_t i = 0; i < 3; ++i) ASSERT_FALSE(got[ids[i]].empty()) << i;
   ids.push_back(*engine.Submit(spec[3]));
   int prefill_steps = 0;
+  int64_t prefilled = 0;
   while (got[ids[3]].empty()) {
     ASSERT_LT(prefill_steps, 50);
     const StepReport report = step();
@@ -1342,6 +1343,12 @@ TEST_F(SpecEngineTest, LongPromptIsPrefilledInChunksWhileRunningSequencesDecode)
     // Decodes first (3 pending tokens + at most 3 draft nodes), the prompt gets the rest.
     EXPECT_GT(report.prefill_tokens, 0);
     EXPECT_LE(report.prefill_tokens + report.verify_tokens, 24);
+    // The chunk's attention work, reported apart: its rows x the prompt's context after it.
+    EXPECT_DOUBLE_EQ(report.prefill_attention,
+                     static_cast<double>(report.prefill_tokens) *
+                         static_cast<double>(prefilled + report.prefill_tokens));
+    EXPECT_GT(report.attention, report.prefill_attention);
+    prefilled += report.prefill_tokens;
     EXPECT_EQ(report.batch_size, 4);
     std::set<RequestId> emitted;
     for (const auto& u : report.updates) {
