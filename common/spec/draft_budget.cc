@@ -907,12 +907,11 @@ double DraftBudgetPolicy::ChunkPart(const StepShape& shape) const {
 }
 
 double DraftBudgetPolicy::PredictTarget(const StepShape& shape, bool recent) const {
-  if (shape.chunk_tokens <= 0 || !ChunkFitReady()) {
-    return recent ? target_cost_.PredictRecent(shape) : target_cost_.Predict(shape);
-  }
-  const StepShape decodes = DecodePart(shape);
-  return (recent ? target_cost_.PredictRecent(decodes) : target_cost_.Predict(decodes)) +
-         ChunkPart(shape);
+  auto price = [&](const StepShape& s) {
+    return recent ? target_cost_.PredictRecent(s) : target_cost_.Predict(s);
+  };
+  if (shape.chunk_tokens <= 0 || !ChunkFitReady()) return price(shape);
+  return price(DecodePart(shape)) + ChunkPart(shape);
 }
 
 const DrafterCostModel* DraftBudgetPolicy::drafter_cost(const std::string& drafter) const {
@@ -1958,11 +1957,10 @@ void DraftBudgetPolicy::Observe(const StepMeasurement& step) {
   after_catch_up_ = caught_up;
   if (step.shape.tokens > 0) {
     if (step.shape.chunk_tokens > 0 && std::isfinite(target_seconds) && target_cost_.ready()) {
-      // What the chunks added beyond the decode part's price, before the fit learns this step.
-      const StepShape decodes = DecodePart(step.shape);
-      const double decode_seconds = decodes.tokens > 0 ? target_cost_.PredictRecent(decodes) : 0;
+      // What the chunks added beyond the decode part's price (0 without decodes), before the
+      // fit learns this step.
       chunk_fit_.Add({1.0, static_cast<double>(step.shape.chunk_tokens) / kChunkRowUnit},
-                     target_seconds - decode_seconds);
+                     target_seconds - target_cost_.PredictRecent(DecodePart(step.shape)));
     }
     target_cost_.Observe(step.shape, target_seconds);
   }
